@@ -1,0 +1,26 @@
+"""Engine configuration: explicit, typed limits with the defaults documented here."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+MiB = 1024 * 1024
+
+
+@dataclass(frozen=True, slots=True)
+class EngineConfig:
+    data_dir: Path = Path("./data")
+    #: Used only when the data dir is created; afterwards the stored count wins.
+    partitions: int = 64
+    #: How often the flusher persists ``memory`` writes; ``persist`` writes kick it at once.
+    flush_interval_ms: float = 5.0
+    max_key_bytes: int = 250
+    max_value_bytes: int = 20 * MiB
+    #: Failover log entries kept per partition (DCP's max_failover_entries).
+    failover_log_cap: int = 25
+    #: Writes get ``Backpressure`` while the write queues hold more than this.
+    queue_memory_limit_bytes: int = 1024 * MiB
+    #: Initial LMDB map size; grown on MapFullError.
+    lmdb_map_size: int = 1 << 30
+    #: Largest number of items one flush moves in one LMDB write transaction.
+    flush_batch_items: int = 50_000
