@@ -1,0 +1,1 @@
+"""The stream protocol, sans-I/O: message types, frame codecs, barrier and flow-control bookkeeping. Standard library only."""
