@@ -1,0 +1,208 @@
+"""The ``upr`` source's options: parsed and validated once, failing fast with the option's name.
+
+Names follow the Spark Kafka source (``startingOffsets``, ``endingOffsets``,
+``maxOffsetsPerTrigger``, ``minPartitions``); ``onRollback`` replaces Kafka's ``failOnDataLoss``
+because a CDC source has three sane answers to a history branch, not two.
+
+``startingOffsets`` applies only to a query with a new checkpoint: a restarted query always resumes
+from its checkpointed offsets (Kafka's rule), whatever this option says.
+"""
+from __future__ import annotations
+
+import enum
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from urllib.parse import urlparse
+
+from engine.errors import InvalidInput
+
+from .offsets import OffsetFormatError, PartitionOffset
+
+
+class OptionError(InvalidInput):
+    """A bad ``upr`` source option; ``field`` names the option."""
+
+    code = "invalid_option"
+
+    def __init__(self, option: str, problem: str) -> None:
+        super().__init__(f"option '{option}': {problem}", field=option)
+
+
+class OnRollback(str, enum.Enum):
+    FAIL = "fail"                       # stop the query, naming partition and seqno (Kafka failOnDataLoss)
+    RESET_PARTITION = "resetPartition"  # control row 'reset', restream the partition from 0 (default)
+    REFETCH = "refetch"                 # control row 'rollback' at R, stream on from R (UPR ring buffer)
+
+
+class Position(str, enum.Enum):
+    EARLIEST = "earliest"
+    LATEST = "latest"
+
+
+#: A per-partition position given by the user: an explicit offset or earliest/latest.
+Start = PartitionOffset | Position
+
+KNOWN = {
+    "server": "base URL of the upr server, e.g. http://127.0.0.1:8000",
+    "token": "bearer token with at least the read role",
+    "partitions": "'all' (default), '0-15,32', or a JSON list of partition ids",
+    "startingOffsets": "earliest (default), latest, or per-partition JSON; new checkpoints only",
+    "endingOffsets": "batch reads: latest (default) or per-partition JSON",
+    "maxOffsetsPerTrigger": "rows per micro-batch, split over partitions by backlog",
+    "minPartitions": "Spark tasks to aim for; large backlogs are split into seqno ranges",
+    "onRollback": "fail, resetPartition (default) or refetch",
+    "batchRows": "rows per Arrow record batch yielded by read() (default 8192)",
+    "timeout": "seconds for HTTP calls and stream inactivity (default 30)",
+    "path": "ignored (Spark passes load(path) here)",
+}
+_LOWER = {k.lower(): k for k in KNOWN}
+
+
+@dataclass(frozen=True)
+class SourceOptions:
+    server: str
+    token: str | None = None
+    partitions: tuple[int, ...] | None = None        # None = all of the server's partitions
+    starting: Position | Mapping[int, Start] = Position.EARLIEST
+    ending: Position | Mapping[int, Start] = Position.LATEST
+    max_offsets_per_trigger: int | None = None
+    min_partitions: int | None = None
+    on_rollback: OnRollback = OnRollback.RESET_PARTITION
+    batch_rows: int = 8192
+    timeout: float = 30.0
+    raw: Mapping[str, str] = field(default_factory=dict)
+
+
+def parse_options(options: Mapping[str, str]) -> SourceOptions:
+    """Validate Spark's (case-insensitive) options; raises ``OptionError`` naming the first bad one."""
+    opts: dict[str, str] = {}
+    for key, value in options.items():
+        canonical = _LOWER.get(str(key).lower())
+        if canonical is None:
+            raise OptionError(str(key), "unknown option; known options: " + ", ".join(sorted(KNOWN)))
+        opts[canonical] = "" if value is None else str(value)
+    if not opts.get("server"):
+        raise OptionError("server", "required (base URL of the upr server)")
+    server = opts["server"].rstrip("/")
+    url = urlparse(server)
+    if url.scheme not in ("http", "https") or not url.netloc:
+        raise OptionError("server", f"expected an http(s) URL, got {opts['server']!r}")
+    return SourceOptions(
+        server=server,
+        token=opts.get("token") or None,
+        partitions=parse_partitions(opts.get("partitions", "all")),
+        starting=parse_positions("startingOffsets", opts.get("startingOffsets", "earliest")),
+        ending=parse_positions("endingOffsets", opts.get("endingOffsets", "latest")),
+        max_offsets_per_trigger=_positive_int(opts, "maxOffsetsPerTrigger"),
+        min_partitions=_positive_int(opts, "minPartitions"),
+        on_rollback=_choice(opts, "onRollback", OnRollback, OnRollback.RESET_PARTITION),
+        batch_rows=_positive_int(opts, "batchRows") or 8192,
+        timeout=_positive_float(opts, "timeout") or 30.0,
+        raw=opts,
+    )
+
+
+def parse_partitions(text: str) -> tuple[int, ...] | None:
+    text = text.strip()
+    if text in ("", "all", "*"):
+        return None
+    if text.startswith("["):
+        try:
+            raw = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise OptionError("partitions", f"malformed JSON: {exc}") from None
+        if not isinstance(raw, list) or not all(isinstance(p, int) and not isinstance(p, bool) for p in raw):
+            raise OptionError("partitions", "JSON form must be a list of integers")
+        ids = set(raw)
+    else:
+        ids = set()
+        for part in text.split(","):
+            lo, sep, hi = part.strip().partition("-")
+            try:
+                a = int(lo)
+                b = int(hi) if sep else a
+            except ValueError:
+                raise OptionError("partitions", f"bad item {part.strip()!r}; expected 'N' or 'N-M'") from None
+            if b < a:
+                raise OptionError("partitions", f"bad range {part.strip()!r}: end before start")
+            ids.update(range(a, b + 1))
+    if not ids or min(ids) < 0:
+        raise OptionError("partitions", "partition ids must be non-negative and at least one")
+    return tuple(sorted(ids))
+
+
+def parse_positions(option: str, text: str) -> Position | dict[int, Start]:
+    """``earliest`` / ``latest`` / JSON ``{"<pid>": {"uuid":..,"seqno":..,"snapStart":..,"snapEnd":..}}``.
+
+    As in Kafka, ``-2`` means earliest and ``-1`` latest, either as the whole partition value or
+    as its seqno.
+    """
+    text = text.strip()
+    for pos in Position:
+        if text.lower() == pos.value:
+            return pos
+    try:
+        raw = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise OptionError(option, f"expected earliest, latest or per-partition JSON; malformed JSON: {exc}") from None
+    if not isinstance(raw, dict) or not raw:
+        raise OptionError(option, "JSON form must be a non-empty object {\"<partition>\": position}")
+    out: dict[int, Start] = {}
+    for key, value in raw.items():
+        try:
+            pid = int(key)
+        except ValueError:
+            raise OptionError(option, f"partition id {key!r} is not an integer") from None
+        if pid < 0:
+            raise OptionError(option, f"partition id {pid} is negative")
+        sentinel = value.get("seqno") if isinstance(value, dict) else value
+        if sentinel == -2 or sentinel == "earliest":
+            out[pid] = Position.EARLIEST
+        elif sentinel == -1 or sentinel == "latest":
+            out[pid] = Position.LATEST
+        elif isinstance(value, dict):
+            try:
+                out[pid] = PartitionOffset.from_json(value, where=f"partition {pid}")
+            except OffsetFormatError as exc:
+                raise OptionError(option, str(exc)) from None
+        else:
+            raise OptionError(option, f"partition {pid}: expected an object with uuid, seqno, snapStart, "
+                                      "snapEnd (a bare seqno cannot be resumed safely), or -2/-1")
+    return out
+
+
+def _positive_int(opts: Mapping[str, str], name: str) -> int | None:
+    text = opts.get(name)
+    if text is None or text == "":
+        return None
+    try:
+        value = int(text)
+    except ValueError:
+        raise OptionError(name, f"expected a positive integer, got {text!r}") from None
+    if value <= 0:
+        raise OptionError(name, f"expected a positive integer, got {value}")
+    return value
+
+
+def _positive_float(opts: Mapping[str, str], name: str) -> float | None:
+    text = opts.get(name)
+    if text is None or text == "":
+        return None
+    try:
+        value = float(text)
+    except ValueError:
+        raise OptionError(name, f"expected a positive number, got {text!r}") from None
+    if not value > 0:
+        raise OptionError(name, f"expected a positive number, got {text!r}")
+    return value
+
+
+def _choice(opts: Mapping[str, str], name: str, kind: type[enum.Enum], default: enum.Enum):  # type: ignore[no-untyped-def]
+    text = opts.get(name)
+    if text is None or text == "":
+        return default
+    for member in kind:
+        if member.value.lower() == text.lower():
+            return member
+    raise OptionError(name, f"expected one of {', '.join(m.value for m in kind)}, got {text!r}")

@@ -1,0 +1,135 @@
+"""Planning a micro-batch: which seqnos each partition streams, and how they are grouped into tasks.
+
+Pure functions over offsets, so the driver's two Spark callbacks (``latestOffset`` decides the end
+offset, ``partitions`` turns a (start, end) pair into tasks) stay deterministic: a batch replayed
+after a crash is planned from the two logged offsets alone and gets the same work.
+"""
+from __future__ import annotations
+
+import heapq
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from .offsets import SourceOffset, stream_start
+
+#: Tasks per batch when ``minPartitions`` is not given: enough to keep a few cores busy, few
+#: enough that per-task WebSocket set-up stays negligible.
+DEFAULT_TASKS = 8
+
+
+@dataclass(frozen=True, slots=True)
+class WorkItem:
+    """One bounded stream request: partition ``partition`` from position ``start`` (exclusive) to
+    ``end`` (inclusive), on branch ``uuid`` with the snapshot range of the start position.
+
+    ``control`` is ``"reset"`` or ``"rollback"`` when the batch must first tell the consumer that
+    the partition was reset (restreamed from 0) or rolled back to ``start``; only the first piece
+    of a split partition carries it.
+    """
+
+    partition: int
+    uuid: int
+    start: int
+    snap_start: int
+    snap_end: int
+    end: int
+    control: str | None = None
+
+    @property
+    def backlog(self) -> int:
+        return max(0, self.end - self.start)
+
+
+def work_items(start: SourceOffset, end: SourceOffset) -> list[WorkItem]:
+    """The stream requests of the batch ``start -> end`` (no items for partitions with nothing new,
+    unless a control row must be delivered)."""
+    if start.latest_sentinel or end.latest_sentinel:
+        return []   # batch 0 after startingOffsets=latest: sentinel -> concrete, always empty
+    items = []
+    for pid in sorted(end.partitions):
+        pos, control = stream_start(start, end, pid)
+        e = end.partitions[pid]
+        if e.seqno > pos.seqno or control is not None:
+            items.append(WorkItem(pid, pos.uuid, pos.seqno, pos.snap_start, pos.snap_end,
+                                  max(e.seqno, pos.seqno), control))
+    return items
+
+
+def split_items(items: Sequence[WorkItem], min_tasks: int) -> list[WorkItem]:
+    """Split the largest backlogs into seqno sub-ranges until there are at least ``min_tasks``
+    pieces (the Kafka source's ``minPartitions`` rule).
+
+    A piece starting mid-partition is a resume from a complete point (snapshot = its start), which
+    is sound for a bounded by-seqno stream: every key's latest version lies in exactly one piece.
+    """
+    pieces = list(items)
+    total = sum(i.backlog for i in pieces)
+    if min_tasks <= len(pieces) or total == 0:
+        return pieces
+    out: list[WorkItem] = []
+    for item in pieces:
+        n = max(1, round(min_tasks * item.backlog / total))
+        n = min(n, item.backlog) if item.backlog else 1
+        step = -(-item.backlog // n) if n else item.backlog
+        lo = item.start
+        first = True
+        while True:
+            hi = min(item.end, lo + step) if step else item.end
+            if first:
+                out.append(WorkItem(item.partition, item.uuid, lo, item.snap_start, item.snap_end, hi, item.control))
+            else:
+                out.append(WorkItem(item.partition, item.uuid, lo, lo, lo, hi, None))
+            first = False
+            lo = hi
+            if lo >= item.end:
+                break
+    return out
+
+
+def pack(items: Sequence[WorkItem], tasks: int) -> list[list[WorkItem]]:
+    """Group work items into at most ``tasks`` groups of similar backlog (longest first onto the
+    least loaded group), each group's items in partition order; empty groups are dropped."""
+    if not items:
+        return []
+    tasks = max(1, min(tasks, len(items)))
+    heap = [(0, i) for i in range(tasks)]
+    groups: list[list[WorkItem]] = [[] for _ in range(tasks)]
+    for item in sorted(items, key=lambda w: (-w.backlog, w.partition, w.start)):
+        load, idx = heapq.heappop(heap)
+        groups[idx].append(item)
+        heapq.heappush(heap, (load + max(1, item.backlog), idx))
+    return [sorted(g, key=lambda w: (w.partition, w.start)) for g in groups if g]
+
+
+def plan_tasks(start: SourceOffset, end: SourceOffset, min_partitions: int | None) -> list[list[WorkItem]]:
+    items = work_items(start, end)
+    target = min_partitions or DEFAULT_TASKS
+    if min_partitions:
+        items = split_items(items, min_partitions)
+    return pack(items, max(target, 1))
+
+
+def apply_budget(backlogs: Mapping[int, int], max_rows: int | None) -> dict[int, int]:
+    """How many seqnos each partition may advance in this batch under a ``max_rows`` budget.
+
+    Like the Kafka source: the budget is split in proportion to the backlogs (rounded down, the
+    remainder handed out to the largest backlogs), every partition with a backlog advancing by at
+    least one so none starves.  Without a budget every partition takes its whole backlog.
+    """
+    active = {p: b for p, b in backlogs.items() if b > 0}
+    total = sum(active.values())
+    if max_rows is None or total <= max_rows:
+        return dict(backlogs)
+    out = {p: 0 for p in backlogs}
+    given = 0
+    for p, b in active.items():
+        share = min(b, max(1, b * max_rows // total))
+        out[p] = share
+        given += share
+    for p in sorted(active, key=lambda p: (-active[p], p)):
+        if given >= max_rows:
+            break
+        extra = min(active[p] - out[p], max_rows - given)
+        out[p] += extra
+        given += extra
+    return out

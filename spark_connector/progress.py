@@ -1,0 +1,158 @@
+"""Deciding the next end offset in the driver: rollback checks, ``onRollback`` policies, budgets.
+
+``latestOffset`` runs this once per trigger against fresh server metadata (high seqnos, purge
+seqnos, failover logs).  A history branch is never followed silently: every partition whose start
+position is no longer on the server's history is handled by the policy before any data is planned.
+"""
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, replace
+
+from engine.errors import UprError
+
+from .offsets import PartitionOffset, SourceOffset
+from .options import OnRollback, Position, Start
+from .planning import apply_budget
+
+
+@dataclass(frozen=True, slots=True)
+class ServerPartition:
+    """What the driver knows of one server partition at planning time."""
+
+    partition: int
+    high_seqno: int
+    purge_seqno: int
+    failover_log: tuple[tuple[int, int], ...]   # (uuid, seqno), newest first
+    state: str = "active"
+
+    @property
+    def uuid(self) -> int:
+        return self.failover_log[0][0] if self.failover_log else 0
+
+
+@dataclass(frozen=True, slots=True)
+class ServerMeta:
+    num_partitions: int
+    partitions: Mapping[int, ServerPartition]
+
+
+@dataclass(frozen=True, slots=True)
+class RollbackNeeded:
+    """The server's answer for a start position: roll back to ``seqno`` because of ``reason``."""
+
+    seqno: int
+    reason: str
+
+
+#: (partition position, server partition) -> None when the position is on the server's history.
+RollbackCheck = Callable[[PartitionOffset, ServerPartition], "RollbackNeeded | None"]
+
+
+class RollbackRequired(UprError):
+    """``onRollback=fail`` met a history branch; the query stops with partition and seqno."""
+
+    code = "rollback_required"
+
+    def __init__(self, partition: int, seqno: int, reason: str) -> None:
+        super().__init__(
+            f"ROLLBACK_REQUIRED partition {partition} to seqno {seqno} ({reason}); "
+            "onRollback=fail stops here: restart with a new checkpoint, or use "
+            "onRollback=resetPartition or refetch", partition=partition, seqno=seqno)
+        self.reason = reason
+
+
+class PartitionCountChanged(UprError):
+    code = "partition_count_changed"
+
+
+def select_partitions(meta: ServerMeta, wanted: tuple[int, ...] | None) -> list[int]:
+    from .options import OptionError
+    if wanted is None:
+        return sorted(meta.partitions)
+    missing = [p for p in wanted if p not in meta.partitions]
+    if missing:
+        raise OptionError("partitions", f"server has partitions 0-{meta.num_partitions - 1}; "
+                                        f"not there: {missing[:10]}")
+    return list(wanted)
+
+
+def initial_offset(spec: Position | Mapping[int, Start], meta: ServerMeta, selected: list[int]) -> SourceOffset:
+    """The start of a new query.  Deterministic, because Spark calls it more than once: anything
+    that says "latest" yields the sentinel and is resolved by ``resolve_sentinel`` in latestOffset."""
+    if spec is Position.LATEST or (isinstance(spec, Mapping) and Position.LATEST in spec.values()):
+        return SourceOffset.latest()
+    out = {}
+    for pid in selected:
+        given = spec.get(pid, Position.EARLIEST) if isinstance(spec, Mapping) else Position.EARLIEST
+        out[pid] = given if isinstance(given, PartitionOffset) else PartitionOffset()
+    return SourceOffset(out, meta.num_partitions)
+
+
+def resolve_positions(spec: Position | Mapping[int, Start], meta: ServerMeta, selected: list[int]) -> SourceOffset:
+    """Every position made concrete against the server's current state (latest = high seqno now)."""
+    out = {}
+    for pid in selected:
+        given = spec.get(pid, Position.EARLIEST) if isinstance(spec, Mapping) else spec
+        if isinstance(given, PartitionOffset):
+            out[pid] = given
+        elif given is Position.LATEST:
+            sp = meta.partitions[pid]
+            out[pid] = PartitionOffset(sp.uuid, sp.high_seqno, sp.high_seqno, sp.high_seqno)
+        else:
+            out[pid] = PartitionOffset()
+    return SourceOffset(out, meta.num_partitions)
+
+
+def next_offset(
+    start: SourceOffset,
+    meta: ServerMeta,
+    *,
+    check: RollbackCheck,
+    policy: OnRollback,
+    max_rows: int | None = None,
+    target: Mapping[int, int] | None = None,
+) -> SourceOffset:
+    """The end offset of the next batch from ``start``.
+
+    Per partition: check the start position against the server's history; on a branch apply the
+    policy (``fail`` raises, ``resetPartition`` bumps the generation and restreams from 0,
+    ``refetch`` bumps it and streams on from the rollback seqno R); then advance towards the high
+    seqno, clamped to ``target`` (Trigger.AvailableNow) and to the ``max_rows`` budget.  Returns
+    ``start`` itself when there is nothing to do, which is how Spark learns a batch is not needed.
+    """
+    if start.num_partitions and meta.num_partitions != start.num_partitions:
+        raise PartitionCountChanged(
+            f"server now has {meta.num_partitions} partitions, the checkpoint {start.num_partitions}; "
+            "restart with a new checkpoint")
+    restart: dict[int, PartitionOffset] = {}   # partition -> position the stream resumes from
+    for pid, pos in start.partitions.items():
+        sp = meta.partitions.get(pid)
+        if sp is None:
+            raise PartitionCountChanged(f"partition {pid} no longer exists on the server")
+        verdict = check(pos, sp)
+        if verdict is None:
+            restart[pid] = pos
+            continue
+        if policy is OnRollback.FAIL:
+            raise RollbackRequired(pid, verdict.seqno, verdict.reason)
+        r = 0 if policy is OnRollback.RESET_PARTITION else min(verdict.seqno, pos.seqno)
+        restart[pid] = PartitionOffset(sp.uuid, r, r, r, pos.generation + 1, restart_from=r)
+    backlogs = {}
+    for pid, pos in restart.items():
+        ceiling = meta.partitions[pid].high_seqno
+        if target is not None and pid in target:
+            ceiling = min(ceiling, target[pid])
+        backlogs[pid] = max(0, ceiling - pos.seqno)
+    allowed = apply_budget(backlogs, max_rows)
+    out = {}
+    for pid, pos in restart.items():
+        sp = meta.partitions[pid]
+        old = start.partitions[pid]
+        step = allowed.get(pid, 0)
+        if step == 0 and pos.generation == old.generation:
+            out[pid] = old          # unchanged: keeps start == end when nothing is new
+            continue
+        s = pos.seqno + step
+        out[pid] = replace(pos, uuid=sp.uuid, seqno=s, snap_start=s, snap_end=s)
+    return SourceOffset(out, meta.num_partitions)
