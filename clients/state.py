@@ -1,0 +1,152 @@
+"""Consumer state: what a consumer must remember per partition to resume without skipping anything.
+
+Per partition (a ``PartitionCheckpoint``): the failover log last seen, the ``StreamOffset`` of the last
+item *processed* (uuid, seqno, and the snapshot range it lies in, possibly partial), and the last
+snapshot processed completely.  Saved state only ever describes processed items (dcp.md §3.4).
+
+``StateStore`` is the narrow pluggable interface (etcd raft's ``Storage`` habit): ``load`` and
+``save``, with ``MemoryStateStore`` for tests and throwaway consumers and ``FileStateStore`` as the
+durable default.  ``FileStateStore`` writes atomically: write a temp file, fsync it, rename it over
+the old one, fsync the directory; a crash at any instant leaves either the old or the new file,
+never a half-written one.  It also names where the rollback ring lives (same directory), so one
+directory holds everything a consumer needs to resume.
+"""
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol, runtime_checkable
+
+from engine.types import FailoverEntry
+
+from .errors import StateCorrupt
+from .offset import StreamOffset
+
+__all__ = ["PartitionCheckpoint", "ConsumerState", "StateStore", "MemoryStateStore", "FileStateStore"]
+
+STATE_VERSION = 1
+STATE_FILE = "state.json"
+
+
+@dataclass(frozen=True, slots=True)
+class PartitionCheckpoint:
+    offset: StreamOffset
+    failover_log: tuple[FailoverEntry, ...] = ()
+    last_complete: tuple[int, int] = (0, 0)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "offset": self.offset.to_dict(),
+            "failover_log": [[e.uuid, e.seqno] for e in self.failover_log],
+            "last_complete": list(self.last_complete),
+        }
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> "PartitionCheckpoint":
+        log = tuple(FailoverEntry(int(u), int(s)) for u, s in data.get("failover_log", ()))
+        start, end = data.get("last_complete", (0, 0))
+        return cls(StreamOffset.from_dict(data["offset"]), log, (int(start), int(end)))
+
+
+@dataclass(frozen=True, slots=True)
+class ConsumerState:
+    partitions: Mapping[int, PartitionCheckpoint] = field(default_factory=dict)
+    node_id: str | None = None
+    partition_count: int | None = None
+
+    def offsets(self) -> dict[int, StreamOffset]:
+        return {p: c.offset for p, c in self.partitions.items()}
+
+    def to_json(self) -> bytes:
+        doc = {
+            "version": STATE_VERSION,
+            "node_id": self.node_id,
+            "partition_count": self.partition_count,
+            "partitions": {str(p): c.to_dict() for p, c in sorted(self.partitions.items())},
+        }
+        return json.dumps(doc, separators=(",", ":")).encode()
+
+    @classmethod
+    def from_json(cls, raw: bytes, *, source: str = "state") -> "ConsumerState":
+        try:
+            doc = json.loads(raw)
+            if doc.get("version") != STATE_VERSION:
+                raise StateCorrupt(f"{source}: unsupported state version {doc.get('version')!r}")
+            parts = {int(p): PartitionCheckpoint.from_dict(c) for p, c in doc["partitions"].items()}
+            return cls(parts, doc.get("node_id"), doc.get("partition_count"))
+        except StateCorrupt:
+            raise
+        except Exception as exc:  # any shape error: the file cannot be trusted
+            raise StateCorrupt(f"{source}: cannot read consumer state: {exc}") from None
+
+
+@runtime_checkable
+class StateStore(Protocol):
+    """Where a consumer keeps its state.  ``save`` must be atomic: readers see old or new, never a mix."""
+
+    #: Directory for the durable rollback ring, or None to keep the ring in memory only.
+    ring_directory: Path | None
+
+    def load(self) -> ConsumerState | None: ...
+
+    def save(self, state: ConsumerState) -> None: ...
+
+
+class MemoryStateStore:
+    """Keeps the state in this process only (tests, throwaway consumers)."""
+
+    ring_directory: Path | None = None
+
+    def __init__(self, state: ConsumerState | None = None) -> None:
+        self.state = state
+        self.saves = 0
+
+    def load(self) -> ConsumerState | None:
+        return self.state
+
+    def save(self, state: ConsumerState) -> None:
+        self.state = state
+        self.saves += 1
+
+
+class FileStateStore:
+    """Durable state in ``directory/state.json`` (atomic replace) and the ring in ``directory/ring.log``."""
+
+    def __init__(self, directory: str | os.PathLike[str]) -> None:
+        self.directory = Path(directory)
+        self.path = self.directory / STATE_FILE
+        self.ring_directory: Path | None = self.directory
+        self.saves = 0
+
+    def load(self) -> ConsumerState | None:
+        try:
+            raw = self.path.read_bytes()
+        except FileNotFoundError:
+            return None
+        return ConsumerState.from_json(raw, source=str(self.path))
+
+    def save(self, state: ConsumerState) -> None:
+        self.directory.mkdir(parents=True, exist_ok=True)
+        raw = state.to_json()
+        tmp = self.directory / f"{STATE_FILE}.tmp.{os.getpid()}"
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        try:
+            view = memoryview(raw)
+            while view:
+                view = view[os.write(fd, view):]
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(tmp, self.path)
+        dfd = os.open(self.directory, os.O_RDONLY)
+        try:
+            os.fsync(dfd)
+        finally:
+            os.close(dfd)
+        self.saves += 1
+
+    def __repr__(self) -> str:
+        return f"FileStateStore({str(self.directory)!r})"
