@@ -1,0 +1,130 @@
+"""The application factory.
+
+``create_app(settings)`` builds a FastAPI app whose lifespan owns the engine: it opens
+the engine (off the event loop) at startup and closes it cleanly at shutdown, after
+the stream connections have been asked to end.  Nothing is created at import time, so
+tests and ``upr openapi`` build apps freely without touching a data directory.
+
+``app.state`` holds: ``settings``, ``tokens``, ``metrics``, ``streams`` (the stream
+registry, read by ``GET /streams``), ``started_at``, and while the engine is open
+``runner`` (the engine behind its executors).
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from typing import Any
+
+from fastapi import FastAPI
+from fastapi.openapi.utils import get_openapi
+
+from app import problems
+from app.auth import TokenTable
+from app.metrics import Metrics, MetricsMiddleware
+from app.models import BulkItem
+from app.problems import PROBLEM_MEDIA_TYPE
+from app.routes import admin, bulk, docs, health, partitions, stream_status, status
+from app.runner import EngineRunner
+from app.settings import Settings
+from app.streams_registry import StreamRegistry
+from engine.config import EngineConfig
+
+log = logging.getLogger("upr.server")
+
+DESCRIPTION = """Change-data-capture streaming service in the line of Couchbase UPR/DCP.
+
+Writers `PUT`/`DELETE` documents or `POST /docs/_bulk`; every change gets a per-partition
+seqno that consumers stream from `GET /stream` (WebSocket).  Errors are RFC 9457
+`application/problem+json` with a stable `type` URI.  Auth: `Authorization: Bearer <token>`
+with roles read < write < admin (none needed in protected mode on loopback)."""
+
+
+def _open_engine(config: EngineConfig) -> Any:
+    from engine.engine import Engine
+
+    return Engine.open(config)
+
+
+def create_app(
+    settings: Settings,
+    *,
+    tokens: TokenTable | None = None,
+    open_engine: Callable[[EngineConfig], Any] = _open_engine,
+) -> FastAPI:
+    """A new app; the engine opens when the app's lifespan starts."""
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        engine = await asyncio.to_thread(open_engine, settings.engine_config())
+        runner = EngineRunner(engine, settings.read_threads)
+        app.state.metrics.attach(engine, app.state.streams)
+        app.state.runner = runner
+        app.state.started_at = time.monotonic()
+        log.info("engine open: %s (%d partitions, node %s)", settings.data_dir, engine.num_partitions, engine.node_id)
+        try:
+            yield
+        finally:
+            await app.state.streams.shutdown()
+            app.state.runner = None
+            app.state.metrics.detach()
+            runner.shutdown()
+            await asyncio.to_thread(engine.close)
+            log.info("engine closed cleanly")
+
+    app = FastAPI(
+        title="upr",
+        version=status.VERSION,
+        description=DESCRIPTION,
+        lifespan=lifespan,
+        openapi_tags=[
+            {"name": "documents", "description": "write and read documents"},
+            {"name": "status", "description": "liveness, readiness, node status, metrics"},
+            {"name": "partitions", "description": "per-partition state and seqnos"},
+            {"name": "streams", "description": "open stream connections"},
+            {"name": "admin", "description": "operator actions (admin role)"},
+        ],
+    )
+    app.state.settings = settings
+    app.state.tokens = tokens if tokens is not None else TokenTable.load(settings.tokens_file, settings.tokens)
+    app.state.metrics = Metrics()
+    app.state.streams = StreamRegistry()
+    app.state.runner = None
+    app.state.started_at = time.monotonic()
+
+    problems.install(app)
+    app.add_middleware(MetricsMiddleware, metrics=app.state.metrics)
+    for module in (health, bulk, docs, status, partitions, stream_status, admin):
+        app.include_router(module.router)
+
+    app.openapi = lambda: _openapi(app)  # type: ignore[method-assign]
+    return app
+
+
+def _openapi(app: FastAPI) -> dict[str, Any]:
+    """FastAPI's schema, tidied: problem responses are only ``application/problem+json``,
+    and models referenced only from hand-written request bodies are included."""
+    if app.openapi_schema:
+        return app.openapi_schema
+    schema = get_openapi(
+        title=app.title, version=app.version, description=app.description, routes=app.routes, tags=app.openapi_tags
+    )
+    components = schema.setdefault("components", {}).setdefault("schemas", {})
+    components.setdefault("BulkItem", BulkItem.model_json_schema(ref_template="#/components/schemas/{model}"))
+    for path_item in schema.get("paths", {}).values():
+        for operation in path_item.values():
+            for code, response in operation.get("responses", {}).items():
+                content = response.get("content", {})
+                if PROBLEM_MEDIA_TYPE in content:
+                    content.pop("application/json", None)
+                if code == "422" and not content:
+                    response["content"] = {PROBLEM_MEDIA_TYPE: {"schema": {"$ref": "#/components/schemas/Problem"}}}
+                elif code == "422" and "application/json" in content:
+                    content.pop("application/json")
+                    content[PROBLEM_MEDIA_TYPE] = {"schema": {"$ref": "#/components/schemas/Problem"}}
+    components.pop("HTTPValidationError", None)
+    components.pop("ValidationError", None)
+    app.openapi_schema = schema
+    return schema

@@ -1,0 +1,162 @@
+"""Request and response shapes, for validation where it is cheap and for the OpenAPI document.
+
+Hot paths (document writes, bulk) encode their responses with orjson directly and
+only *declare* these models, because building a pydantic object per response costs
+a large share of a small request; shapes are kept identical and a test validates
+live responses against the published schema.
+"""
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from engine.types import PartitionState
+
+
+class Problem(BaseModel):
+    """RFC 9457 problem details (``application/problem+json``)."""
+
+    model_config = ConfigDict(extra="allow")
+    type: str = Field(description="stable URI naming the kind of problem", examples=["https://upr.dev/problems/cas-mismatch"])
+    title: str
+    status: int
+    detail: str
+    instance: str | None = None
+    field: str | None = Field(None, description="the offending input (body field, header, query parameter)")
+    partition: int | None = Field(None, description="the partition concerned, when there is one")
+
+
+class WriteResult(BaseModel):
+    key: str
+    partition: int = Field(description="partition that owns the key")
+    seqno: int = Field(description="sequence number of this change within its partition")
+    cas: int = Field(description="CAS of the new version; pass as If-Match (or bulk `cas`) to update it safely")
+    rev: int = Field(description="revision: how many times the key has changed")
+    deleted: bool
+    durability: Literal["memory", "persist"]
+
+
+class BulkItem(BaseModel):
+    """One operation of ``POST /docs/_bulk`` (one array element or one NDJSON line)."""
+
+    op: Literal["set", "delete"]
+    key: str
+    value: object | None = Field(None, description="any JSON value, stored as its JSON text")
+    value_b64: str | None = Field(None, description="binary value, base64 (instead of `value`)")
+    cas: int | None = Field(None, description="compare-and-swap against this CAS")
+
+
+class BulkItemResult(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    index: int = Field(description="position of the item in the request")
+    status: int = Field(description="200 ok, or the HTTP status the item alone would have had")
+    key: str | None = None
+    partition: int | None = None
+    seqno: int | None = None
+    cas: int | None = None
+    rev: int | None = None
+    deleted: bool | None = None
+    error: Problem | None = None
+
+
+class BulkResult(BaseModel):
+    durability: Literal["memory", "persist"]
+    succeeded: int
+    failed: int
+    results: list[BulkItemResult]
+
+
+class FailoverEntry(BaseModel):
+    uuid: int
+    seqno: int
+
+
+class PartitionInfo(BaseModel):
+    partition: int
+    state: PartitionState
+    uuid: int = Field(description="current branch (newest failover entry)")
+    high_seqno: int
+    persisted_seqno: int
+    purge_seqno: int = Field(description="tombstones at or below this seqno may be gone; consumers behind it roll back")
+    item_count: int
+    queue_depth: int
+    queue_bytes: int
+    failover_log: list[FailoverEntry] = Field(description="newest first")
+
+
+class PartitionList(BaseModel):
+    partitions: list[PartitionInfo]
+
+
+class Totals(BaseModel):
+    items: int
+    high_seqno: int = Field(description="sum over partitions")
+    persisted_seqno: int = Field(description="sum over partitions")
+    queue_depth: int
+    queue_bytes: int
+    flush_rate: float = Field(description="flushes per second recently")
+    streams_connected: int
+
+
+class Status(BaseModel):
+    node_id: str
+    version: str
+    uptime_s: float
+    partitions: int
+    protected_mode: bool
+    totals: Totals
+    engine: dict[str, float] = Field(description="raw engine counters")
+
+
+class PartitionStreamStatus(BaseModel):
+    partition: int
+    last_sent_seqno: int
+    lag: int
+
+
+class StreamInfo(BaseModel):
+    id: int
+    name: str
+    remote: str
+    codec: str
+    connected_at: float
+    partitions: list[PartitionStreamStatus]
+    bytes_buffered: int
+    barriers_pending: int
+
+
+class StreamList(BaseModel):
+    streams: list[StreamInfo]
+
+
+class Health(BaseModel):
+    status: Literal["ok"]
+
+
+class Ready(BaseModel):
+    ready: bool
+    engine_open: bool
+    flusher_running: bool
+
+
+class StateChange(BaseModel):
+    state: PartitionState
+
+
+class CompactRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    purge_before_seqno: dict[int, int] | None = Field(
+        None, description="per partition: purge tombstones with seqno below this"
+    )
+    older_than_s: float | None = Field(None, ge=0, description="purge tombstones older than this many seconds")
+
+
+class CompactResult(BaseModel):
+    purge_seqnos: dict[int, int] = Field(description="new purge seqno per partition")
+
+
+class FlushResult(BaseModel):
+    flushed: bool
+    duration_s: float
+    persisted_seqnos: dict[int, int]

@@ -1,0 +1,202 @@
+"""RFC 9457 problem details: the one place where errors become HTTP responses.
+
+Every error response is ``application/problem+json`` with a stable ``type`` URI
+(``https://upr.dev/problems/<slug>``), a ``title`` that is fixed per type, the
+``status``, a ``detail`` for this occurrence, and the offending ``field`` /
+``partition`` when known.  ``ENGINE_PROBLEMS`` maps the engine's error tree; the
+lookup walks the exception's MRO so a new engine subclass inherits its parent's
+rendering instead of becoming a 500.
+"""
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.responses import Response
+
+from app.auth import AuthError
+from engine import errors as E
+
+log = logging.getLogger("upr.http")
+
+PROBLEM_BASE = "https://upr.dev/problems/"
+PROBLEM_MEDIA_TYPE = "application/problem+json"
+
+
+@dataclass(frozen=True, slots=True)
+class ProblemType:
+    slug: str
+    status: int
+    title: str
+
+    @property
+    def uri(self) -> str:
+        return PROBLEM_BASE + self.slug
+
+
+INVALID_INPUT = ProblemType("invalid-input", 422, "Invalid input")
+INVALID_KEY = ProblemType("invalid-key", 422, "Invalid key")
+INVALID_PARTITION = ProblemType("invalid-partition", 422, "Invalid partition")
+UNKNOWN_PARTITION = ProblemType("unknown-partition", 404, "Unknown partition")
+TOO_LARGE = ProblemType("too-large", 413, "Too large")
+KEY_NOT_FOUND = ProblemType("key-not-found", 404, "Key not found")
+CAS_MISMATCH = ProblemType("cas-mismatch", 412, "CAS mismatch")
+PARTITION_NOT_ACTIVE = ProblemType("partition-not-active", 503, "Partition not active")
+BACKPRESSURE = ProblemType("backpressure", 429, "Write queue full")
+SEQNO_RANGE = ProblemType("seqno-range", 416, "Sequence number out of range")
+ENGINE_CLOSED = ProblemType("engine-closed", 503, "Engine not available")
+ENGINE_ERROR = ProblemType("engine-error", 500, "Engine error")
+UNAUTHORIZED = ProblemType("unauthorized", 401, "Unauthorized")
+FORBIDDEN = ProblemType("forbidden", 403, "Forbidden")
+NOT_FOUND = ProblemType("not-found", 404, "Not found")
+METHOD_NOT_ALLOWED = ProblemType("method-not-allowed", 405, "Method not allowed")
+UNSUPPORTED_MEDIA_TYPE = ProblemType("unsupported-media-type", 415, "Unsupported media type")
+NOT_READY = ProblemType("not-ready", 503, "Not ready")
+INTERNAL = ProblemType("internal-error", 500, "Internal server error")
+
+#: engine error class -> problem type; most specific class first is not required.
+ENGINE_PROBLEMS: dict[type[E.UprError], ProblemType] = {
+    E.InvalidKey: INVALID_KEY,
+    E.InvalidPartition: INVALID_PARTITION,
+    E.InvalidInput: INVALID_INPUT,
+    E.TooLarge: TOO_LARGE,
+    E.KeyNotFound: KEY_NOT_FOUND,
+    E.CasMismatch: CAS_MISMATCH,
+    E.PartitionNotActive: PARTITION_NOT_ACTIVE,
+    E.Backpressure: BACKPRESSURE,
+    E.SeqnoRangeError: SEQNO_RANGE,
+    E.EngineClosed: ENGINE_CLOSED,
+    E.UprError: ENGINE_ERROR,
+}
+
+_BY_STATUS = {p.status: p for p in (NOT_FOUND, METHOD_NOT_ALLOWED, UNSUPPORTED_MEDIA_TYPE, UNAUTHORIZED, FORBIDDEN)}
+
+
+def problem_type_of(exc: E.UprError) -> ProblemType:
+    for cls in type(exc).__mro__:
+        found = ENGINE_PROBLEMS.get(cls)  # type: ignore[call-overload]
+        if found is not None:
+            return found
+    return ENGINE_ERROR
+
+
+class Problem(Exception):
+    """Raise from a route to answer with a problem document."""
+
+    def __init__(
+        self,
+        ptype: ProblemType,
+        detail: str,
+        *,
+        status: int | None = None,
+        field: str | None = None,
+        partition: int | None = None,
+        headers: dict[str, str] | None = None,
+        extra: dict[str, Any] | None = None,
+    ) -> None:
+        super().__init__(detail)
+        self.ptype = ptype
+        self.status = status or ptype.status
+        self.detail = detail
+        self.field = field
+        self.partition = partition
+        self.headers = headers or {}
+        self.extra = extra or {}
+
+    @classmethod
+    def from_engine(cls, exc: E.UprError, *, status: int | None = None, field: str | None = None) -> Problem:
+        ptype = problem_type_of(exc)
+        extra: dict[str, Any] = {"code": exc.code}
+        headers: dict[str, str] = {}
+        if exc.seqno is not None:
+            extra["seqno"] = exc.seqno
+        if isinstance(exc, E.CasMismatch):
+            if exc.expected is not None:
+                extra["expected_cas"] = exc.expected
+            if exc.actual is not None:
+                extra["actual_cas"] = exc.actual
+        if exc.retriable and ptype.status in (429, 503):
+            headers["Retry-After"] = "1"
+        return cls(
+            ptype, exc.message, status=status, field=field or exc.field,
+            partition=exc.partition, headers=headers, extra=extra,
+        )
+
+    def body(self, instance: str | None = None) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "type": self.ptype.uri, "title": self.ptype.title, "status": self.status, "detail": self.detail,
+        }
+        if instance:
+            out["instance"] = instance
+        if self.field is not None:
+            out["field"] = self.field
+        if self.partition is not None:
+            out["partition"] = self.partition
+        out.update(self.extra)
+        return out
+
+    def response(self, instance: str | None = None) -> Response:
+        headers = dict(self.headers)
+        if self.status == 413:
+            # The rest of an oversized body is never read: the connection cannot be reused.
+            headers["Connection"] = "close"
+        return Response(orjson.dumps(self.body(instance)), self.status, headers, media_type=PROBLEM_MEDIA_TYPE)
+
+
+def item_error(exc: E.UprError | Problem, *, cas_status: int = 409) -> dict[str, Any]:
+    """The per-item error of a bulk result (a problem document without ``instance``)."""
+    if isinstance(exc, E.UprError):
+        status = cas_status if isinstance(exc, E.CasMismatch) else None
+        exc = Problem.from_engine(exc, status=status)
+    return exc.body()
+
+
+def _field_of(loc: tuple[Any, ...]) -> str:
+    parts = [str(p) for p in loc if p not in ("body", "query", "path", "header")]
+    where = loc[0] if loc else ""
+    name = ".".join(parts) or str(where)
+    return f"{where}.{name}" if where in ("query", "header") else name
+
+
+def install(app: FastAPI) -> None:
+    """Register the handlers that turn every error into a problem document."""
+
+    async def on_problem(request: Request, exc: Problem) -> Response:
+        return exc.response(request.url.path)
+
+    async def on_engine(request: Request, exc: E.UprError) -> Response:
+        return Problem.from_engine(exc).response(request.url.path)
+
+    async def on_auth(request: Request, exc: AuthError) -> Response:
+        ptype = UNAUTHORIZED if exc.status == 401 else FORBIDDEN
+        headers = {"WWW-Authenticate": 'Bearer realm="upr"'} if exc.status == 401 else None
+        problem = Problem(ptype, exc.detail, headers=headers, extra={"required_role": exc.required.name.lower()})
+        return problem.response(request.url.path)
+
+    async def on_validation(request: Request, exc: RequestValidationError) -> Response:
+        errors = exc.errors()
+        first = errors[0] if errors else {}
+        field = _field_of(tuple(first.get("loc", ())))
+        detail = f"{field}: {first.get('msg', 'invalid')}" if first else "invalid request"
+        issues = [{"field": _field_of(tuple(e.get("loc", ()))), "message": e.get("msg", "")} for e in errors]
+        return Problem(INVALID_INPUT, detail, field=field, extra={"errors": issues}).response(request.url.path)
+
+    async def on_http(request: Request, exc: StarletteHTTPException) -> Response:
+        ptype = _BY_STATUS.get(exc.status_code, ProblemType("http-error", exc.status_code, "HTTP error"))
+        return Problem(ptype, str(exc.detail), headers=dict(exc.headers or {})).response(request.url.path)
+
+    async def on_crash(request: Request, exc: Exception) -> Response:
+        log.exception("unhandled error on %s %s", request.method, request.url.path)
+        return Problem(INTERNAL, "unexpected server error; see the server log").response(request.url.path)
+
+    app.add_exception_handler(Problem, on_problem)  # type: ignore[arg-type]
+    app.add_exception_handler(E.UprError, on_engine)  # type: ignore[arg-type]
+    app.add_exception_handler(AuthError, on_auth)  # type: ignore[arg-type]
+    app.add_exception_handler(RequestValidationError, on_validation)  # type: ignore[arg-type]
+    app.add_exception_handler(StarletteHTTPException, on_http)  # type: ignore[arg-type]
+    app.add_exception_handler(Exception, on_crash)

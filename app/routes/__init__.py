@@ -1,0 +1,1 @@
+"""One router per resource; ``app.main.create_app`` includes them all."""

@@ -1,0 +1,70 @@
+"""``/admin``: partition state changes, flush, compaction.  Admin role only.
+
+These run on reader threads, not the writer: a flush or a compaction may take a while
+and must not hold up document writes queued behind it.
+"""
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from fastapi import APIRouter
+
+from app.deps import AdminUser, RunnerDep
+from app.models import CompactRequest, CompactResult, FlushResult, PartitionInfo, StateChange
+from app.problems import INVALID_INPUT, Problem
+from app.routes.partitions import PartitionId, check_partition, partition_info
+from app.routes.responses import problems
+
+router = APIRouter(prefix="/admin", tags=["admin"])
+
+
+def _set_state(engine: Any, partition: int, change: StateChange) -> Any:
+    engine.set_state(partition, change.state)
+    return engine.stats(partition)
+
+
+@router.post(
+    "/partitions/{partition}/state",
+    summary="Change a partition's state",
+    response_model=PartitionInfo,
+    responses=problems(401, 403, 404, 422, 503),
+)
+async def set_partition_state(
+    partition: PartitionId, change: StateChange, runner: RunnerDep, _user: AdminUser
+) -> PartitionInfo:
+    """active/replica/pending/dead.  Only active partitions accept writes; promoting a
+    replica or pending partition to active starts a new failover branch.  Streams on a
+    partition that leaves active end with `state_changed`."""
+    check_partition(runner.engine, partition)
+    return partition_info(await runner.read(_set_state, runner.engine, partition, change))
+
+
+def _flush(engine: Any) -> FlushResult:
+    start = time.perf_counter()
+    engine.flush_now()
+    persisted = {s.partition: s.persisted_seqno for s in engine.all_stats()}
+    return FlushResult(flushed=True, duration_s=round(time.perf_counter() - start, 6), persisted_seqnos=persisted)
+
+
+@router.post("/flush", summary="Flush now and wait", response_model=FlushResult, responses=problems(401, 403, 503))
+async def flush(runner: RunnerDep, _user: AdminUser) -> FlushResult:
+    """Persists everything queued at the time of the call, then answers with the persisted seqnos."""
+    return await runner.read(_flush, runner.engine)
+
+
+@router.post(
+    "/compact", summary="Purge old tombstones", response_model=CompactResult, responses=problems(401, 403, 422, 503)
+)
+async def compact(request: CompactRequest, runner: RunnerDep, _user: AdminUser) -> CompactResult:
+    """Removes tombstones below a seqno per partition and/or older than an age, moving each
+    partition's purge seqno: consumers resuming from below it must roll back to 0."""
+    if request.purge_before_seqno is None and request.older_than_s is None:
+        raise Problem(INVALID_INPUT, "give purge_before_seqno and/or older_than_s", field="body")
+    for p in request.purge_before_seqno or {}:
+        if not 0 <= p < runner.engine.num_partitions:
+            raise Problem(INVALID_INPUT, f"partition {p} does not exist", field="purge_before_seqno", partition=p)
+    result = await runner.read(
+        runner.engine.compact, purge_before_seqno=request.purge_before_seqno, older_than_s=request.older_than_s
+    )
+    return CompactResult(purge_seqnos=dict(result))

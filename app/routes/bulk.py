@@ -1,0 +1,71 @@
+"""``POST /docs/_bulk``: many sets/deletes in one request, one durability wait."""
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import orjson
+from fastapi import APIRouter, Query, Request
+from starlette.responses import Response
+
+from app import bulk
+from app.deps import MetricsDep, RunnerDep, SettingsDep, WriteUser
+from app.limits import read_body
+from app.models import BulkItem, BulkResult
+from app.routes.responses import problems
+from engine.types import Durability
+
+router = APIRouter(prefix="/docs", tags=["documents"])
+
+_ITEM_REF = {"$ref": "#/components/schemas/BulkItem"}
+_BULK_BODY: dict[str, Any] = {
+    "requestBody": {
+        "required": True,
+        "description": "a JSON array of operations, or NDJSON with one operation per line",
+        "content": {
+            "application/json": {"schema": {"type": "array", "items": _ITEM_REF}},
+            "application/x-ndjson": {"schema": {"type": "string"}},
+        },
+    }
+}
+
+
+def _run(engine: Any, body: bytes, ndjson: bool, max_items: int, durability: Durability) -> tuple[bytes, Any, int, int]:
+    """Writer thread: parse, write the batch, and take its persist future in one hop."""
+    items = bulk.parse_items(body, ndjson, max_items)
+    out, targets = bulk.apply(engine, items, durability.value)
+    future = engine.persist_future(targets) if durability is Durability.PERSIST and targets else None
+    return orjson.dumps(out), future, out["succeeded"], out["failed"]
+
+
+@router.post(
+    "/_bulk",
+    summary="Write many documents",
+    response_model=BulkResult,
+    openapi_extra=_BULK_BODY,
+    responses=problems(401, 403, 413, 422, 503),
+)
+async def post_bulk(
+    request: Request,
+    runner: RunnerDep,
+    settings: SettingsDep,
+    metrics: MetricsDep,
+    _user: WriteUser,
+    durability: Durability = Query(Durability.MEMORY, description="one wait for the whole batch"),
+) -> Response:
+    """Items are `{"op": "set"|"delete", "key": K, "value": <JSON> | "value_b64": <base64>, "cas": N?}`.
+    Each gets its own result (`status` 200, or the status and problem of its error); a bad
+    item does not stop the others.  With `durability=persist` the answer waits until every
+    successful item is fsynced."""
+    body = await read_body(request, settings.max_bulk_bytes, "the bulk body")
+    ndjson = bulk.is_ndjson(request.headers.get("content-type"), body)
+    out, future, ok, failed = await runner.write(_run, runner.engine, body, ndjson, settings.max_bulk_items, durability)
+    if future is not None:
+        await asyncio.wrap_future(future)
+    metrics.bulk_items.labels("ok").inc(ok)
+    if failed:
+        metrics.bulk_items.labels("failed").inc(failed)
+    return Response(out, 200, media_type="application/json")
+
+
+__all__ = ["router", "BulkItem"]

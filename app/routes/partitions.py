@@ -1,0 +1,49 @@
+"""``GET /partitions`` and ``GET /partitions/{id}``: per-partition state and seqnos."""
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Path
+
+from app.deps import ReadUser, RunnerDep
+from app.models import FailoverEntry, PartitionInfo, PartitionList
+from app.problems import UNKNOWN_PARTITION, Problem
+from app.routes.responses import problems
+from engine.types import PartitionStats
+
+router = APIRouter(prefix="/partitions", tags=["partitions"])
+
+PartitionId = Annotated[int, Path(ge=0, description="partition number, 0 <= id < partitions")]
+
+
+def partition_info(st: PartitionStats) -> PartitionInfo:
+    return PartitionInfo(
+        partition=st.partition, state=st.state, uuid=st.uuid, high_seqno=st.high_seqno,
+        persisted_seqno=st.persisted_seqno, purge_seqno=st.purge_seqno, item_count=st.item_count,
+        queue_depth=st.queue_depth, queue_bytes=st.queue_bytes,
+        failover_log=[FailoverEntry(uuid=e.uuid, seqno=e.seqno) for e in st.failover_log],
+    )
+
+
+def check_partition(engine: Any, partition: int) -> None:
+    if not 0 <= partition < engine.num_partitions:
+        raise Problem(
+            UNKNOWN_PARTITION, f"partition {partition} does not exist; this node has {engine.num_partitions}",
+            field="path.partition", partition=partition,
+        )
+
+
+@router.get("", summary="All partitions", response_model=PartitionList, responses=problems(401, 403, 503))
+async def list_partitions(runner: RunnerDep, _user: ReadUser) -> PartitionList:
+    """State, high/persisted/purge seqnos, item count, queue depth and failover log of every partition."""
+    stats = await runner.read(runner.engine.all_stats)
+    return PartitionList(partitions=[partition_info(s) for s in stats])
+
+
+@router.get(
+    "/{partition}", summary="One partition", response_model=PartitionInfo, responses=problems(401, 403, 404, 422, 503)
+)
+async def get_partition(partition: PartitionId, runner: RunnerDep, _user: ReadUser) -> PartitionInfo:
+    """State, seqnos, item count, queue depth and failover log (newest first) of one partition."""
+    check_partition(runner.engine, partition)
+    return partition_info(await runner.read(runner.engine.stats, partition))

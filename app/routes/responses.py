@@ -1,0 +1,32 @@
+"""OpenAPI declarations of the problem responses a route can give."""
+from __future__ import annotations
+
+from typing import Any
+
+from app.models import Problem
+from app.problems import PROBLEM_MEDIA_TYPE
+
+_DESCRIPTIONS = {
+    401: "missing or unknown bearer token",
+    403: "the token's role is not sufficient",
+    404: "unknown key or partition",
+    409: "CAS mismatch (bulk item)",
+    412: "CAS mismatch (If-Match)",
+    413: "body, value or batch over its limit",
+    415: "unsupported media type",
+    416: "seqno out of range",
+    422: "invalid input; `field` names it",
+    429: "write queue over its memory limit; retry after Retry-After",
+    503: "partition not active (see `partition`) or engine not open",
+}
+
+
+def problems(*statuses: int) -> dict[int | str, dict[str, Any]]:
+    return {
+        status: {
+            "model": Problem,
+            "description": _DESCRIPTIONS[status],
+            "content": {PROBLEM_MEDIA_TYPE: {"schema": {"$ref": "#/components/schemas/Problem"}}},
+        }
+        for status in statuses
+    }

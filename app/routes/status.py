@@ -1,0 +1,60 @@
+"""``GET /status`` (node summary) and ``GET /metrics`` (Prometheus text)."""
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from fastapi import APIRouter, Request
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from starlette.responses import Response
+
+from app.deps import MetricsDep, ReadUser, RunnerDep, StreamsDep, TokensDep
+from app.models import Status, Totals
+from app.routes.responses import problems
+
+router = APIRouter(tags=["status"])
+
+VERSION = "0.1.0"
+
+
+def _totals(engine: Any) -> tuple[list[Any], dict[str, float]]:
+    return engine.all_stats(), engine.engine_stats()
+
+
+@router.get("/status", summary="Node status and totals", response_model=Status, responses=problems(401, 403, 503))
+async def status(
+    request: Request, runner: RunnerDep, streams: StreamsDep, tokens: TokensDep, _user: ReadUser
+) -> Status:
+    """Node id, uptime, partition count and totals over all partitions."""
+    stats, counters = await runner.read(_totals, runner.engine)
+    engine = runner.engine
+    return Status(
+        node_id=engine.node_id,
+        version=VERSION,
+        uptime_s=round(time.monotonic() - request.app.state.started_at, 3),
+        partitions=engine.num_partitions,
+        protected_mode=tokens.protected_mode,
+        totals=Totals(
+            items=sum(s.item_count for s in stats),
+            high_seqno=sum(s.high_seqno for s in stats),
+            persisted_seqno=sum(s.persisted_seqno for s in stats),
+            queue_depth=sum(s.queue_depth for s in stats),
+            queue_bytes=sum(s.queue_bytes for s in stats),
+            flush_rate=float(counters.get("flush_rate", 0.0)),
+            streams_connected=len(streams),
+        ),
+        engine={k: float(v) for k, v in counters.items() if isinstance(v, (int, float))},
+    )
+
+
+@router.get(
+    "/metrics",
+    summary="Prometheus metrics",
+    response_class=Response,
+    responses={200: {"content": {"text/plain": {"schema": {"type": "string"}}}}, **problems(401, 403)},
+)
+async def metrics(runner: RunnerDep, metrics: MetricsDep, _user: ReadUser) -> Response:
+    """Request counts and latencies, per-partition seqnos and queue depth, flush figures,
+    stream lag and rollbacks, in the Prometheus text format."""
+    text = await runner.read(generate_latest, metrics.registry)
+    return Response(text, media_type=CONTENT_TYPE_LATEST)

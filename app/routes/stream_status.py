@@ -1,0 +1,29 @@
+"""``GET /streams``: the open stream connections (filled in by the stream endpoint)."""
+from __future__ import annotations
+
+from fastapi import APIRouter
+
+from app.deps import ReadUser, StreamsDep
+from app.models import PartitionStreamStatus, StreamInfo, StreamList
+from app.routes.responses import problems
+
+router = APIRouter(tags=["streams"])
+
+
+@router.get("/streams", summary="Open stream connections", response_model=StreamList, responses=problems(401, 403))
+async def list_streams(streams: StreamsDep, _user: ReadUser) -> StreamList:
+    """Every open connection: name, remote address, partitions with last sent seqno and lag
+    behind the high seqno, bytes buffered (unacknowledged), barriers pending."""
+    return StreamList(
+        streams=[
+            StreamInfo(
+                id=s.id, name=s.name, remote=s.remote, codec=s.codec, connected_at=s.connected_at,
+                partitions=[
+                    PartitionStreamStatus(partition=p.partition, last_sent_seqno=p.last_sent_seqno, lag=p.lag)
+                    for p in s.partitions
+                ],
+                bytes_buffered=s.bytes_buffered, barriers_pending=s.barriers_pending,
+            )
+            for s in streams.statuses()
+        ]
+    )

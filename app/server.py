@@ -1,0 +1,75 @@
+"""Running the app under uvicorn, with the protected-mode rule applied first.
+
+WHY programmatic uvicorn (not ``uvicorn app.main:app``): the settings and token table
+are checked before anything binds, so a bad config or an unsafe bind fails with one
+clear line and a non-zero exit instead of a traceback from inside a worker.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import sys
+from pathlib import Path
+
+import uvicorn
+
+from app.auth import TokenTable, check_bind, is_loopback
+from app.main import create_app
+from app.settings import Settings
+
+log = logging.getLogger("upr.server")
+
+EXIT_CONFIG = 2
+
+
+class _Server(uvicorn.Server):
+    """Writes ``settings.ready_file`` with the bound URL once the socket listens (port 0 works)."""
+
+    def __init__(self, config: uvicorn.Config, ready_file: Path | None) -> None:
+        super().__init__(config)
+        self._ready_file = ready_file
+
+    async def startup(self, sockets: list | None = None) -> None:  # type: ignore[type-arg]
+        await super().startup(sockets)
+        if self.started and self._ready_file is not None:
+            host, port = self.servers[0].sockets[0].getsockname()[:2]
+            host = f"[{host}]" if ":" in host else host
+            tmp = self._ready_file.with_suffix(".tmp")
+            tmp.write_text(f"http://{host}:{port}\n")
+            tmp.replace(self._ready_file)
+
+
+def serve(settings: Settings) -> int:
+    """Run until interrupted; returns the process exit code."""
+    tokens = TokenTable.load(settings.tokens_file, settings.tokens)
+    refusal = check_bind(settings.host, tokens)
+    if refusal:
+        print(refusal, file=sys.stderr)
+        return EXIT_CONFIG
+    logging.basicConfig(level=settings.log_level.upper() if settings.log_level != "trace" else "DEBUG",
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if tokens.protected_mode:
+        log.warning(
+            "protected mode: no auth tokens configured, serving loopback (%s) only; every local caller is admin",
+            settings.host,
+        )
+    else:
+        log.info("auth: %d bearer token(s) configured", len(tokens))
+        if not is_loopback(settings.host):
+            log.info("binding %s: tokens required for every request but /health and /ready", settings.host)
+    app = create_app(settings, tokens=tokens)
+    config = uvicorn.Config(
+        app,
+        host=settings.host,
+        port=settings.port,
+        log_level=settings.log_level,
+        access_log=settings.access_log,
+        loop="uvloop",
+        http="httptools",
+        lifespan="on",
+        timeout_graceful_shutdown=10,
+        server_header=False,
+    )
+    server = _Server(config, settings.ready_file)
+    asyncio.run(server.serve())
+    return 0 if server.started else 1

@@ -1,0 +1,121 @@
+"""Server settings: one typed class, read from (highest priority first)
+command-line flags, ``UPR_*`` environment variables, an optional TOML file, defaults.
+
+No instance exists at import time: ``upr server`` builds one from its flags, tests
+build their own.  The TOML file uses the field names below, either at top level or
+under a ``[server]`` table; unknown keys are an error so a typo never silently falls
+back to a default.
+"""
+from __future__ import annotations
+
+import os
+import tomllib
+from pathlib import Path
+from typing import Any
+
+from pydantic import Field, field_validator
+from pydantic.fields import FieldInfo
+from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
+
+from engine.config import EngineConfig
+
+MiB = 1024 * 1024
+
+
+class ConfigFileError(ValueError):
+    """The TOML config file is missing, unreadable or has unknown keys."""
+
+
+class _TomlFileSource(PydanticBaseSettingsSource):
+    """Reads the TOML file named by ``config_file`` (flag) or ``UPR_CONFIG_FILE`` (env).
+
+    WHY a custom source: the file's path is itself a setting, and the file must rank
+    below environment variables, which pydantic-settings' stock TOML source cannot
+    do with a path chosen at run time."""
+
+    def __init__(self, settings_cls: type[BaseSettings], path: Path | None) -> None:
+        super().__init__(settings_cls)
+        self._values = _read_toml(path) if path else {}
+        if path:
+            self._values.setdefault("config_file", path)
+
+    def get_field_value(self, field: FieldInfo, field_name: str) -> tuple[Any, str, bool]:
+        return self._values.get(field_name), field_name, False
+
+    def __call__(self) -> dict[str, Any]:
+        return dict(self._values)
+
+
+def _read_toml(path: Path) -> dict[str, Any]:
+    try:
+        data = tomllib.loads(Path(path).read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise ConfigFileError(f"config file {path} does not exist") from None
+    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
+        raise ConfigFileError(f"config file {path} is not valid TOML: {exc}") from None
+    if isinstance(data.get("server"), dict):
+        data = {**{k: v for k, v in data.items() if k != "server"}, **data["server"]}
+    unknown = sorted(set(data) - set(Settings.model_fields))
+    if unknown:
+        raise ConfigFileError(f"config file {path}: unknown setting(s) {', '.join(unknown)}")
+    return data
+
+
+class Settings(BaseSettings):
+    """Everything ``upr server`` can be told; each field is a ``--flag`` of the same name."""
+
+    model_config = SettingsConfigDict(env_prefix="UPR_", extra="ignore", validate_default=True)
+
+    config_file: Path | None = Field(None, description="TOML file with any of these settings")
+    data_dir: Path = Field(Path("./data"), description="directory holding the LMDB environment")
+    host: str = Field("127.0.0.1", description="address to bind; non-loopback requires tokens")
+    port: int = Field(8000, ge=0, le=65535, description="TCP port (0 = pick a free one)")
+    partitions: int = Field(64, ge=1, le=1024, description="partition count (fixed when the data dir is created)")
+    flush_interval_ms: float = Field(5.0, gt=0, le=60_000, description="how often memory-durability writes are persisted")
+    queue_memory_limit_mb: int = Field(
+        1024, ge=1, description="write queues above this many MiB answer 429 (backpressure)"
+    )
+    max_key_bytes: int = Field(250, ge=1, le=250, description="largest key in UTF-8 bytes")
+    max_value_bytes: int = Field(20 * MiB, ge=1, description="largest document value (PUT body) in bytes")
+    max_bulk_bytes: int = Field(64 * MiB, ge=1, description="largest POST /docs/_bulk body in bytes")
+    max_bulk_items: int = Field(10_000, ge=1, description="most operations in one POST /docs/_bulk")
+    tokens_file: Path | None = Field(None, description="TOML or JSON file of bearer tokens and roles")
+    tokens: str | None = Field(
+        None, description="bearer tokens inline, 'token=role,token=role' or JSON (usually via UPR_TOKENS)"
+    )
+    read_threads: int = Field(4, ge=1, le=64, description="executor threads for engine reads")
+    log_level: str = Field("info", description="uvicorn log level")
+    access_log: bool = Field(False, description="log every request (costs throughput)")
+    ready_file: Path | None = Field(None, description="write the bound URL to this file once serving")
+
+    @field_validator("log_level")
+    @classmethod
+    def _known_level(cls, value: str) -> str:
+        value = value.lower()
+        if value not in {"critical", "error", "warning", "info", "debug", "trace"}:
+            raise ValueError("must be one of critical, error, warning, info, debug, trace")
+        return value
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        init_kwargs = getattr(init_settings, "init_kwargs", {})
+        path = init_kwargs.get("config_file") or os.environ.get("UPR_CONFIG_FILE")
+        return init_settings, env_settings, _TomlFileSource(settings_cls, Path(path) if path else None)
+
+    def engine_config(self) -> EngineConfig:
+        """The engine's half of these settings."""
+        return EngineConfig(
+            data_dir=Path(self.data_dir),
+            partitions=self.partitions,
+            flush_interval_ms=self.flush_interval_ms,
+            max_key_bytes=self.max_key_bytes,
+            max_value_bytes=self.max_value_bytes,
+            queue_memory_limit_bytes=self.queue_memory_limit_mb * MiB,
+        )
