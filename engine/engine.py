@@ -1,0 +1,441 @@
+"""The engine facade (contract: docs/architecture.md, "Engine facade").
+
+Threads: any number of callers (the app's executor threads), one flusher thread.  Writes,
+state changes and the flusher's "persisted up to" step serialise on one writer lock; reads
+(``get``, ``stats``, ``snapshot``) take no lock: they read immutable queue roots and LMDB
+read transactions.
+
+A write's life: validated (nothing changes on a bad item), assigned the partition's next
+seqno, a CAS (monotonic hybrid of ``time_ns``) and ``rev = previous rev + 1`` (previous
+version from the queue index, else one LMDB lookup), appended to the partition's write
+queue, then visible to snapshots when the batch publishes its queue roots.  Listeners are
+told which partitions moved.  The flusher persists it later; ``persist_future`` waits for that.
+"""
+from __future__ import annotations
+
+import logging
+import threading
+import time
+import zlib
+from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import Future
+
+from engine import failover
+from engine.config import EngineConfig
+from engine.errors import (
+    Backpressure,
+    CasMismatch,
+    EngineClosed,
+    InvalidInput,
+    InvalidKey,
+    InvalidPartition,
+    KeyNotFound,
+    PartitionNotActive,
+    SeqnoRangeError,
+    TooLarge,
+    UprError,
+)
+from engine.flusher import Flusher
+from engine.keys import encode_key
+from engine.partition import Partition
+from engine.snapshot import PartitionSnapshot, capture
+from engine.store import Store
+from engine.types import (
+    Document,
+    FailoverEntry,
+    Item,
+    Op,
+    PartitionState,
+    PartitionStats,
+    WriteOp,
+    WriteResult,
+)
+from engine.writequeue import QueueBatch, WriteQueue
+
+log = logging.getLogger(__name__)
+
+_tuple_new = tuple.__new__
+_ACTIVE = PartitionState.ACTIVE
+_MUTATION = Op.MUTATION
+_DELETION = Op.DELETION
+
+
+class Engine:
+    """Partitions, write queues, LMDB store and flusher behind one thread-safe facade."""
+
+    def __init__(self, config: EngineConfig, store: Store, partitions: list[Partition], was_clean: bool) -> None:
+        self.config = config
+        self.num_partitions = store.num_partitions
+        self.node_id = store.node_id
+        self.opened_clean = was_clean
+        self._store = store
+        self._parts = partitions
+        self._lock = threading.RLock()
+        self._closed = False
+        self._listeners: list[Callable[[int], None]] = []
+        self._last_cas = max((p.persisted_max_cas for p in partitions), default=0)
+        self._flusher = Flusher(store, partitions, self._lock, config.flush_interval_ms / 1000.0,
+                                config.flush_batch_items)
+        self.writes_total = 0
+        self.write_errors_total = 0
+        self.backpressure_total = 0
+
+    # ------------------------------------------------------------------ lifecycle
+
+    @classmethod
+    def open(cls, config: EngineConfig) -> "Engine":
+        """Create or open ``config.data_dir`` and start the flusher.
+
+        An unclean previous stop adds a failover entry (new uuid, persisted seqno) to every
+        partition; seqnos continue from the persisted seqno.
+        """
+        if config.partitions < 1:
+            raise InvalidInput("partitions must be at least 1", field="partitions")
+        opened = Store.open(config.data_dir, config.partitions, config.lmdb_map_size, config.failover_log_cap)
+        parts = [
+            Partition(
+                id=p, state=m.state, failover_log=m.failover_log, purge_seqno=m.purge_seqno,
+                live_items=m.live_items, persisted_live=m.live_items, persisted_max_cas=m.max_cas,
+                queue=WriteQueue(m.persisted_seqno),
+            )
+            for p, m in enumerate(opened.partitions)
+        ]
+        engine = cls(config, opened.store, parts, opened.was_clean)
+        engine._flusher.start()
+        return engine
+
+    def close(self) -> None:
+        """Clean shutdown: flush everything, record the clean marker, stop the flusher."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+        self._flusher.stop()
+        self._store.mark_clean()
+        self._store.close()
+
+    def __enter__(self) -> "Engine":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def partition_of(self, key: str) -> int:
+        """``crc32(utf8(key)) % num_partitions`` (documented in engine.keys)."""
+        return zlib.crc32(encode_key(key, self.config.max_key_bytes)) % self.num_partitions
+
+    # ------------------------------------------------------------------ writes
+
+    def write(self, op: WriteOp) -> WriteResult:
+        result = self.write_batch((op,))[0]
+        if isinstance(result, UprError):
+            raise result
+        return result
+
+    def write_batch(self, ops: Sequence[WriteOp]) -> list[WriteResult | UprError]:
+        """Queue ``ops`` in order; per-item results, a failed item changes nothing.
+
+        ``cas`` of None or 0 means "no check" (as in Couchbase).  A CAS write against a
+        missing or deleted key fails with ``CasMismatch`` (actual 0); deleting a missing or
+        deleted key fails with ``KeyNotFound``.  The whole batch is refused with
+        ``Backpressure`` while the queues hold more than ``queue_memory_limit_bytes``.
+        """
+        if self._closed:
+            raise EngineClosed("engine is closed")
+        parts = self._parts
+        if sum(p.queue.bytes for p in parts) > self.config.queue_memory_limit_bytes:
+            self.backpressure_total += 1
+            self._flusher.kick()
+            raise Backpressure("write queues are over their memory limit; retry shortly")
+        results: list[WriteResult | UprError] = []
+        add_result = results.append
+        batches: dict[int, QueueBatch] = {}
+        store = self._store
+        n = self.num_partitions
+        max_key = self.config.max_key_bytes
+        max_value = self.config.max_value_bytes
+        crc32 = zlib.crc32
+        new = _tuple_new
+        now = time.time_ns
+        errors = 0
+        read = None
+        txn = None
+        with self._lock:
+            if self._closed:
+                raise EngineClosed("engine is closed")
+            cas_floor = self._last_cas
+            try:
+                for op in ops:
+                    try:
+                        key = op.key
+                        if type(key) is not str:
+                            raise InvalidKey("key must be a string", field="key")
+                        try:
+                            raw = key.encode()
+                        except UnicodeEncodeError:
+                            raise InvalidKey("key is not valid UTF-8 (lone surrogate)", field="key") from None
+                        if not raw or len(raw) > max_key:
+                            encode_key(key, max_key)  # raises the precise InvalidKey
+                        kind = op.op
+                        if kind == _MUTATION:
+                            value = op.value
+                            if type(value) is not bytes:
+                                if not isinstance(value, (bytes, bytearray, memoryview)):
+                                    raise InvalidInput("value must be bytes", field="value")
+                                value = bytes(value)
+                            if len(value) > max_value:
+                                raise TooLarge(f"value is {len(value)} bytes; the limit is {max_value}",
+                                               field="value")
+                            deleted = False
+                        elif kind == _DELETION:
+                            value = b""
+                            deleted = True
+                        else:
+                            raise InvalidInput(f"unknown op {kind!r}", field="op")
+                        p = crc32(raw) % n
+                        part = parts[p]
+                        if part.state is not _ACTIVE:
+                            raise PartitionNotActive(f"partition {p} is {part.state.value}", partition=p)
+                        queue = part.queue
+                        prev = queue.index.get(raw)
+                        if prev is not None:
+                            prev_cas = prev.cas
+                            prev_rev = prev.rev
+                            exists = not prev.deleted
+                        else:
+                            if txn is None:
+                                read = store.read_txn()
+                                txn = read.__enter__()
+                            meta = store.lookup(txn, p, raw)
+                            if meta is None:
+                                prev_cas = prev_rev = 0
+                                exists = False
+                            else:
+                                _s, prev_cas, prev_rev, was_deleted = meta
+                                exists = not was_deleted
+                        want = op.cas
+                        if want and (not exists or want != prev_cas):
+                            raise CasMismatch(
+                                f"CAS {want} does not match the current CAS",
+                                expected=want, actual=prev_cas if exists else 0, field="cas", partition=p,
+                            )
+                        if deleted and not exists:
+                            raise KeyNotFound(f"no live document for key {key!r}", partition=p)
+                        batch = batches.get(p)
+                        if batch is None:
+                            batch = batches[p] = queue.begin()
+                        seqno = batch.next_seqno
+                        cas = cas_floor + 1
+                        t = now()
+                        if t > cas:
+                            cas = t
+                        cas_floor = cas
+                        rev = prev_rev + 1
+                        batch.add(new(Item, (raw, seqno, cas, rev, deleted, value)), prev)
+                        if deleted:
+                            part.live_items -= 1
+                        elif not exists:
+                            part.live_items += 1
+                        add_result(WriteResult(key, p, seqno, cas, rev, deleted))
+                    except UprError as exc:
+                        errors += 1
+                        add_result(exc)
+            finally:
+                if read is not None:
+                    read.__exit__(None, None, None)
+                for batch in batches.values():
+                    batch.publish()
+                self._last_cas = cas_floor
+                self.writes_total += len(results) - errors
+                self.write_errors_total += errors
+        if batches:
+            self._notify(batches)
+        return results
+
+    def persist_future(self, targets: Mapping[int, int]) -> Future[None]:
+        """Resolves once ``persisted_seqno[p] >= targets[p]`` for every ``p``.
+
+        Kicks a flush at once; waiters registered before a flush round starts share its
+        single fsync.
+        """
+        for p, seqno in targets.items():
+            part = self._part(p)
+            if seqno > part.high_seqno:
+                raise SeqnoRangeError(
+                    f"seqno {seqno} is beyond partition {p}'s high seqno {part.high_seqno}",
+                    partition=p, seqno=seqno,
+                )
+        if self._closed:
+            raise EngineClosed("engine is closed")
+        return self._flusher.wait_for(targets)
+
+    def flush_now(self) -> None:
+        """Block until everything queued at the time of the call is persisted."""
+        if self._closed:
+            raise EngineClosed("engine is closed")
+        self._flusher.wait_for({p.id: p.high_seqno for p in self._parts}).result()
+
+    # ------------------------------------------------------------------ reads
+
+    def get(self, key: str) -> Document:
+        raw = encode_key(key, self.config.max_key_bytes)
+        p = zlib.crc32(raw) % self.num_partitions
+        item = self._parts[p].queue.index.get(raw)
+        if item is None:
+            self._check_open()
+            with self._store.read_txn() as txn:
+                item = self._store.get_item(txn, p, raw)
+        if item is None or item.deleted:
+            raise KeyNotFound(f"no live document for key {key!r}", partition=p)
+        return Document(key, p, item.seqno, item.cas, item.rev, item.deleted, item.value)
+
+    def stats(self, partition: int) -> PartitionStats:
+        return self._part(partition).stats()
+
+    def all_stats(self) -> list[PartitionStats]:
+        return [p.stats() for p in self._parts]
+
+    def failover_log(self, partition: int) -> tuple[FailoverEntry, ...]:
+        return self._part(partition).failover_log
+
+    def high_seqno(self, partition: int) -> int:
+        return self._part(partition).high_seqno
+
+    def persisted_seqno(self, partition: int) -> int:
+        return self._part(partition).persisted_seqno
+
+    def state(self, partition: int) -> PartitionState:
+        return self._part(partition).state
+
+    def snapshot(self, partition: int, after_seqno: int) -> PartitionSnapshot:
+        """A consistent view of ``(after_seqno, high seqno now]`` (see engine.snapshot)."""
+        part = self._part(partition)
+        if after_seqno < 0 or after_seqno > part.high_seqno:
+            raise SeqnoRangeError(
+                f"after_seqno {after_seqno} is outside 0..{part.high_seqno} for partition {partition}",
+                partition=partition, seqno=after_seqno,
+            )
+        self._check_open()
+        queue = part.queue
+        return capture(self._store, partition, lambda: queue.root, after_seqno, part.purge_seqno)
+
+    # ------------------------------------------------------------------ admin
+
+    def set_state(self, partition: int, state: PartitionState) -> None:
+        """Change a partition's state; becoming active from any other state starts a new
+        history branch (failover entry: new uuid, current high seqno)."""
+        part = self._part(partition)
+        state = PartitionState(state)
+        with self._lock:
+            self._check_open()
+            if part.state is state:
+                return
+            log_ = part.failover_log
+            if state is _ACTIVE:
+                entry = FailoverEntry(failover.new_uuid(log_), part.high_seqno)
+                log_ = failover.add_entry(log_, entry, self.config.failover_log_cap)
+            store = self._store
+
+            def put(txn: object) -> None:
+                store.put_state(txn, partition, state)  # type: ignore[arg-type]
+                store.put_failover(txn, partition, log_)  # type: ignore[arg-type]
+
+            store.write(put)
+            part.state = state
+            part.failover_log = log_
+        self._notify((partition,))
+
+    def compact(self, *, purge_before_seqno: Mapping[int, int] | None = None,
+                older_than_s: float | None = None) -> dict[int, int]:
+        """Purge persisted tombstones and move purge seqnos; returns purge seqno per partition.
+
+        A tombstone is purged when its seqno is below ``purge_before_seqno[p]`` (partitions not
+        named are left alone when the mapping is given) and, if ``older_than_s`` is given, its
+        CAS time is older than that.  With neither, every persisted tombstone is purged.
+        """
+        self._check_open()
+        if purge_before_seqno is not None:
+            for p in purge_before_seqno:
+                self._part(p)
+            targets = list(purge_before_seqno)
+        else:
+            targets = list(range(self.num_partitions))
+        cutoff = time.time_ns() - int(older_than_s * 1e9) if older_than_s is not None else None
+        out: dict[int, int] = {}
+        for p in targets:
+            bound = purge_before_seqno[p] if purge_before_seqno is not None else None
+            part = self._parts[p]
+
+            def should_purge(seqno: int, cas: int, bound: int | None = bound) -> bool:
+                if bound is not None and seqno >= bound:
+                    return False
+                return cutoff is None or cas < cutoff
+
+            highest = self._store.purge_tombstones(p, should_purge, part.purge_seqno)
+            if highest > part.purge_seqno:
+                part.purge_seqno = highest
+            out[p] = part.purge_seqno
+        return out
+
+    def add_listener(self, callback: Callable[[int], None]) -> Callable[[], None]:
+        """Call ``callback(partition)`` after writes are queued or a state changes there."""
+        with self._lock:
+            self._listeners = [*self._listeners, callback]
+
+        def remove() -> None:
+            with self._lock:
+                self._listeners = [cb for cb in self._listeners if cb is not callback]
+
+        return remove
+
+    def engine_stats(self) -> dict[str, float]:
+        parts = self._parts
+        f = self._flusher
+        return {
+            "partitions": float(self.num_partitions),
+            "queue_bytes": float(sum(p.queue.bytes for p in parts)),
+            "queue_depth": float(sum(p.queue.depth for p in parts)),
+            "queue_memory_limit_bytes": float(self.config.queue_memory_limit_bytes),
+            "high_seqno_total": float(sum(p.high_seqno for p in parts)),
+            "persisted_seqno_total": float(sum(p.persisted_seqno for p in parts)),
+            "writes_total": float(self.writes_total),
+            "write_errors_total": float(self.write_errors_total),
+            "backpressure_total": float(self.backpressure_total),
+            "flush_count": float(f.flushes),
+            "flush_items_total": float(f.items_flushed),
+            "flush_bytes_total": float(f.bytes_flushed),
+            "flush_seconds_total": f.flush_seconds,
+            "flush_items_per_s": f.items_flushed / f.flush_seconds if f.flush_seconds else 0.0,
+            "flush_last_batch_items": float(f.last_batch_items),
+            "flush_max_batch_items": float(f.max_batch_items),
+            "flush_errors_total": float(f.errors),
+            "persist_waiters": float(f.pending_waiters),
+            "lmdb_commits_total": float(self._store.fsyncs),
+            "lmdb_map_size": float(self._store.map_size),
+        }
+
+    # ------------------------------------------------------------------ internals
+
+    def _part(self, partition: int) -> Partition:
+        if type(partition) is not int or not 0 <= partition < self.num_partitions:
+            raise InvalidPartition(
+                f"partition {partition!r} is outside 0..{self.num_partitions - 1}",
+                field="partition", partition=partition if isinstance(partition, int) else None,
+            )
+        return self._parts[partition]
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise EngineClosed("engine is closed")
+
+    def _notify(self, partitions: object) -> None:
+        for p in partitions:  # type: ignore[attr-defined]
+            for callback in self._listeners:
+                try:
+                    callback(p)
+                except Exception:
+                    log.exception("engine listener failed")

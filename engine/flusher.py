@@ -1,0 +1,203 @@
+"""The flusher: moves queued items into LMDB with group commit, and wakes persist waiters.
+
+One thread.  Each round takes, without the writer lock, every partition's queue root (an
+immutable snapshot) and writes the unpersisted range of *all* partitions in one write
+transaction (one fsync), bounded by ``flush_batch_items`` seqnos per round, starting at a
+rotating partition so a hot partition cannot starve the others.  Only after the commit does
+it take the writer lock to tell each queue what is now persisted (dropping index entries
+that were not superseded meanwhile).
+
+Rounds happen every ``flush_interval_ms`` while there is work, and at once when someone
+waits for persistence (``persist_future`` kicks the thread): concurrent ``persist`` writes
+therefore share fsyncs, because every waiter registered before a round starts is satisfied
+by that round's single commit.
+"""
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Mapping, Sequence
+from concurrent.futures import Future
+
+from engine.errors import EngineClosed
+from engine.partition import Partition
+from engine.store import Store
+from engine.types import Item
+
+log = logging.getLogger(__name__)
+
+_Work = tuple[Partition, list[Item], int]
+
+
+class Flusher:
+    def __init__(
+        self,
+        store: Store,
+        partitions: Sequence[Partition],
+        writer_lock: threading.RLock,
+        interval_s: float,
+        batch_items: int,
+    ) -> None:
+        self._store = store
+        self._partitions = partitions
+        self._writer_lock = writer_lock
+        self._interval = max(interval_s, 0.0005)
+        self._batch_items = max(batch_items, 1)
+        self._kick = threading.Event()
+        self._waiters_lock = threading.Lock()
+        self._waiters: list[tuple[dict[int, int], Future[None]]] = []
+        self._stopping = False
+        self._thread = threading.Thread(target=self._run, name="upr-flusher", daemon=True)
+        self._next_start = 0
+        self.flushes = 0
+        self.items_flushed = 0
+        self.bytes_flushed = 0
+        self.flush_seconds = 0.0
+        self.last_batch_items = 0
+        self.max_batch_items = 0
+        self.errors = 0
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def kick(self) -> None:
+        self._kick.set()
+
+    def wait_for(self, targets: Mapping[int, int]) -> Future[None]:
+        """A future resolved once every ``persisted_seqno[p] >= targets[p]``."""
+        future: Future[None] = Future()
+        wanted = dict(targets)
+        if self._satisfied(wanted):
+            future.set_result(None)
+            return future
+        with self._waiters_lock:
+            if self._stopping and not self._thread.is_alive():
+                future.set_exception(EngineClosed("engine is closed"))
+                return future
+            self._waiters.append((wanted, future))
+        self._kick.set()
+        return future
+
+    def stop(self) -> None:
+        """Flush everything queued, resolve waiters, and end the thread."""
+        self._stopping = True
+        self._kick.set()
+        if self._thread.is_alive():
+            self._thread.join()
+        with self._waiters_lock:
+            waiters, self._waiters = self._waiters, []
+        for wanted, future in waiters:
+            if self._satisfied(wanted):
+                future.set_result(None)
+            else:
+                future.set_exception(EngineClosed("engine closed before the write was persisted"))
+
+    # ------------------------------------------------------------------ thread
+
+    def _run(self) -> None:
+        more = False
+        while True:
+            if not more:
+                self._kick.wait(self._interval)
+            self._kick.clear()
+            try:
+                more = self.flush_round()
+            except Exception as exc:  # keep the thread alive; waiters learn of the failure
+                self.errors += 1
+                log.exception("flush failed")
+                self._fail_waiters(exc)
+                more = False
+                time.sleep(self._interval)
+                continue
+            self._resolve_waiters()
+            if self._stopping and not more:
+                return
+
+    def flush_round(self) -> bool:
+        """One group commit; returns True if work was left over for another round."""
+        work: list[_Work] = []
+        budget = self._batch_items
+        parts = self._partitions
+        n = len(parts)
+        start = self._next_start
+        more = False
+        for i in range(n):
+            part = parts[(start + i) % n]
+            queue = part.queue
+            if queue.root.high <= queue.persisted:
+                continue
+            if budget <= 0:
+                more = True
+                break
+            items, upto = queue.unpersisted(budget)
+            budget -= upto - queue.persisted
+            work.append((part, items, upto))
+            if upto < queue.root.high:
+                more = True
+        self._next_start = (start + 1) % n
+        if not work:
+            return False
+        began = time.perf_counter()
+        store = self._store
+
+        def write(txn: object) -> list[tuple[int, int]]:
+            out = []
+            for part, items, upto in work:
+                delta = store.flush_items(txn, part.id, items)  # type: ignore[arg-type]
+                live = part.persisted_live + delta
+                max_cas = max(part.persisted_max_cas, items[-1].cas) if items else part.persisted_max_cas
+                store.put_persisted(txn, part.id, upto, live, max_cas)  # type: ignore[arg-type]
+                out.append((live, max_cas))
+            return out
+
+        results = store.write(write)
+        count = 0
+        nbytes = 0
+        with self._writer_lock:
+            for (part, items, upto), (live, max_cas) in zip(work, results):
+                part.persisted_live = live
+                part.persisted_max_cas = max_cas
+                part.queue.mark_persisted(items, upto)
+                count += len(items)
+        for _part, items, _upto in work:
+            for item in items:
+                nbytes += len(item.value)
+        self.flushes += 1
+        self.items_flushed += count
+        self.bytes_flushed += nbytes
+        self.last_batch_items = count
+        self.max_batch_items = max(self.max_batch_items, count)
+        self.flush_seconds += time.perf_counter() - began
+        return more
+
+    # ------------------------------------------------------------------ waiters
+
+    def _satisfied(self, wanted: Mapping[int, int]) -> bool:
+        parts = self._partitions
+        return all(parts[p].queue.persisted >= seqno for p, seqno in wanted.items())
+
+    def _resolve_waiters(self) -> None:
+        if not self._waiters:
+            return
+        with self._waiters_lock:
+            done = [(w, f) for w, f in self._waiters if self._satisfied(w)]
+            if not done:
+                return
+            self._waiters = [(w, f) for w, f in self._waiters if not self._satisfied(w)]
+        for _wanted, future in done:
+            if not future.done():
+                future.set_result(None)
+        if self._waiters:
+            self._kick.set()
+
+    def _fail_waiters(self, exc: BaseException) -> None:
+        with self._waiters_lock:
+            waiters, self._waiters = self._waiters, []
+        for _wanted, future in waiters:
+            if not future.done():
+                future.set_exception(exc)
+
+    @property
+    def pending_waiters(self) -> int:
+        return len(self._waiters)

@@ -1,0 +1,173 @@
+"""Consistent point-in-time views of a partition for streaming (DCP's disk + memory snapshots).
+
+A ``PartitionSnapshot`` covers ``(after_seqno, high]`` in up to two parts:
+
+* **disk** ``(after, P]``: one LMDB read transaction over the by-seqno tree, where ``P`` is
+  the persisted seqno *as recorded inside that same transaction* (the flusher writes it in
+  the data's transaction), so the range and the data can never disagree;
+* **memory** ``(max(after, P), high]``: a write-queue root taken just after the transaction
+  was opened.  The root still holds every slot above ``P`` unless the flusher rebased it in
+  between; ``Engine.snapshot`` detects that (``root.base > P + 1``) and simply retries.
+
+Each part holds every key at most once (the by-seqno tree keeps only a key's latest version;
+the queue drops a key's older queued slot), so each part is a deduplicated DCP snapshot.
+The two parts together may hold a key twice (an older version on disk, a newer in memory),
+exactly as two consecutive DCP snapshots may.
+"""
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Literal
+
+from engine.store import META, META_SIZE, SEQNO, LongRead, Store
+from engine.types import Item
+from engine.writequeue import QueueRoot
+
+_tuple_new = tuple.__new__
+
+
+@dataclass(eq=False)
+class SnapshotPart:
+    """One contiguous, deduplicated range of a partition's history."""
+
+    source: Literal["disk", "memory"]
+    start: int
+    end: int
+    _reader: "_DiskReader | _MemoryReader" = field(repr=False)
+
+    def batches(self, max_items: int = 1000, max_bytes: int = 1 << 20) -> Iterator[list[Item]]:
+        """Items in seqno order, in lists of at most ``max_items`` items / about ``max_bytes``.
+
+        A list closes once its values reach ``max_bytes``, so one huge value still travels
+        alone rather than being refused.  Iterate once; the disk part releases its read
+        transaction when exhausted or closed.
+        """
+        if max_items < 1:
+            raise ValueError("max_items must be at least 1")
+        return self._reader.batches(max_items, max_bytes)
+
+    def close(self) -> None:
+        self._reader.close()
+
+
+class _DiskReader:
+    __slots__ = ("_read", "_store", "_partition", "_start")
+
+    def __init__(self, read: LongRead, store: Store, partition: int, start: int) -> None:
+        self._read = read
+        self._store = store
+        self._partition = partition
+        self._start = start
+
+    def batches(self, max_items: int, max_bytes: int) -> Iterator[list[Item]]:
+        read = self._read
+        try:
+            cursor = read.txn.cursor(self._store.seq_dbs[self._partition])
+            if not cursor.set_range(SEQNO.pack(self._start)):
+                return
+            unpack = META.unpack_from
+            new = _tuple_new
+            item_type = Item
+            ks = META_SIZE
+            batch: list[Item] = []
+            append = batch.append
+            room = max_items
+            nbytes = 0
+            for k, v in cursor.iternext():
+                seqno, cas, rev, deleted = unpack(k)
+                append(new(item_type, (k[ks:], seqno, cas, rev, deleted, v)))
+                nbytes += len(v)
+                room -= 1
+                if room == 0 or nbytes >= max_bytes:
+                    yield batch
+                    batch = []
+                    append = batch.append
+                    room = max_items
+                    nbytes = 0
+            if batch:
+                yield batch
+        finally:
+            read.close()
+
+    def close(self) -> None:
+        self._read.close()
+
+
+class _MemoryReader:
+    __slots__ = ("_root", "_start", "_end")
+
+    def __init__(self, root: QueueRoot, start: int, end: int) -> None:
+        self._root = root
+        self._start = start
+        self._end = end
+
+    def batches(self, max_items: int, max_bytes: int) -> Iterator[list[Item]]:
+        batch: list[Item] = []
+        nbytes = 0
+        for item in self._root.items(self._start, self._end):
+            batch.append(item)
+            nbytes += len(item.value)
+            if len(batch) >= max_items or nbytes >= max_bytes:
+                yield batch
+                batch = []
+                nbytes = 0
+        if batch:
+            yield batch
+
+    def close(self) -> None:
+        self._root = QueueRoot((), 0, -1)  # type: ignore[arg-type]  # unpin the queue root
+
+
+@dataclass(eq=False)
+class PartitionSnapshot:
+    """A consistent view of one partition after ``after_seqno`` (see module docstring)."""
+
+    partition: int
+    high_seqno: int
+    purge_seqno: int
+    parts: list[SnapshotPart]
+
+    def items(self) -> Iterator[Item]:
+        """Every item of every part, in order (convenience for tests and tools)."""
+        for part in self.parts:
+            for batch in part.batches():
+                yield from batch
+
+    def close(self) -> None:
+        """Release the read transaction and the pinned queue root early."""
+        for part in self.parts:
+            part.close()
+
+    def __enter__(self) -> "PartitionSnapshot":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def capture(store: Store, partition: int, root_of: Callable[[], QueueRoot], after_seqno: int,
+            purge_seqno: int) -> PartitionSnapshot:
+    """Take the read transaction and the queue root consistently (retrying past a rebase)."""
+    while True:
+        read = store.begin_long_read()
+        try:
+            persisted = store.persisted_seqno(read.txn, partition)
+            root = root_of()
+        except BaseException:
+            read.close()
+            raise
+        if root.base <= persisted + 1:
+            break
+        read.close()
+    parts: list[SnapshotPart] = []
+    if after_seqno < persisted:
+        parts.append(SnapshotPart("disk", after_seqno + 1, persisted,
+                                  _DiskReader(read, store, partition, after_seqno + 1)))
+    else:
+        read.close()
+    mem_start = max(after_seqno, persisted) + 1
+    if root.high >= mem_start:
+        parts.append(SnapshotPart("memory", mem_start, root.high, _MemoryReader(root, mem_start, root.high)))
+    high = parts[-1].end if parts else after_seqno
+    return PartitionSnapshot(partition, high, purge_seqno, parts)

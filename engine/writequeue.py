@@ -1,0 +1,152 @@
+"""A partition's in-memory write queue: an immutable, seqno-ordered vector of Items.
+
+Why a ``pvector`` and not a sorted map: seqnos are dense (every accepted write takes the
+next one), so "ordered by seqno" is just "indexed by ``seqno - base``".  Appending through a
+pyrsistent evolver costs ~0.1 us and a deduplication (the key's older queued version is
+dropped) is one evolver ``set`` of the old slot to ``None``, while ``pmap.set`` would cost
+~30 us per write.  Each write batch ends with one ``persistent()`` call that publishes a new
+``QueueRoot``; a snapshot is that root (O(1)), it never changes, and unshared subtrees are
+freed when the last snapshot holding an old root goes away.
+
+The queue also keeps, for the writer only, ``index``: key -> latest queued Item, used for
+deduplication and for CAS/rev checks without touching LMDB.  Everything that mutates the
+queue (writes, the flusher's "persisted up to" step, rebasing) runs under the engine's
+writer lock; readers only ever take ``root`` (one attribute read, atomic under the GIL).
+
+Rebase: items stay in the vector after they are persisted (snapshots taken before the
+flush may still read them from memory).  When the persisted prefix is at least half of the
+vector, the vector is sliced so that prefix can be freed.
+"""
+from __future__ import annotations
+
+from collections.abc import Iterator
+from itertools import islice
+from typing import NamedTuple
+
+from pyrsistent import PVector, pvector
+
+from engine.types import Item
+
+#: Python object overhead counted per queued item for backpressure (tuple, ints, bytes headers).
+ITEM_OVERHEAD = 200
+_REBASE_MIN = 1024
+_EMPTY: PVector = pvector()
+
+
+class QueueRoot(NamedTuple):
+    """An immutable view of the queue: ``vec[i]`` holds seqno ``base + i`` (None if deduplicated)."""
+
+    vec: PVector
+    base: int
+    high: int
+
+    def items(self, start: int, end: int) -> Iterator[Item]:
+        """Queued items with ``start <= seqno <= end`` in seqno order, skipping dropped slots."""
+        lo = max(start, self.base) - self.base
+        hi = min(end, self.high) - self.base + 1
+        if hi <= lo:
+            return iter(())
+        return (item for item in islice(self.vec, lo, hi) if item is not None)
+
+
+def item_cost(item: Item) -> int:
+    return len(item.key) + len(item.value) + ITEM_OVERHEAD
+
+
+class QueueBatch:
+    """Accumulates one write batch for one partition; ``publish`` makes it visible at once."""
+
+    __slots__ = ("queue", "ev", "base", "next_seqno", "index")
+
+    def __init__(self, queue: "WriteQueue") -> None:
+        self.queue = queue
+        root = queue.root
+        self.ev = root.vec.evolver()
+        self.base = root.base
+        self.next_seqno = root.high + 1
+        self.index = queue.index
+
+    def add(self, item: Item, prev: Item | None) -> None:
+        """Append ``item`` (its seqno must be ``next_seqno``); ``prev`` is the key's queued version."""
+        queue = self.queue
+        if prev is not None:
+            if prev.seqno > queue.persisted:
+                self.ev[prev.seqno - self.base] = None
+            queue.bytes -= len(prev.key) + len(prev.value) + ITEM_OVERHEAD
+        self.ev.append(item)
+        self.index[item.key] = item
+        queue.bytes += len(item.key) + len(item.value) + ITEM_OVERHEAD
+        self.next_seqno += 1
+
+    def publish(self) -> None:
+        queue = self.queue
+        queue.root = QueueRoot(self.ev.persistent(), self.base, self.next_seqno - 1)
+
+
+class WriteQueue:
+    """One partition's queue (see module docstring for the ownership rules)."""
+
+    __slots__ = ("root", "persisted", "index", "bytes")
+
+    def __init__(self, persisted_seqno: int) -> None:
+        self.root = QueueRoot(_EMPTY, persisted_seqno + 1, persisted_seqno)
+        self.persisted = persisted_seqno
+        self.index: dict[bytes, Item] = {}
+        self.bytes = 0
+
+    @property
+    def high(self) -> int:
+        return self.root.high
+
+    @property
+    def depth(self) -> int:
+        """Queued versions not yet persisted (deduplicated slots not counted)."""
+        return len(self.index)
+
+    def begin(self) -> QueueBatch:
+        return QueueBatch(self)
+
+    def unpersisted(self, limit: int) -> tuple[list[Item], int]:
+        """Items after the persisted seqno (at most ``limit`` seqnos) and the last seqno covered."""
+        root = self.root
+        start = self.persisted + 1
+        end = min(root.high, self.persisted + limit)
+        if end < start:
+            return [], self.persisted
+        return list(root.items(start, end)), end
+
+    def mark_persisted(self, items: list[Item], upto: int) -> None:
+        """Forget what a flush persisted, unless a newer version superseded it meanwhile.
+
+        Must run under the writer lock, after the flush transaction committed (a writer that
+        misses ``index`` falls back to LMDB and must find the item there).
+        """
+        index = self.index
+        freed = 0
+        for item in items:
+            key = item.key
+            if index.get(key) is item:
+                del index[key]
+                freed += len(key) + len(item.value) + ITEM_OVERHEAD
+        self.bytes -= freed
+        if upto > self.persisted:
+            self.persisted = upto
+        self._maybe_rebase()
+
+    def _maybe_rebase(self) -> None:
+        root = self.root
+        prefix = self.persisted - root.base + 1
+        size = len(root.vec)
+        if prefix <= 0:
+            return
+        if prefix >= size:
+            self.root = QueueRoot(_EMPTY, self.persisted + 1, root.high)
+        elif prefix >= _REBASE_MIN and prefix * 2 >= size:
+            self.root = QueueRoot(root.vec[prefix:], self.persisted + 1, root.high)
+
+    def reset(self, seqno: int) -> None:
+        """Start empty at ``seqno`` (used at open)."""
+        self.root = QueueRoot(_EMPTY, seqno + 1, seqno)
+        self.persisted = seqno
+        self.index.clear()
+        self.bytes = 0
