@@ -132,6 +132,19 @@ class RollbackRing:
         self._log(_RECORD.pack(DROP_ABOVE, partition, seqno, 0))
         return before - len(self._entries)
 
+    def replace_above(self, partition: int, seqno: int, entries: Sequence[tuple[bytes, int]] = ()) -> None:
+        """``drop_above`` and re-add ``entries`` (key, seqno) in one atomic log chunk.
+
+        Used after rollback corrections: a corrected key whose current version is above the
+        rollback seqno must stay covered, since that version may be rolled back in turn."""
+        self._entries = deque(e for e in self._entries if not (e.partition == partition and e.seqno > seqno))
+        records = [_RECORD.pack(DROP_ABOVE, partition, seqno, 0)]
+        for key, s in entries:
+            records.append(_RECORD.pack(ENTRY, partition, s, len(key)))
+            records.append(key)
+        self._add(partition, [s for _, s in entries], [k for k, _ in entries])
+        self._log(b"".join(records), 1 + len(entries))
+
     def reset(self, partition: int) -> None:
         """The partition is streamed again from 0: nothing of it is applied any more."""
         self._entries = deque(e for e in self._entries if e.partition != partition)

@@ -1,0 +1,87 @@
+"""The backup client's error tree.
+
+    UprError (engine.errors)
+    └── BackupError                 base of everything the backup tool raises on purpose
+        ├── ArchiveError            the archive on disk is missing, foreign or damaged
+        │   ├── ArchiveNotFound     no archive.json where one was expected
+        │   ├── ArchiveLocked       another backup/merge holds the archive lock
+        │   ├── KeyspaceMismatch    the server is not the keyspace this archive was made from
+        │   ├── CorruptArchive      a manifest or segment fails its checksum or framing
+        │   │                       (``path`` and ``offset`` say exactly where)
+        │   └── ContinuityError     seqno ranges of one partition do not chain across runs
+        ├── RunNotFound             ``--run/--from/--to`` names no complete run
+        ├── ServerError             the server is unreachable or answered something unusable
+        └── StreamFailed            a partition's stream ended without reaching its end seqno
+
+Each error carries ``partition``/``seqno`` (from ``UprError``) and, for damage, the file and byte
+offset, so a message never has to be parsed to know what to fix.
+"""
+from __future__ import annotations
+
+from engine.errors import UprError
+
+
+class BackupError(UprError):
+    code = "backup_error"
+
+
+class ArchiveError(BackupError):
+    code = "archive_error"
+
+
+class ArchiveNotFound(ArchiveError):
+    code = "archive_not_found"
+
+
+class ArchiveLocked(ArchiveError):
+    code = "archive_locked"
+    retriable = True
+
+
+class KeyspaceMismatch(ArchiveError):
+    code = "keyspace_mismatch"
+
+
+class CorruptArchive(ArchiveError):
+    """Damage found on disk; ``path`` and ``offset`` locate the first bad byte range."""
+
+    code = "corrupt_archive"
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        path: str,
+        offset: int | None = None,
+        partition: int | None = None,
+        seqno: int | None = None,
+    ) -> None:
+        where = path if offset is None else f"{path} at offset {offset}"
+        super().__init__(f"{where}: {message}", partition=partition, seqno=seqno)
+        self.path = path
+        self.offset = offset
+
+    def to_dict(self) -> dict[str, object]:
+        out = super().to_dict()
+        out["path"] = self.path
+        if self.offset is not None:
+            out["offset"] = self.offset
+        return out
+
+
+class ContinuityError(ArchiveError):
+    code = "continuity_error"
+
+
+class RunNotFound(BackupError):
+    code = "run_not_found"
+
+
+class ServerError(BackupError):
+    code = "server_error"
+    retriable = True
+
+
+class StreamFailed(BackupError):
+    code = "stream_failed"
+    retriable = True

@@ -1,0 +1,97 @@
+"""Typed events a consumer hands to its handler (frozen, slotted, defined once: h11's ``_events.py`` habit).
+
+    Mutation / Deletion   one item; ``correction=True`` when it comes from a rollback repair (the key's
+                          current document read over HTTP), not from the stream
+    SnapshotStart/End     bracket a snapshot: between them the consumer holds a *partial* snapshot, which
+                          is not a state that ever existed (dedup); apply atomically at SnapshotEnd if it
+                          matters (dcp.md §3, "partial snapshots published")
+    Rollback              the server's history branched at ``seqno``; corrections (if any) were delivered
+                          just before this event and the partition resumes from ``seqno``
+    PartitionReset        the rollback went deeper than the ring covers: drop everything of the partition;
+                          it is streamed again from 0 right after
+    StreamEnd             a partition's stream ended (bounded stream done, or the server says why)
+    BarrierReached        a barrier cookie came back: every partition was seen at a consistent point
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Union
+
+__all__ = [
+    "Mutation", "Deletion", "SnapshotStart", "SnapshotEnd", "Rollback", "PartitionReset", "StreamEnd",
+    "BarrierReached", "Event",
+]
+
+
+@dataclass(frozen=True, slots=True)
+class Mutation:
+    partition: int
+    seqno: int
+    key: str
+    value: bytes
+    cas: int
+    rev: int
+    correction: bool = False
+
+    op = "mutation"
+
+
+@dataclass(frozen=True, slots=True)
+class Deletion:
+    partition: int
+    seqno: int
+    key: str
+    cas: int
+    rev: int
+    correction: bool = False
+
+    op = "deletion"
+
+
+@dataclass(frozen=True, slots=True)
+class SnapshotStart:
+    partition: int
+    start: int
+    end: int
+    source: str
+    purge_seqno: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class SnapshotEnd:
+    partition: int
+    start: int
+    end: int
+
+
+@dataclass(frozen=True, slots=True)
+class Rollback:
+    partition: int
+    seqno: int
+    reason: str | None
+    detail: str | None = None
+    #: Keys re-read and delivered as corrections just before this event.
+    corrections: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class PartitionReset:
+    partition: int
+    rollback_seqno: int
+    reason: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class StreamEnd:
+    partition: int
+    reason: str
+    last_seqno: int | None
+
+
+@dataclass(frozen=True, slots=True)
+class BarrierReached:
+    cookie: str
+    seqnos: dict[int, int] = field(default_factory=dict)
+
+
+Event = Union[Mutation, Deletion, SnapshotStart, SnapshotEnd, Rollback, PartitionReset, StreamEnd, BarrierReached]

@@ -1,0 +1,145 @@
+"""The HTTP API as the client needs it: documents, partitions, status.  Sync and async flavours.
+
+The consumer uses ``AsyncHttpApi.get`` to re-read keys for rollback corrections; the CLI uses
+``HttpApi``.  Every failure becomes one typed error (``clients.errors``): unreachable server ->
+``ConnectionFailed``, 401/403 -> ``AuthFailed``, other problems -> ``HttpError`` carrying the
+problem's status and detail, so callers never parse text.
+"""
+from __future__ import annotations
+
+import os
+from typing import Any
+from urllib.parse import quote
+
+import httpx
+
+from engine.types import Document
+
+from .errors import AuthFailed, ConnectionFailed, HttpError
+
+__all__ = ["DEFAULT_SERVER", "HttpApi", "AsyncHttpApi", "default_server", "default_token", "doc_path"]
+
+DEFAULT_SERVER = "http://127.0.0.1:8000"
+
+
+def default_server() -> str:
+    return os.environ.get("UPR_SERVER") or DEFAULT_SERVER
+
+
+def default_token() -> str | None:
+    return os.environ.get("UPR_TOKEN") or None
+
+
+def doc_path(key: str) -> str:
+    return "/docs/" + quote(key, safe="")
+
+
+def _headers(token: str | None) -> dict[str, str]:
+    return {"Authorization": f"Bearer {token}"} if token else {}
+
+
+def _raise_for(resp: httpx.Response, what: str) -> None:
+    if resp.status_code < 400:
+        return
+    detail, code, field, partition = resp.reason_phrase, None, None, None
+    try:
+        body = resp.json()
+        if isinstance(body, dict):
+            detail = body.get("detail") or body.get("title") or detail
+            code = (body.get("type") or "").rsplit("/", 1)[-1] or None
+            field, partition = body.get("field"), body.get("partition")
+    except ValueError:
+        pass
+    message = f"{what}: HTTP {resp.status_code}: {detail}"
+    if resp.status_code in (401, 403):
+        raise AuthFailed(message, field="token")
+    raise HttpError(message, status=resp.status_code, server_code=code, field=field, partition=partition)
+
+
+def _document(key: str, resp: httpx.Response) -> Document | None:
+    if resp.status_code == 404:
+        return None
+    _raise_for(resp, f"GET {key!r}")
+    h = resp.headers
+    return Document(key, int(h["x-upr-partition"]), int(h["x-upr-seqno"]), int(h["x-upr-cas"]),
+                    int(h.get("x-upr-rev", 0)), False, resp.content)
+
+
+def _write_params(durability: str | None) -> dict[str, str]:
+    return {"durability": durability} if durability else {}
+
+
+def _cas_header(cas: int | None) -> dict[str, str]:
+    return {"If-Match": f'"{cas}"'} if cas is not None else {}
+
+
+class HttpApi:
+    """Blocking client (CLI, scripts).  ``with HttpApi(url, token) as api: api.get("k")``."""
+
+    def __init__(self, server: str | None = None, token: str | None = None, *, timeout: float = 10.0) -> None:
+        self.server = (server or default_server()).rstrip("/")
+        self._client = httpx.Client(base_url=self.server, headers=_headers(token), timeout=timeout)
+
+    def _call(self, method: str, path: str, what: str, **kw: Any) -> httpx.Response:
+        try:
+            return self._client.request(method, path, **kw)
+        except httpx.TransportError as exc:
+            raise ConnectionFailed(f"{what}: cannot reach {self.server}: {exc or type(exc).__name__}") from None
+
+    def _json(self, method: str, path: str, **kw: Any) -> Any:
+        resp = self._call(method, path, f"{method} {path}", **kw)
+        _raise_for(resp, f"{method} {path}")
+        return resp.json()
+
+    def get(self, key: str) -> Document | None:
+        return _document(key, self._call("GET", doc_path(key), f"GET {key!r}"))
+
+    def put(self, key: str, value: bytes, *, cas: int | None = None, durability: str | None = None) -> dict[str, Any]:
+        return self._json("PUT", doc_path(key), content=value, params=_write_params(durability),
+                          headers={"Content-Type": "application/octet-stream", **_cas_header(cas)})
+
+    def delete(self, key: str, *, cas: int | None = None, durability: str | None = None) -> dict[str, Any]:
+        return self._json("DELETE", doc_path(key), params=_write_params(durability), headers=_cas_header(cas))
+
+    def partitions(self) -> list[dict[str, Any]]:
+        return self._json("GET", "/partitions")["partitions"]
+
+    def partition(self, partition: int) -> dict[str, Any]:
+        return self._json("GET", f"/partitions/{partition}")
+
+    def status(self) -> dict[str, Any]:
+        return self._json("GET", "/status")
+
+    def close(self) -> None:
+        self._client.close()
+
+    def __enter__(self) -> "HttpApi":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class AsyncHttpApi:
+    """Non-blocking client used inside the consumer's event loop."""
+
+    def __init__(self, server: str | None = None, token: str | None = None, *, timeout: float = 10.0) -> None:
+        self.server = (server or default_server()).rstrip("/")
+        self._client = httpx.AsyncClient(base_url=self.server, headers=_headers(token), timeout=timeout)
+
+    async def _call(self, method: str, path: str, what: str, **kw: Any) -> httpx.Response:
+        try:
+            return await self._client.request(method, path, **kw)
+        except httpx.TransportError as exc:
+            raise ConnectionFailed(f"{what}: cannot reach {self.server}: {exc or type(exc).__name__}") from None
+
+    async def get(self, key: str) -> Document | None:
+        return _document(key, await self._call("GET", doc_path(key), f"GET {key!r}"))
+
+    async def partitions(self) -> list[dict[str, Any]]:
+        resp = await self._call("GET", "/partitions", "GET /partitions")
+        _raise_for(resp, "GET /partitions")
+        return resp.json()["partitions"]
+
+    async def aclose(self) -> None:
+        await self._client.aclose()

@@ -1,0 +1,238 @@
+"""The client side of the stream protocol as a pure state machine (sans-I/O).
+
+``ClientSession`` decides *what* to ask and *what* a server answer means; ``clients.consumer`` owns
+the WebSocket, the HTTP calls and the event loop, and feeds this class plain values.  Nothing here
+awaits, reads a socket or a clock, so every rule is tested with tables (tests/client/test_session.py).
+
+Theory of operation
+-------------------
+* **Handshake** (``handshake``): the server's failover logs arrive.  On the first handshake the start
+  position of every partition is resolved once: explicit ``offsets`` win, then saved state (mode
+  ``saved``), else the beginning; mode ``now`` starts at the partition's current high seqno.  The
+  ring learns its floor for partitions it never saw (see ``clients.ring``).  ``until_now`` freezes each
+  partition's end at the high seqno of that first handshake, so a reconnect does not move the goal.
+  Later handshakes (reconnects) keep the positions, which only ever moved on *processed* items.
+* **Stream responses**: ``ok`` adopts the failover log; ``rollback`` becomes a ``RollbackPlan`` (keys to
+  re-read, or a partition reset when the ring does not reach down to the rollback seqno; never
+  fatal, dcp.md §3.10); ``not_my_partition`` asks for a new handshake; ``range_error`` is fatal for that
+  stream (a corrupt or foreign position must not be silently replaced).
+* **Stream ends**: ``end_seqno_reached``/``closed`` finish the partition; ``too_slow`` re-requests it
+  from the processed position; ``state_changed``/``shutting_down`` ask for a reconnect.
+"""
+from __future__ import annotations
+
+import enum
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+
+from engine.protocol.messages import PartitionInfo, StreamRequest
+from engine.types import FailoverEntry
+
+from .errors import StreamRejected, UsageError
+from .offset import StreamOffset
+from .position import PartitionPosition
+from .ring import RollbackRing
+from .state import ConsumerState, PartitionCheckpoint
+
+__all__ = ["StartMode", "RollbackPlan", "EndAction", "ClientSession"]
+
+
+class StartMode(str, enum.Enum):
+    BEGINNING = "beginning"
+    SAVED = "saved"
+    NOW = "now"
+
+
+@dataclass(frozen=True, slots=True)
+class RollbackPlan:
+    partition: int
+    seqno: int
+    reason: str | None
+    detail: str | None
+    failover_log: tuple[FailoverEntry, ...]
+    #: Keys applied above ``seqno`` to re-read and hand over as corrections (empty when ``reset``).
+    keys: tuple[bytes, ...]
+    #: The ring does not cover ``seqno``: drop the partition and stream it again from 0.
+    reset: bool
+
+
+class EndAction(str, enum.Enum):
+    FINISHED = "finished"
+    REREQUEST = "rerequest"
+    RECONNECT = "reconnect"
+
+
+_FINISHED_REASONS = {"end_seqno_reached", "closed"}
+_REREQUEST_REASONS = {"too_slow"}
+
+
+class ClientSession:
+    def __init__(
+        self,
+        *,
+        partitions: Sequence[int] | None = None,
+        start: StartMode | str = StartMode.SAVED,
+        saved: ConsumerState | None = None,
+        offsets: Mapping[int, StreamOffset] | None = None,
+        end_seqnos: Mapping[int, int] | None = None,
+        until_now: bool = False,
+        ring: RollbackRing | None = None,
+    ) -> None:
+        self.start = StartMode(start)
+        self.requested_partitions = list(partitions) if partitions is not None else None
+        self.saved = saved
+        self.offsets = dict(offsets or {})
+        self.end_seqnos = dict(end_seqnos or {})
+        self.until_now = until_now
+        self.ring = ring
+        self.positions: dict[int, PartitionPosition] = {}
+        self.finished: set[int] = set()
+        self.open: set[int] = set()
+        self.node_id: str | None = None
+        self.partition_count: int | None = None
+        self.handshakes = 0
+        self.rollbacks = 0
+        self.resets = 0
+        self.rollback_counts: dict[str, int] = {}
+        if until_now and end_seqnos:
+            raise UsageError("until_now and end_seqnos are exclusive: pick one way to bound the streams")
+        for p, end in self.end_seqnos.items():
+            off = self.offsets.get(p)
+            if off is not None and end < off.seqno:
+                raise UsageError(f"partition {p}: end seqno {end} is before the start seqno {off.seqno}",
+                                 partition=p, field="end_seqnos")
+
+    # ------------------------------------------------------------------ handshake
+    def handshake(self, node_id: str | None, partition_count: int,
+                  infos: Mapping[int, PartitionInfo]) -> list[StreamRequest]:
+        """The server's failover logs arrived: return the stream requests to send, in partition order."""
+        first = self.handshakes == 0
+        self.handshakes += 1
+        self.node_id, self.partition_count = node_id, partition_count
+        wanted = self.requested_partitions if self.requested_partitions is not None else range(partition_count)
+        for p in wanted:
+            if not 0 <= p < partition_count:
+                raise UsageError(f"partition {p} out of range: the server has {partition_count}", partition=p,
+                                 field="partitions")
+        if first:
+            for p in wanted:
+                info = infos.get(p)
+                if info is None:
+                    raise StreamRejected(f"server sent no failover log for partition {p}", status="missing",
+                                         partition=p)
+                self.positions[p] = self._initial_position(p, info)
+                if self.until_now and p not in self.end_seqnos:
+                    self.end_seqnos[p] = info.high_seqno
+        self.open.clear()
+        return [self.request_for(p) for p in sorted(self.positions) if p not in self.finished]
+
+    def _initial_position(self, p: int, info: PartitionInfo) -> PartitionPosition:
+        ring = self.ring
+        if p in self.offsets:
+            off, log, applied_from = self.offsets[p], (), self.offsets[p].seqno
+        elif self.start is StartMode.NOW:
+            uuid = info.log[0].uuid if info.log else 0
+            off = StreamOffset.at(uuid, info.high_seqno)
+            log, applied_from = info.log, 0  # nothing below "now" was applied by this consumer
+        elif self.start is StartMode.SAVED and self.saved is not None and p in self.saved.partitions:
+            cp = self.saved.partitions[p]
+            off, log, applied_from = cp.offset, cp.failover_log, cp.offset.seqno
+        else:
+            off, log, applied_from = StreamOffset.beginning(), (), 0
+        if ring is not None and ring.floor(p) is None:
+            ring.set_floor(p, applied_from)
+        pos = PartitionPosition(p, off, log)
+        if self.saved is not None and p in self.saved.partitions and p not in self.offsets \
+                and self.start is StartMode.SAVED:
+            pos.last_complete = self.saved.partitions[p].last_complete
+        return pos
+
+    def request_for(self, p: int) -> StreamRequest:
+        self.open.add(p)
+        off = self.positions[p].offset()
+        return StreamRequest(p, off.uuid, off.seqno, off.snap_start, off.snap_end, end_seqno=self.end_seqnos.get(p))
+
+    # ------------------------------------------------------------------ stream responses
+    def stream_ok(self, p: int, failover_log: Iterable[FailoverEntry]) -> None:
+        self.positions[p].stream_opened(tuple(failover_log))
+
+    def plan_rollback(self, p: int, seqno: int, reason: str | None, detail: str | None,
+                      failover_log: Iterable[FailoverEntry]) -> RollbackPlan:
+        self.rollbacks += 1
+        key = reason or "unspecified"
+        self.rollback_counts[key] = self.rollback_counts.get(key, 0) + 1
+        log = tuple(failover_log)
+        ring = self.ring
+        if ring is not None and ring.covers(p, seqno):
+            return RollbackPlan(p, seqno, reason, detail, log, tuple(ring.keys_above(p, seqno)), False)
+        if ring is None and seqno >= self.positions[p].seqno:
+            # Nothing applied above the rollback seqno (a consumer with no ring can only know this).
+            return RollbackPlan(p, seqno, reason, detail, log, (), False)
+        return RollbackPlan(p, seqno, reason, detail, log, (), True)
+
+    def finish_rollback(self, plan: RollbackPlan,
+                        corrected: Sequence[tuple[bytes, int]] = ()) -> StreamRequest:
+        """The corrections (or the reset) were processed: move the position and re-request.
+
+        ``corrected`` lists (key, seqno) of corrections whose current version is above the rollback
+        seqno: they stay in the ring, because that version may itself be rolled back later."""
+        p = plan.partition
+        pos = self.positions[p]
+        if plan.reset:
+            self.resets += 1
+            pos.reset()
+            if self.ring is not None:
+                self.ring.reset(p)
+        else:
+            pos.rollback(plan.seqno, plan.failover_log)
+            if self.ring is not None:
+                self.ring.replace_above(p, plan.seqno, corrected)
+        return self.request_for(p)
+
+    def not_my_partition(self, p: int) -> None:
+        self.open.discard(p)
+
+    def range_error(self, p: int, detail: str | None) -> None:
+        self.open.discard(p)
+        off = self.positions[p].offset()
+        raise StreamRejected(
+            f"partition {p}: the server refused position {off.to_dict()} as out of range"
+            + (f" ({detail})" if detail else "")
+            + "; the saved state does not belong to this server's history: delete it to start over",
+            status="range_error", partition=p, seqno=off.seqno)
+
+    # ------------------------------------------------------------------ stream ends, connection
+    def stream_end(self, p: int, reason: str, last_seqno: int | None) -> EndAction:
+        self.open.discard(p)
+        self.positions[p].stream_ended(last_seqno)
+        if reason in _FINISHED_REASONS:
+            self.finished.add(p)
+            return EndAction.FINISHED
+        if reason in _REREQUEST_REASONS:
+            return EndAction.REREQUEST
+        return EndAction.RECONNECT
+
+    @property
+    def all_finished(self) -> bool:
+        return bool(self.positions) and len(self.finished) == len(self.positions)
+
+    @property
+    def bounded(self) -> bool:
+        return self.until_now or bool(self.end_seqnos) and set(self.end_seqnos) >= set(self.positions)
+
+    def connection_lost(self) -> None:
+        self.open.clear()
+        for pos in self.positions.values():
+            pos.connection_lost()
+
+    # ------------------------------------------------------------------ state
+    def state(self) -> ConsumerState:
+        parts = {p: PartitionCheckpoint(pos.offset(), pos.failover_log, pos.last_complete)
+                 for p, pos in self.positions.items()}
+        if self.saved is not None:  # keep partitions this consumer did not stream this time
+            for p, cp in self.saved.partitions.items():
+                parts.setdefault(p, cp)
+        return ConsumerState(parts, self.node_id, self.partition_count)
+
+    def committed(self) -> dict[int, StreamOffset]:
+        return {p: pos.offset() for p, pos in self.positions.items()}
