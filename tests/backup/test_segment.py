@@ -1,0 +1,140 @@
+"""Segment format: round trips, and every kind of damage located by file and offset."""
+from __future__ import annotations
+
+import os
+import struct
+from pathlib import Path
+
+import pytest
+
+from clients.backup.errors import CorruptArchive
+from clients.backup.segment import (
+    BLOCK_HEADER_SIZE,
+    FILE_HEADER_SIZE,
+    SegmentReader,
+    SegmentWriter,
+    SnapshotMarker,
+)
+from engine.types import Item
+
+
+def _items(n: int, start: int = 1) -> list[Item]:
+    out = []
+    for s in range(start, start + n):
+        deleted = s % 5 == 0
+        value = b"" if deleted else (b"x" * (s % 40) + os.urandom(s % 7))
+        out.append(Item(f"key-{s}".encode(), s, 1000 + s, s % 3 + 1, deleted, value))
+    return out
+
+
+def _write(path: Path, items: list[Item], block_bytes: int = 256) -> None:
+    w = SegmentWriter(path, 3, block_bytes=block_bytes)
+    w.snapshot(1, items[-1].seqno, "disk")
+    w.add_many(items)
+    w.close()
+
+
+def test_round_trip_across_many_blocks(tmp_path: Path) -> None:
+    items = _items(500)
+    path = tmp_path / "p0003.seg"
+    w = SegmentWriter(path, 3, block_bytes=256)
+    w.snapshot(1, 250, "disk")
+    w.add_many(items[:250])
+    w.snapshot(251, 500, "memory")
+    for it in items[250:]:
+        w.add(it)
+    s = w.close()
+    assert s.blocks > 10
+    assert (s.mutations, s.deletions, s.snapshots) == (400, 100, 2)
+    assert (s.first_seqno, s.last_seqno, s.bytes) == (1, 500, path.stat().st_size)
+    records = list(SegmentReader(path, partition=3).records())
+    assert records[0] == SnapshotMarker(1, 250, "disk")
+    assert records[251] == SnapshotMarker(251, 500, "memory")
+    got = [r for r in records if isinstance(r, Item)]
+    assert got == items
+
+
+def test_incompressible_payload_is_stored_raw(tmp_path: Path) -> None:
+    items = [Item(b"k", 1, 1, 1, False, os.urandom(4000))]
+    _write(tmp_path / "s", items, block_bytes=1 << 20)
+    assert list(SegmentReader(tmp_path / "s").items()) == items
+
+
+def test_writer_refuses_seqnos_out_of_order(tmp_path: Path) -> None:
+    w = SegmentWriter(tmp_path / "s", 0)
+    w.add(Item(b"a", 5, 1, 1, False, b""))
+    with pytest.raises(ValueError, match="seqno 5 after 5"):
+        w.add(Item(b"b", 5, 1, 1, False, b""))
+    w.abort()
+    assert not (tmp_path / "s").exists()
+
+
+def test_wrong_partition_is_reported(tmp_path: Path) -> None:
+    _write(tmp_path / "s", _items(3))
+    with pytest.raises(CorruptArchive, match="belongs to partition 3, expected 4"):
+        list(SegmentReader(tmp_path / "s", partition=4).records())
+
+
+def _block_offsets(path: Path) -> list[int]:
+    data = path.read_bytes()
+    offsets, pos = [], FILE_HEADER_SIZE
+    while pos < len(data):
+        offsets.append(pos)
+        (stored,) = struct.unpack_from("<I", data, pos + 4)
+        pos += BLOCK_HEADER_SIZE + stored
+    return offsets
+
+
+@pytest.mark.parametrize(
+    ("where", "message"),
+    [
+        ("file_header", "bad file header"),
+        ("block_header", "bad block header"),
+        ("payload", "payload checksum mismatch"),
+        ("truncate_payload", "truncated block payload"),
+        ("truncate_header", "truncated block header"),
+    ],
+)
+def test_damage_is_located_by_file_and_offset(tmp_path: Path, where: str, message: str) -> None:
+    path = tmp_path / "p0003.seg"
+    _write(path, _items(300))
+    offsets = _block_offsets(path)
+    victim = offsets[len(offsets) // 2]
+    data = bytearray(path.read_bytes())
+    expected_offset = victim
+    if where == "file_header":
+        data[2] ^= 0xFF
+        expected_offset = 0
+    elif where == "block_header":
+        data[victim + 9] ^= 0x01
+    elif where == "payload":
+        data[victim + BLOCK_HEADER_SIZE + 3] ^= 0x40
+    elif where == "truncate_payload":
+        del data[victim + BLOCK_HEADER_SIZE + 2 :]
+    elif where == "truncate_header":
+        del data[victim + 10 :]
+    path.write_bytes(bytes(data))
+    reader = SegmentReader(path, partition=3, display="runs/r1/p0003.seg")
+    with pytest.raises(CorruptArchive) as info:
+        list(reader.records())
+    err = info.value
+    assert message in str(err)
+    assert err.offset == expected_offset
+    assert err.path == "runs/r1/p0003.seg"
+    assert f"runs/r1/p0003.seg at offset {expected_offset}" in str(err)
+    assert err.partition == 3
+
+
+def test_blocks_before_the_damage_stay_readable(tmp_path: Path) -> None:
+    path = tmp_path / "s"
+    items = _items(300)
+    _write(path, items)
+    offsets = _block_offsets(path)
+    data = bytearray(path.read_bytes())
+    data[offsets[-1] + BLOCK_HEADER_SIZE] ^= 0xFF
+    path.write_bytes(bytes(data))
+    got: list[Item] = []
+    with pytest.raises(CorruptArchive):
+        for r in SegmentReader(path).items():
+            got.append(r)
+    assert got and got == items[: len(got)]
