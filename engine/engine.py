@@ -13,6 +13,7 @@ told which partitions moved.  The flusher persists it later; ``persist_future`` 
 """
 from __future__ import annotations
 
+import gc
 import logging
 import threading
 import time
@@ -60,6 +61,22 @@ _MUTATION = Op.MUTATION
 _DELETION = Op.DELETION
 
 
+def tune_gc(gen0_threshold: int | None) -> None:
+    """Raise the cyclic GC's generation-0 threshold (never lower it).
+
+    Why: every queued write allocates a few tracked objects (Item, WriteResult, evolver
+    nodes) and millions of them stay alive in the queues.  With CPython's default threshold
+    (700) the collector runs every few hundred writes and its older generations rescan the
+    whole queue; measured on this machine that cuts ingest from ~400k to ~105k writes/s.
+    The engine makes almost no reference cycles, so collecting less often costs little.
+    """
+    if not gen0_threshold:
+        return
+    t0, t1, t2 = gc.get_threshold()
+    if gen0_threshold > t0:
+        gc.set_threshold(gen0_threshold, t1, t2)
+
+
 class Engine:
     """Partitions, write queues, LMDB store and flusher behind one thread-safe facade."""
 
@@ -91,6 +108,7 @@ class Engine:
         """
         if config.partitions < 1:
             raise InvalidInput("partitions must be at least 1", field="partitions")
+        tune_gc(config.gc_gen0_threshold)
         opened = Store.open(config.data_dir, config.partitions, config.lmdb_map_size, config.failover_log_cap)
         parts = [
             Partition(
@@ -240,7 +258,7 @@ class Engine:
                             part.live_items -= 1
                         elif not exists:
                             part.live_items += 1
-                        add_result(WriteResult(key, p, seqno, cas, rev, deleted))
+                        add_result(new(WriteResult, (key, p, seqno, cas, rev, deleted)))
                     except UprError as exc:
                         errors += 1
                         add_result(exc)

@@ -70,10 +70,12 @@ class WriteOp:
     cas: int | None = None
 
 
-@dataclass(frozen=True, slots=True)
-class WriteResult:
+class WriteResult(NamedTuple):
     """What the engine assigned to an accepted write, so a writer can later ask
-    "has my write been streamed/persisted?" by (partition, seqno)."""
+    "has my write been streamed/persisted?" by (partition, seqno).
+
+    A named tuple rather than a frozen dataclass: the engine makes one per write, and a
+    frozen dataclass costs ~0.7 us to build against ~0.15 us for a tuple."""
 
     key: str
     partition: int
