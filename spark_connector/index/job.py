@@ -1,0 +1,222 @@
+"""Incremental index jobs: the change feed, through the ``upr`` source, into index generations.
+
+The first run over a keyspace is a full build (new checkpoint, ``startingOffsets=earliest``);
+every later run resumes the same checkpoint with ``Trigger.AvailableNow`` and so reads only what
+changed since.  Each micro-batch becomes one run of Parquet rows in ``foreachBatch``:
+
+1. skip the batch if the manifest already has it (Spark replays a batch whose commit it did not
+   log: the index and the checkpoint advance together, with the manifest as the commit point);
+2. apply control rows first: ``reset`` kills the older rows of the partition (the batch restreams
+   it from 0), ``rollback`` at R re-fetches every key whose rows came from seqnos above R;
+3. index each changed document once at its newest seqno in the batch (deletions and documents
+   without entries leave a marker row, so stale rows of older runs are superseded);
+4. write the run, compact when there are too many runs, and replace the manifest atomically.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import time
+import uuid as uuidlib
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .functions import IndexFunction, spec_of
+from .manifest import IndexError_, Manifest, Run, collect_garbage, commit, load
+from .refetch import refetch
+from .view import ENTRY_SCHEMA, runs_frame
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class RunReport:
+    batches: int = 0
+    skipped: int = 0
+    rows_read: int = 0
+    resets: list[int] = field(default_factory=list)
+    rollbacks: dict[int, int] = field(default_factory=dict)
+    refetched: int = 0
+    seconds: float = 0.0
+    generation: int = 0
+
+
+def _entries_fn(function: IndexFunction):  # type: ignore[no-untyped-def]
+    """The executor side: Arrow batches of changes -> Arrow batches of index rows."""
+    def run(batches: Iterator[Any]) -> Iterator[Any]:
+        import pyarrow as pa
+        schema = pa.schema([("value", pa.string()), ("key", pa.string()), ("partition", pa.int32()),
+                            ("seqno", pa.int64())])
+        for batch in batches:
+            cols = batch.to_pydict()
+            values, keys, parts, seqnos = [], [], [], []
+            for key, p, s, op, v in zip(cols["key"], cols["partition"], cols["seqno"], cols["op"], cols["value"]):
+                entries = function(key, v) if op == "mutation" and v is not None else ()
+                if not entries:
+                    entries = (None,)
+                for e in entries:
+                    values.append(e)
+                    keys.append(key)
+                    parts.append(p)
+                    seqnos.append(s)
+            yield pa.RecordBatch.from_arrays(
+                [pa.array(values, pa.string()), pa.array(keys, pa.string()), pa.array(parts, pa.int32()),
+                 pa.array(seqnos, pa.int64())], schema=schema)
+    return run
+
+
+class IndexJob:
+    """Build and maintain one index at ``index_dir`` from the server at ``server``.
+
+    ``function`` maps ``(key, value bytes)`` to index values; ``FieldIndex("a.b")`` indexes a JSON
+    field.  ``source_options`` are passed to the ``upr`` source (e.g. ``maxOffsetsPerTrigger``,
+    ``onRollback``).
+    """
+
+    def __init__(self, spark, index_dir: str | os.PathLike[str], server: str, function: IndexFunction, *,  # type: ignore[no-untyped-def]
+                 name: str | None = None, token: str | None = None, max_runs: int = 4,
+                 source_options: dict[str, str] | None = None) -> None:
+        self.spark = spark
+        self.root = Path(index_dir)
+        self.server = server.rstrip("/")
+        self.token = token
+        self.function = function
+        self.spec = spec_of(function, name)
+        self.max_runs = max_runs
+        self.source_options = dict(source_options or {})
+        self.checkpoint = self.root / "checkpoint"
+        self.report = RunReport()
+
+    # ------------------------------------------------------------------ public
+    def run(self, follow: bool = False, interval_s: float = 5.0, timeout_s: float | None = None) -> RunReport:
+        """Bring the index up to date (AvailableNow), or with ``follow`` keep it updated."""
+        from .. import session
+        session.register(self.spark)
+        started = time.monotonic()
+        self.report = RunReport()
+        manifest = self._open()
+        collect_garbage(self.root, manifest)
+        opts = {"server": self.server, "startingOffsets": "earliest", **self.source_options}
+        if self.token:
+            opts["token"] = self.token
+        df = self.spark.readStream.format("upr").options(**opts).load()
+        writer = (df.writeStream.foreachBatch(self._apply)
+                  .option("checkpointLocation", str(self.checkpoint))
+                  .queryName(f"upr-index-{self.root.name}"))
+        writer = writer.trigger(processingTime=f"{interval_s} seconds") if follow else writer.trigger(availableNow=True)
+        query = writer.start()
+        try:
+            query.awaitTermination(timeout_s)
+        finally:
+            if query.isActive:
+                query.stop()
+        exc = query.exception()
+        if exc is not None:
+            raise exc
+        final = load(self.root)
+        self.report.generation = final.generation if final else 0
+        self.report.seconds = time.monotonic() - started
+        return self.report
+
+    def manifest(self) -> Manifest | None:
+        return load(self.root)
+
+    # ------------------------------------------------------------------ internals
+    def _open(self) -> Manifest:
+        self.root.mkdir(parents=True, exist_ok=True)
+        manifest = load(self.root)
+        if manifest is None:
+            # No committed generation: whatever checkpoint exists belongs to a build that never
+            # committed, so start the full build from scratch.
+            if self.checkpoint.exists():
+                import shutil
+                shutil.rmtree(self.checkpoint)
+            manifest = Manifest(0, -1, self.spec, self.server)
+            commit(self.root, manifest)
+            return manifest
+        if manifest.spec != self.spec:
+            raise IndexError_(f"{self.root} was built with {manifest.spec}, not {self.spec}; "
+                              "use another directory for another index")
+        if manifest.server != self.server:
+            raise IndexError_(f"{self.root} follows {manifest.server}, not {self.server}")
+        return manifest
+
+    def _batch_offset(self, batch_id: int) -> dict[str, Any] | None:
+        path = self.checkpoint / "offsets" / str(batch_id)
+        try:
+            lines = path.read_text().splitlines()
+            return json.loads(lines[2])
+        except (OSError, IndexError, ValueError):
+            return None
+
+    def _apply(self, df, batch_id: int) -> None:  # type: ignore[no-untyped-def]
+        from pyspark.sql import Window
+        from pyspark.sql import functions as F
+
+        manifest = load(self.root)
+        assert manifest is not None
+        if batch_id <= manifest.batch_id:
+            self.report.skipped += 1
+            return
+        df = df.persist()
+        try:
+            controls = df.filter(F.col("op").isin("reset", "rollback")).select("partition", "op", "seqno").collect()
+            resets = sorted({c.partition for c in controls if c.op == "reset"})
+            rollbacks: dict[int, int] = {}
+            for c in controls:
+                if c.op == "rollback":
+                    rollbacks[c.partition] = min(c.seqno, rollbacks.get(c.partition, c.seqno))
+            items = df.filter(F.col("op").isin("mutation", "deletion")).select("key", "partition", "seqno", "op", "value")
+            if rollbacks:
+                items = items.unionByName(self._corrections(manifest, rollbacks))
+            entries = items.mapInArrow(_entries_fn(self.function), ENTRY_SCHEMA)
+            newest = F.max("seqno").over(Window.partitionBy("key"))
+            entries = entries.withColumn("_m", newest).filter(F.col("seqno") == F.col("_m")).drop("_m")
+            run_path = f"runs/r-{manifest.generation + 1:06d}-{batch_id}-{uuidlib.uuid4().hex[:8]}"
+            entries.write.mode("errorifexists").parquet(str(self.root / run_path))
+            rows = self.spark.read.parquet(str(self.root / run_path)).count()
+            self.report.rows_read += rows
+            runs = manifest.runs + (Run(run_path, tuple(resets), rows),)
+            nxt = manifest.next(batch_id=batch_id, runs=runs, offset=self._batch_offset(batch_id))
+            if len(runs) > self.max_runs:
+                nxt = self._compact(nxt)
+            commit(self.root, nxt)
+            self.report.batches += 1
+            self.report.resets.extend(resets)
+            self.report.rollbacks.update(rollbacks)
+        finally:
+            df.unpersist()
+
+    def _corrections(self, manifest: Manifest, rollbacks: dict[int, int]):  # type: ignore[no-untyped-def]
+        from pyspark.sql import functions as F
+        cond = None
+        for p, r in rollbacks.items():
+            c = (F.col("partition") == p) & (F.col("seqno") > r)
+            cond = c if cond is None else cond | c
+        suspects = (runs_frame(self.spark, self.root, manifest, markers=True).filter(cond)
+                    .select("key", "partition").distinct().collect())
+        rows = refetch(self.server, self.token, [(s.key, s.partition, rollbacks[s.partition]) for s in suspects])
+        self.report.refetched += len(rows)
+        return self.spark.createDataFrame(rows, "key STRING, partition INT, seqno BIGINT, op STRING, value BINARY")
+
+    def _compact(self, manifest: Manifest) -> Manifest:
+        """Merge all runs into one (markers kept: they are the back index rollbacks need)."""
+        path = f"runs/c-{manifest.generation:06d}-{uuidlib.uuid4().hex[:8]}"
+        frame = runs_frame(self.spark, self.root, manifest, markers=True)
+        frame.write.mode("errorifexists").parquet(str(self.root / path))
+        rows = self.spark.read.parquet(str(self.root / path)).count()
+        return Manifest(manifest.generation, manifest.batch_id, manifest.spec, manifest.server,
+                        (Run(path, (), rows),), manifest.offset, rows, manifest.created, manifest.stats)
+
+    def compact(self) -> Manifest:
+        """Compact now (e.g. after a full build with several batches)."""
+        manifest = self._open()
+        if len(manifest.runs) <= 1:
+            return manifest
+        nxt = self._compact(manifest.next())
+        commit(self.root, nxt)
+        collect_garbage(self.root, nxt)
+        return nxt

@@ -1,0 +1,125 @@
+"""The index manifest: the single file whose atomic replacement commits a generation.
+
+Layout of an index directory::
+
+    manifest.json            the current generation (replaced with write-tmp, fsync, os.replace)
+    history/gen-000007.json  every committed manifest, for ``upr index info``
+    runs/r-000007-<tag>/     Parquet files of one run (rows: value, key, partition, seqno)
+    checkpoint/              the Spark streaming checkpoint of the index's change-feed query
+
+A generation is an ordered list of runs (oldest first): each later run supersedes, key by key,
+the rows of the runs before it, and may reset whole partitions (``resets``).  A job killed at
+any point leaves ``manifest.json`` naming a complete older generation; files of an uncommitted
+run are unreferenced and removed by the next run.  ``batch_id`` is the last Spark micro-batch
+applied, which makes replays of that batch (Spark re-runs a batch whose commit it did not log)
+no-ops: index and checkpoint advance together.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import time
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+FORMAT = 1
+MANIFEST = "manifest.json"
+
+
+class IndexError_(Exception):
+    """An index directory that is missing, corrupt, or built with another function/server."""
+
+
+@dataclass(frozen=True)
+class Run:
+    path: str                                  # relative to the index directory
+    resets: tuple[int, ...] = ()               # partitions whose older rows this run kills
+    rows: int = 0
+
+
+@dataclass(frozen=True)
+class Manifest:
+    generation: int
+    batch_id: int                              # last Spark batch applied; -1 before the first
+    spec: dict[str, str]
+    server: str
+    runs: tuple[Run, ...] = ()
+    offset: dict[str, Any] | None = None       # source end offset of batch_id (per-partition positions)
+    rows: int = 0                              # index entries (value IS NOT NULL) at last compaction/estimate
+    created: float = field(default_factory=time.time)
+    stats: dict[str, Any] = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, Any]:
+        out = asdict(self)
+        out["format"] = FORMAT
+        return out
+
+    @classmethod
+    def from_json(cls, raw: dict[str, Any]) -> Manifest:
+        if raw.get("format") != FORMAT:
+            raise IndexError_(f"unsupported index format {raw.get('format')!r}")
+        runs = tuple(Run(r["path"], tuple(r.get("resets", ())), int(r.get("rows", 0))) for r in raw["runs"])
+        return cls(int(raw["generation"]), int(raw["batch_id"]), dict(raw["spec"]), str(raw["server"]), runs,
+                   raw.get("offset"), int(raw.get("rows", 0)), float(raw.get("created", 0)),
+                   dict(raw.get("stats", {})))
+
+    def next(self, **changes: Any) -> Manifest:
+        return replace(self, generation=self.generation + 1, created=time.time(), **changes)
+
+
+def load(index_dir: str | os.PathLike[str]) -> Manifest | None:
+    path = Path(index_dir) / MANIFEST
+    try:
+        raw = json.loads(path.read_text())
+    except FileNotFoundError:
+        return None
+    except ValueError as exc:
+        raise IndexError_(f"{path}: corrupt manifest ({exc})") from None
+    return Manifest.from_json(raw)
+
+
+def commit(index_dir: str | os.PathLike[str], manifest: Manifest) -> None:
+    """Make ``manifest`` current: readers see either the old or the new generation, never a mix."""
+    root = Path(index_dir)
+    (root / "history").mkdir(parents=True, exist_ok=True)
+    text = json.dumps(manifest.to_json(), indent=1, sort_keys=True)
+    _write_atomic(root / "history" / f"gen-{manifest.generation:06d}.json", text)
+    _write_atomic(root / MANIFEST, text)
+
+
+def _write_atomic(path: Path, text: str) -> None:
+    tmp = path.with_name(path.name + f".tmp-{os.getpid()}")
+    with open(tmp, "w") as fh:
+        fh.write(text)
+        fh.flush()
+        os.fsync(fh.fileno())
+    os.replace(tmp, path)
+    fd = os.open(path.parent, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def collect_garbage(index_dir: str | os.PathLike[str], manifest: Manifest | None, keep_previous: int = 1) -> list[str]:
+    """Remove run directories no recent generation references (uncommitted runs of a killed job,
+    runs merged away by compaction).  Runs of the previous ``keep_previous`` generations stay, so
+    a reader that loaded the manifest just before a commit can still finish."""
+    root = Path(index_dir)
+    keep = {r.path for r in manifest.runs} if manifest else set()
+    if manifest:
+        for gen in range(max(0, manifest.generation - keep_previous), manifest.generation):
+            old = root / "history" / f"gen-{gen:06d}.json"
+            if old.exists():
+                keep |= {r["path"] for r in json.loads(old.read_text())["runs"]}
+    removed = []
+    runs = root / "runs"
+    if runs.is_dir():
+        for child in runs.iterdir():
+            rel = f"runs/{child.name}"
+            if rel not in keep:
+                shutil.rmtree(child, ignore_errors=True)
+                removed.append(rel)
+    return removed

@@ -1,0 +1,57 @@
+"""Reading an index generation as one DataFrame (what ``upr index query`` and users query).
+
+Rows of a run supersede, key by key, the rows of older runs, and a run's ``resets`` kill every
+older row of those partitions.  Rows with ``value`` NULL are markers: "this key exists (or was
+deleted) at this seqno and has no entries"; they are kept so rollbacks can find every key changed
+after a seqno, and hidden from the public view.
+"""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from .manifest import Manifest, load
+
+ENTRY_SCHEMA = "value STRING, key STRING, partition INT, seqno BIGINT"
+
+
+def runs_frame(spark, index_dir: str | os.PathLike[str], manifest: Manifest, markers: bool = False):  # type: ignore[no-untyped-def]
+    from pyspark.sql import Window
+    from pyspark.sql import functions as F
+
+    root = Path(index_dir)
+    runs = [r for r in manifest.runs]
+    if not runs:
+        df = spark.createDataFrame([], ENTRY_SCHEMA)
+    elif len(runs) == 1:
+        df = spark.read.schema(ENTRY_SCHEMA).parquet(str(root / runs[0].path))
+    else:
+        parts = [spark.read.schema(ENTRY_SCHEMA).parquet(str(root / r.path)).withColumn("_run", F.lit(i))
+                 for i, r in enumerate(runs)]
+        df = parts[0]
+        for p in parts[1:]:
+            df = df.unionByName(p)
+        last_reset: dict[int, int] = {}
+        for i, r in enumerate(runs):
+            for p in r.resets:
+                last_reset[p] = i
+        if last_reset:
+            alive = None
+            for p, i in sorted(last_reset.items()):
+                alive = (F.when(F.col("partition") == p, F.col("_run") >= i) if alive is None
+                         else alive.when(F.col("partition") == p, F.col("_run") >= i))
+            df = df.filter(alive.otherwise(F.lit(True)))
+        newest = F.max("_run").over(Window.partitionBy("key"))
+        df = df.withColumn("_newest", newest).filter(F.col("_run") == F.col("_newest")).drop("_run", "_newest")
+    if not markers:
+        df = df.filter(F.col("value").isNotNull())
+    return df
+
+
+def load_index(spark, index_dir: str | os.PathLike[str], markers: bool = False):  # type: ignore[no-untyped-def]
+    """The current generation of the index at ``index_dir`` as a DataFrame
+    (``value, key, partition, seqno``); register it with ``createOrReplaceTempView`` to use SQL."""
+    manifest = load(index_dir)
+    if manifest is None:
+        raise FileNotFoundError(f"{index_dir}: no index here (manifest.json missing)")
+    return runs_frame(spark, index_dir, manifest, markers)

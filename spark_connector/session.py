@@ -1,0 +1,43 @@
+"""An embedded SparkSession with the settings the connector needs on one machine.
+
+Why each setting (docs/spark.md pitfalls): workers must run this interpreter (pyarrow and the
+connector live in its venv), the driver should stay on loopback, the UI is noise for a job, and
+streaming disables AQE so the 200 default shuffle partitions would cost 200 tasks per batch.
+``local[N,F]`` lets a task be retried F-1 times (plain ``local[*]`` never retries).
+"""
+from __future__ import annotations
+
+import os
+import sys
+from typing import Any
+
+
+def local_session(master: str = "local[*,4]", app_name: str = "upr", shuffle_partitions: int = 4,
+                  extra: dict[str, Any] | None = None):  # type: ignore[no-untyped-def]
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
+    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+    from pyspark.sql import SparkSession
+
+    from .source import UprDataSource
+
+    builder = (SparkSession.builder.master(master).appName(app_name)
+               .config("spark.ui.enabled", "false")
+               .config("spark.ui.showConsoleProgress", "false")
+               .config("spark.sql.shuffle.partitions", str(shuffle_partitions))
+               .config("spark.driver.bindAddress", "127.0.0.1")
+               .config("spark.driver.host", "127.0.0.1")
+               .config("spark.sql.execution.arrow.pyspark.enabled", "true")
+               .config("spark.python.worker.reuse", "true"))
+    for key, value in (extra or {}).items():
+        builder = builder.config(key, str(value))
+    spark = builder.getOrCreate()
+    spark.sparkContext.setLogLevel("ERROR")
+    register(spark)
+    return spark
+
+
+def register(spark) -> None:  # type: ignore[no-untyped-def]
+    """Make ``format("upr")`` available in this session."""
+    from .source import UprDataSource
+    spark.dataSource.register(UprDataSource)

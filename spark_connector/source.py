@@ -1,0 +1,138 @@
+"""The ``upr`` PySpark data source: ``spark.readStream.format("upr")`` and ``spark.read.format("upr")``.
+
+Process model (docs/spark.md): Spark builds reader instances in two driver processes and pickles
+``read`` to executors, so nothing here opens a connection in ``__init__`` and everything ``read()``
+needs travels inside the ``UprInputPartition``.  The driver's long-lived reader process fetches
+metadata per trigger (one HTTP round trip), checks every held position with the server's rollback
+rule *before* planning, and applies ``onRollback``.  ``startingOffsets`` is used only when the
+checkpoint is new; a restarted query resumes from its checkpointed offsets.
+"""
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+from pyspark.sql.datasource import DataSource, DataSourceReader, DataSourceStreamReader, InputPartition
+from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadLimit, ReadMaxRows, SupportsTriggerAvailableNow
+from pyspark.sql.types import StructType
+
+from .meta import fetch_meta, local_check
+from .offsets import SourceOffset
+from .options import Position, SourceOptions, parse_options
+from .planning import WorkItem, plan_tasks
+from .progress import initial_offset, next_offset, resolve_positions, select_partitions
+from .rows import SCHEMA_DDL
+
+NAME = "upr"
+
+
+@dataclass(frozen=True)
+class UprInputPartition(InputPartition):
+    """One Spark task: a few bounded stream requests served over one connection."""
+
+    server: str
+    token: str | None
+    items: tuple[WorkItem, ...]
+    batch_rows: int
+    timeout: float
+
+
+def _input_partitions(opts: SourceOptions, start: SourceOffset, end: SourceOffset) -> list[UprInputPartition]:
+    return [UprInputPartition(opts.server, opts.token, tuple(group), opts.batch_rows, opts.timeout)
+            for group in plan_tasks(start, end, opts.min_partitions)]
+
+
+def _read(partition: UprInputPartition) -> Iterator[Any]:
+    from .task import read_task   # imported on the executor only; keeps driver start-up light
+    yield from read_task(partition)
+
+
+class UprDataSource(DataSource):
+    """Rows: partition, seqno, key, op (mutation/deletion/reset/rollback), value, cas, rev,
+    snap_start, snap_end.  Options: see ``spark_connector.options.KNOWN``."""
+
+    def __init__(self, options: dict[str, str]) -> None:
+        super().__init__(options)
+        parse_options(options)   # fail fast, naming the bad option, when the DataFrame is defined
+
+    @classmethod
+    def name(cls) -> str:
+        return NAME
+
+    def schema(self) -> str:
+        return SCHEMA_DDL
+
+    def reader(self, schema: StructType) -> DataSourceReader:
+        return UprBatchReader(self.options)
+
+    def streamReader(self, schema: StructType) -> DataSourceStreamReader:
+        return UprStreamReader(self.options)
+
+
+class UprBatchReader(DataSourceReader):
+    """A bounded read from ``startingOffsets`` to ``endingOffsets`` (both resolved at planning)."""
+
+    def __init__(self, options: dict[str, str]) -> None:
+        self.opts = parse_options(options)
+
+    def partitions(self) -> list[UprInputPartition]:
+        meta = fetch_meta(self.opts)
+        selected = select_partitions(meta, self.opts.partitions)
+        start = resolve_positions(self.opts.starting, meta, selected)
+        ending = resolve_positions(self.opts.ending, meta, selected)
+        end = next_offset(start, meta, check=local_check, policy=self.opts.on_rollback,
+                          target={p: o.seqno for p, o in ending.partitions.items()})
+        return _input_partitions(self.opts, start, end)
+
+    def read(self, partition: UprInputPartition) -> Iterator[Any]:   # type: ignore[override]
+        return _read(partition)
+
+
+class UprStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
+    def __init__(self, options: dict[str, str]) -> None:
+        self.opts = parse_options(options)
+        self._target: dict[int, int] | None = None    # AvailableNow: never plan past these seqnos
+
+    # ---------------------------------------------------------------- offsets (driver)
+    def initialOffset(self) -> dict[str, Any]:
+        meta = fetch_meta(self.opts)
+        return initial_offset(self.opts.starting, meta, select_partitions(meta, self.opts.partitions)).to_json()
+
+    def getDefaultReadLimit(self) -> ReadLimit:
+        n = self.opts.max_offsets_per_trigger
+        return ReadMaxRows(n) if n else ReadAllAvailable()
+
+    def prepareForTriggerAvailableNow(self) -> None:
+        meta = fetch_meta(self.opts)
+        self._target = {p: meta.partitions[p].high_seqno for p in select_partitions(meta, self.opts.partitions)}
+
+    def latestOffset(self, start: dict[str, Any] | None = None, limit: ReadLimit | None = None) -> dict[str, Any]:
+        meta = fetch_meta(self.opts)
+        selected = select_partitions(meta, self.opts.partitions)
+        begin = SourceOffset.from_json(start) if start is not None else \
+            initial_offset(self.opts.starting, meta, selected)
+        if begin.latest_sentinel:
+            # Batch 0 of startingOffsets=latest: sentinel -> "now", planned as an empty batch, so a
+            # replay of it is identical however late it runs.
+            return resolve_positions(self.opts.starting, meta, selected).to_json()
+        max_rows = limit.max_rows if isinstance(limit, ReadMaxRows) else None
+        if limit is None:   # Spark 4.0/4.1 call latestOffset() without a limit
+            max_rows = self.opts.max_offsets_per_trigger
+        end = next_offset(begin, meta, check=local_check, policy=self.opts.on_rollback,
+                          max_rows=max_rows, target=self._target)
+        return end.to_json()
+
+    def reportLatestOffset(self) -> dict[str, Any] | None:
+        meta = fetch_meta(self.opts)
+        return resolve_positions(Position.LATEST, meta, select_partitions(meta, self.opts.partitions)).to_json()
+
+    def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> list[UprInputPartition]:
+        return _input_partitions(self.opts, SourceOffset.from_json(start), SourceOffset.from_json(end))
+
+    def commit(self, end: dict[str, Any]) -> None:
+        """Spark calls this one batch late (docs/spark.md); durable progress is the checkpoint."""
+
+    # ---------------------------------------------------------------- executors
+    def read(self, partition: UprInputPartition) -> Iterator[Any]:   # type: ignore[override]
+        return _read(partition)
