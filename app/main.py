@@ -98,6 +98,10 @@ def create_app(
     app.add_middleware(MetricsMiddleware, metrics=app.state.metrics)
     for module in (health, bulk, docs, status, partitions, stream_status, admin):
         app.include_router(module.router)
+    from app import positions, stream  # the stream server (issue 4)
+
+    app.include_router(stream.router)
+    app.include_router(positions.router)
 
     app.openapi = lambda: _openapi(app)  # type: ignore[method-assign]
     return app

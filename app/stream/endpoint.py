@@ -1,0 +1,92 @@
+"""``GET /stream``: authenticate, upgrade, and hand the socket to a ``StreamConnection``.
+
+Auth (``read`` role, the same bearer tokens as HTTP; ``?access_token=`` for clients that
+cannot set headers) is checked *before* the upgrade: a refused client gets a plain HTTP
+401/403 problem document, never an open WebSocket.
+"""
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import orjson
+from fastapi import APIRouter, WebSocket
+from starlette.responses import Response
+
+from app.auth import AuthError, Role, authorize_connection
+from app.problems import ENGINE_CLOSED, FORBIDDEN, PROBLEM_MEDIA_TYPE, UNAUTHORIZED, Problem
+from app.stream.codec import encoder_for
+from app.stream.connection import StreamConnection, StreamLimits
+from app.stream.control import ControlSession
+from app.stream.hub import ChangeHub
+
+__all__ = ["router", "hub_of", "limits_of"]
+
+router = APIRouter(tags=["streams"])
+
+
+def limits_of(app: Any) -> StreamLimits:
+    limits = getattr(app.state, "stream_limits", None)
+    return limits if isinstance(limits, StreamLimits) else StreamLimits()
+
+
+def hub_of(app: Any, engine: Any) -> ChangeHub:
+    """The app's one change hub for this engine, created on first use on the running loop."""
+    hub: ChangeHub | None = getattr(app.state, "stream_hub", None)
+    if hub is None or getattr(hub, "engine", None) is not engine:
+        if hub is not None:
+            hub.close()
+        hub = ChangeHub(engine.add_listener, asyncio.get_running_loop())
+        hub.engine = engine  # type: ignore[attr-defined]
+        app.state.stream_hub = hub
+    return hub
+
+
+async def _deny(ws: WebSocket, problem: Problem) -> None:
+    body = problem.body(ws.url.path)
+    await ws.send_denial_response(
+        Response(orjson.dumps(body), problem.status, problem.headers, media_type=PROBLEM_MEDIA_TYPE)
+    )
+
+
+@router.websocket("/stream")
+async def stream(ws: WebSocket) -> None:
+    """Change stream (see ``docs/architecture.md`` "Stream protocol" and ``openapi/asyncapi.yaml``)."""
+    app = ws.app
+    try:
+        authorize_connection(app.state.tokens, ws, Role.READ, allow_query=True)
+    except AuthError as exc:
+        ptype = UNAUTHORIZED if exc.status == 401 else FORBIDDEN
+        headers = {"WWW-Authenticate": 'Bearer realm="upr"'} if exc.status == 401 else None
+        await _deny(ws, Problem(ptype, exc.detail, headers=headers, extra={"required_role": "read"}))
+        return
+    runner = getattr(app.state, "runner", None)
+    if runner is None:
+        await _deny(ws, Problem(ENGINE_CLOSED, "the engine is not open (starting or shutting down)",
+                                headers={"Retry-After": "1"}))
+        return
+    engine = runner.engine
+    limits = limits_of(app)
+    metrics = app.state.metrics
+    hub = hub_of(app, engine)
+    await ws.accept()
+    client = ws.client
+    remote = f"{client.host}:{client.port}" if client else "?"
+    conn = StreamConnection(
+        ws,
+        session=ControlSession(engine, runner.read, limits, encoder_for),
+        engine=engine,
+        read=runner.read,
+        hub=hub,
+        encoder_for=encoder_for,
+        limits=limits,
+        remote=remote,
+        on_rollback=lambda reason: metrics.rollbacks.labels(reason).inc(),
+        on_bytes=metrics.stream_bytes.inc,
+    )
+    registry = app.state.streams
+    registry.register(conn)
+    try:
+        await conn.run()
+    finally:
+        registry.unregister(conn)
