@@ -124,12 +124,12 @@ def _parse_inline(text: str) -> list[tuple[str, Role, str]]:
             return _entries_from(json.loads(stripped), "UPR_TOKENS")
         except ValueError as exc:
             raise TokenConfigError(f"UPR_TOKENS is not valid JSON: {exc}") from None
-    pairs: dict[str, str] = {}
+    pairs: list[dict[str, str]] = []
     for part in filter(None, (p.strip() for p in stripped.split(","))):
         token, sep, role = part.rpartition("=")
         if not sep or not token:
             raise TokenConfigError("UPR_TOKENS entries must look like token=role")
-        pairs[token] = role
+        pairs.append({"token": token, "role": role})
     return _entries_from(pairs, "UPR_TOKENS")
 
 

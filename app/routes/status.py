@@ -17,6 +17,25 @@ router = APIRouter(tags=["status"])
 VERSION = "0.1.0"
 
 
+class RateSampler:
+    """Turns a monotonically growing counter into a recent rate (per second), sampled at
+    most once per ``window`` seconds so frequent callers see a stable figure."""
+
+    def __init__(self, window: float = 1.0) -> None:
+        self.window = window
+        self._t: float | None = None
+        self._count = 0.0
+        self.rate = 0.0
+
+    def update(self, count: float, now: float) -> float:
+        if self._t is None:
+            self._t, self._count = now, count
+        elif now - self._t >= self.window:
+            self.rate = max(0.0, count - self._count) / (now - self._t)
+            self._t, self._count = now, count
+        return self.rate
+
+
 def _totals(engine: Any) -> tuple[list[Any], dict[str, float]]:
     return engine.all_stats(), engine.engine_stats()
 
@@ -28,6 +47,10 @@ async def status(
     """Node id, uptime, partition count and totals over all partitions."""
     stats, counters = await runner.read(_totals, runner.engine)
     engine = runner.engine
+    sampler = getattr(request.app.state, "flush_rate", None)
+    if sampler is None:
+        sampler = request.app.state.flush_rate = RateSampler()
+    flush_rate = sampler.update(float(counters.get("flush_count", 0.0)), time.monotonic())
     return Status(
         node_id=engine.node_id,
         version=VERSION,
@@ -40,7 +63,7 @@ async def status(
             persisted_seqno=sum(s.persisted_seqno for s in stats),
             queue_depth=sum(s.queue_depth for s in stats),
             queue_bytes=sum(s.queue_bytes for s in stats),
-            flush_rate=float(counters.get("flush_rate", 0.0)),
+            flush_rate=round(flush_rate, 3),
             streams_connected=len(streams),
         ),
         engine={k: float(v) for k, v in counters.items() if isinstance(v, (int, float))},
