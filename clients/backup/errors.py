@@ -10,8 +10,11 @@
         │   │                       (``path`` and ``offset`` say exactly where)
         │   └── ContinuityError     seqno ranges of one partition do not chain across runs
         ├── RunNotFound             ``--run/--from/--to`` names no complete run
-        ├── ServerError             the server is unreachable or answered something unusable
-        └── StreamFailed            a partition's stream ended without reaching its end seqno
+        ├── StreamFailed            a partition's stream ended without reaching its end seqno
+        └── RestoreFailed           the server refused a restored item (partition, seqno, key)
+
+Server-side failures (unreachable, HTTP errors) keep the client library's types
+(``clients.errors.ConnectionFailed``, ``HttpError``, ...).
 
 Each error carries ``partition``/``seqno`` (from ``UprError``) and, for damage, the file and byte
 offset, so a message never has to be parsed to know what to fix.
@@ -77,11 +80,14 @@ class RunNotFound(BackupError):
     code = "run_not_found"
 
 
-class ServerError(BackupError):
-    code = "server_error"
-    retriable = True
-
-
 class StreamFailed(BackupError):
     code = "stream_failed"
     retriable = True
+
+
+class RestoreFailed(BackupError):
+    code = "restore_failed"
+
+    def __init__(self, message: str, *, key: str | None = None, **kw: object) -> None:
+        super().__init__(message, **kw)  # type: ignore[arg-type]
+        self.key = key

@@ -23,7 +23,7 @@ from clients.backup.archive import MANIFEST, PARTS, Archive, new_run_id, part_na
 from clients.backup.errors import BackupError, CorruptArchive
 from clients.backup.fsutil import atomic_write, fsync_dir
 from clients.backup.manifest import PartitionRecord, RollbackRecord, RunManifest, read_sealed, seal
-from clients.backup.segment import DEFAULT_BLOCK_BYTES, DEFAULT_LEVEL, SegmentWriter
+from clients.backup.segment import DEFAULT_BLOCK_BYTES, DEFAULT_LEVEL, SegmentReader, SegmentWriter, SnapshotMarker
 from clients.offset import StreamOffset
 from engine.types import Item
 
@@ -69,6 +69,43 @@ class PartitionWriter:
         seg.add_many(items)
         if items:
             self._last = items[-1].seqno
+
+    def add_columns(self, keys: list[bytes], seqnos: "list[int]", cas: "list[int]", revs: "list[int]",
+                    deleted: bytes, values: list[bytes]) -> None:
+        if seqnos and seqnos[0] <= self.start.seqno:
+            raise BackupError(
+                f"partition {self.partition}: received seqno {seqnos[0]}, not after the stream start "
+                f"{self.start.seqno}", partition=self.partition, seqno=seqnos[0])
+        try:
+            self._segment().add_columns(keys, seqnos, cas, revs, deleted, values)
+        except ValueError as exc:
+            raise BackupError(str(exc), partition=self.partition, seqno=seqnos[0]) from None
+        if seqnos:
+            self._last = seqnos[-1]
+
+    def truncate(self, seqno: int) -> None:
+        """Keep only what this run took up to ``seqno`` (a rollback that stays inside this run's range:
+        the server resumes from ``seqno``, so later items of ours are on an abandoned branch)."""
+        if self._seg is None or seqno >= self._last:
+            return
+        self._seg.close()
+        old = self.path.with_name(self.path.name + ".old")
+        self.path.replace(old)
+        self._seg = None
+        new = self._segment()
+        last = self.start.seqno
+        for rec in SegmentReader(old, partition=self.partition).records():
+            if isinstance(rec, SnapshotMarker):
+                if rec.start > seqno:
+                    break
+                new.snapshot(rec.start, min(rec.end, seqno), rec.source)
+            elif rec.seqno > seqno:
+                break
+            else:
+                new.add(rec)
+                last = rec.seqno
+        old.unlink()
+        self._last = last
 
     def rollback(self, requested: StreamOffset, to_seqno: int, new_start: StreamOffset, reason: str = "") -> None:
         """The server refused ``requested``: drop what this run took and start again at ``new_start``."""
@@ -186,7 +223,7 @@ class RunWriter:
     @staticmethod
     def _drop_uncommitted(rdir: Path, done: dict[int, PartitionRecord]) -> None:
         keep = {rec.segment for rec in done.values() if rec.segment}
-        for f in rdir.glob("p*.seg"):
+        for f in rdir.glob("p*.seg*"):
             if f.name not in keep:
                 f.unlink()
 

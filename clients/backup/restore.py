@@ -1,0 +1,220 @@
+"""``restore``: the planned state of a run, written through ``POST /docs/_bulk``.
+
+Idempotent: every key is set to its archived value or deleted, so replaying a batch (after a crash,
+a timeout, a resumed restore) converges to the same state; a delete of a key the target does not
+have counts as done.  Resumable: after the last batch of a partition is acknowledged with
+``durability=persist`` the partition is recorded in a journal (``ARCHIVE/restores/<id>.json``,
+atomic), and a restore with the same target, run and filters skips journaled partitions.
+Transient failures (unreachable server, 429, 503) are retried with backoff; anything else stops the
+restore with an error naming partition, seqno and key.
+"""
+from __future__ import annotations
+
+import base64
+import hashlib
+import re
+import time
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+import orjson
+
+from clients.backup.archive import Archive
+from clients.backup.errors import RestoreFailed
+from clients.backup.fsutil import atomic_write
+from clients.backup.manifest import RunManifest
+from clients.backup.plan import plan_partitions, runs_upto
+from clients.errors import AuthFailed, ConnectionFailed, HttpError
+from engine.errors import InvalidPartition
+from engine.types import Item
+
+RETRY_STATUSES = {429, 502, 503, 504}
+
+
+@dataclass(slots=True)
+class RestoreReport:
+    run_id: str
+    partitions: list[int] = field(default_factory=list)
+    skipped: list[int] = field(default_factory=list)  # already done according to the journal
+    sets: int = 0
+    deletes: int = 0
+    filtered_out: int = 0
+    seconds: float = 0.0
+
+
+class BulkClient:
+    """The one endpoint restore needs, with retries for what is safe to retry (everything: idempotent)."""
+
+    def __init__(self, server: str, token: str | None = None, *, timeout: float = 60.0, retries: int = 5) -> None:
+        self.server = server.rstrip("/")
+        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        self._client = httpx.Client(base_url=self.server, headers=headers, timeout=timeout)
+        self.retries = retries
+
+    def close(self) -> None:
+        self._client.close()
+
+    def write(self, ops: list[dict[str, Any]], *, persist: bool) -> list[dict[str, Any]]:
+        body = orjson.dumps(ops)
+        params = {"durability": "persist" if persist else "memory"}
+        delay = 0.2
+        for attempt in range(self.retries + 1):
+            try:
+                resp = self._client.post("/docs/_bulk", content=body, params=params,
+                                         headers={"Content-Type": "application/json"})
+            except httpx.TransportError as exc:
+                if attempt == self.retries:
+                    raise ConnectionFailed(f"POST /docs/_bulk: cannot reach {self.server}: "
+                                           f"{exc or type(exc).__name__}") from None
+            else:
+                if resp.status_code < 400:
+                    return resp.json()["results"]
+                if resp.status_code in (401, 403):
+                    raise AuthFailed(f"POST /docs/_bulk: HTTP {resp.status_code}: a token with write access is needed",
+                                     field="token")
+                if resp.status_code not in RETRY_STATUSES or attempt == self.retries:
+                    raise HttpError(f"POST /docs/_bulk: HTTP {resp.status_code}: {resp.text[:300]}",
+                                    status=resp.status_code)
+            time.sleep(delay)
+            delay = min(delay * 2, 5.0)
+        raise AssertionError("unreachable")
+
+
+def _op(item: Item) -> dict[str, Any]:
+    key = item.key.decode("utf-8", "surrogateescape")
+    if item.deleted:
+        return {"op": "delete", "key": key}
+    return {"op": "set", "key": key, "value_b64": base64.b64encode(item.value).decode("ascii")}
+
+
+def _batches(items: Sequence[Item], max_items: int, max_bytes: int) -> Iterable[list[Item]]:
+    batch: list[Item] = []
+    size = 0
+    for it in items:
+        cost = len(it.key) + len(it.value) * 4 // 3 + 64
+        if batch and (len(batch) >= max_items or size + cost > max_bytes):
+            yield batch
+            batch, size = [], 0
+        batch.append(it)
+        size += cost
+    if batch:
+        yield batch
+
+
+class Journal:
+    """Which partitions of one (target, run, filter) restore are durably done."""
+
+    def __init__(self, archive: Archive, server: str, run_id: str, partitions: Sequence[int],
+                 key_filter: str | None) -> None:
+        ident = orjson.dumps({"server": server, "run": run_id, "partitions": list(partitions), "filter": key_filter},
+                             option=orjson.OPT_SORT_KEYS)
+        self.path = archive.root / "restores" / (hashlib.sha256(ident).hexdigest()[:20] + ".json")
+        self.doc: dict[str, Any] = {"server": server, "run_id": run_id, "filter": key_filter, "done": []}
+        try:
+            loaded = orjson.loads(self.path.read_bytes())
+            if isinstance(loaded, dict) and isinstance(loaded.get("done"), list):
+                self.doc["done"] = [int(p) for p in loaded["done"]]
+        except (FileNotFoundError, orjson.JSONDecodeError, ValueError, TypeError):
+            pass
+
+    @property
+    def done(self) -> set[int]:
+        return set(self.doc["done"])
+
+    def mark(self, partition: int) -> None:
+        self.doc["done"] = sorted(self.done | {partition})
+        self.path.parent.mkdir(exist_ok=True)
+        atomic_write(self.path, orjson.dumps(self.doc))
+
+    def finish(self) -> None:
+        self.path.unlink(missing_ok=True)
+
+    def reset(self) -> None:
+        self.doc["done"] = []
+        self.path.unlink(missing_ok=True)
+
+
+def check_partitions(target: RunManifest, partitions: Sequence[int] | None) -> list[int]:
+    if partitions is None:
+        return sorted(target.partitions)
+    for p in partitions:
+        if p not in target.partitions:
+            raise InvalidPartition(f"partition {p} is not in the archive (it has 0..{target.partition_count - 1})",
+                                   field="partitions", partition=p)
+    return sorted(set(partitions))
+
+
+def restore(
+    archive: Archive,
+    server: str,
+    *,
+    token: str | None = None,
+    run_spec: str | None = None,
+    partitions: Sequence[int] | None = None,
+    key_filter: str | None = None,
+    restart: bool = False,
+    batch_items: int = 1000,
+    batch_bytes: int = 4 << 20,
+    progress: Callable[[int, int], None] | None = None,
+) -> RestoreReport:
+    """Restore the state as of ``run_spec``; ``progress(done, total)`` counts archived items."""
+    t0 = time.perf_counter()
+    target, runs = runs_upto(archive, run_spec)
+    parts = check_partitions(target, partitions)
+    rx = re.compile(key_filter) if key_filter else None
+    journal = Journal(archive, server, target.run_id, parts, key_filter)
+    if restart:
+        journal.reset()
+    report = RestoreReport(target.run_id)
+    report.skipped = sorted(journal.done & set(parts))
+    todo = [p for p in parts if p not in journal.done]
+    # progress counts archived items read (an upper bound of what is written; exact at each partition end)
+    per_part = {p: sum(r.partitions[p].mutations + r.partitions[p].deletions for r in runs) for p in parts}
+    total = sum(per_part[p] for p in todo)
+    done_items = 0
+    client = BulkClient(server, token)
+    try:
+        for plan, skipped in plan_partitions(archive, runs, todo, rx):
+            p = plan.partition
+            report.filtered_out += skipped
+            base = done_items
+            batches = list(_batches(plan.items, batch_items, batch_bytes))
+            sent = 0
+            for n, batch in enumerate(batches):
+                results = client.write([_op(i) for i in batch], persist=n == len(batches) - 1)
+                _check_results(p, batch, results)
+                sent += len(batch)
+                if progress:
+                    progress(base + min(sent, per_part[p]), total)
+            report.sets += plan.sets
+            report.deletes += plan.deletes
+            journal.mark(p)
+            report.partitions.append(p)
+            done_items = base + per_part[p]
+            if progress:
+                progress(done_items, total)
+    finally:
+        client.close()
+    journal.finish()
+    report.seconds = time.perf_counter() - t0
+    return report
+
+
+def _check_results(p: int, batch: list[Item], results: list[dict[str, Any]]) -> None:
+    if len(results) != len(batch):
+        raise RestoreFailed(f"partition {p}: the server answered {len(results)} results for {len(batch)} items",
+                            partition=p)
+    for item, res in zip(batch, results):
+        status = res.get("status")
+        if status == 200 or (item.deleted and status == 404):
+            continue
+        err = res.get("error") or {}
+        detail = err.get("detail") or err.get("title") or err
+        key = item.key.decode("utf-8", "replace")
+        raise RestoreFailed(
+            f"partition {p}, seqno {item.seqno}, key {key!r}: the server refused the "
+            f"{'delete' if item.deleted else 'set'} (HTTP {status}: {detail})",
+            partition=p, seqno=item.seqno, key=key)
