@@ -1,0 +1,147 @@
+"""``read()`` of one Spark task: bounded stream requests over one WebSocket, as Arrow batches.
+
+Runs on executors and is stateless: everything comes from the ``UprInputPartition``.  It speaks
+the stream protocol through the shared sans-I/O message and frame modules (``engine.protocol``),
+with the binary codec (columnar item batches decode with a few memcpys) and a flow-control window
+acknowledged as frames are converted.
+
+Range semantics are DCP's: a request ``(start, end]`` streams every key's latest version with a
+seqno in the range, and the server ends the stream after the snapshot that contains ``end`` (so a
+batch may carry a few items past ``end``; the next batch delivers them again, and the sinks are
+idempotent upserts keyed by document key with a seqno guard).
+
+A replayed batch may name a range the server no longer has (a failover between planning and
+reading).  ``read()`` cannot re-plan, so it never follows the branch silently: it emits a
+``reset`` control row for that partition and restreams it from 0 (up to the planned end, or the
+partition's high seqno if that is lower).  The next planning step sees the branch again and
+applies ``onRollback``: redundant but convergent.
+"""
+from __future__ import annotations
+
+import os
+import socket
+from array import array
+from collections.abc import Iterator
+from typing import Any
+from urllib.parse import urlparse
+
+import pyarrow as pa
+
+from engine.protocol import messages as M
+from engine.protocol.frames import ItemBatch, decode_binary
+
+from .planning import WorkItem
+from .rows import _OPS, ARROW_SCHEMA, RESET, control_batch
+
+WINDOW_BYTES = 32 * 1024 * 1024
+
+
+class StreamReadError(RuntimeError):
+    """The server refused or ended a planned stream in a way read() cannot repair."""
+
+
+def stream_url(server: str) -> str:
+    url = urlparse(server)
+    scheme = "wss" if url.scheme == "https" else "ws"
+    return f"{scheme}://{url.netloc}{url.path.rstrip('/')}/stream"
+
+
+def _u64(values: Any) -> pa.Array:
+    if isinstance(values, array) and values.itemsize == 8:
+        return pa.Array.from_buffers(pa.uint64(), len(values), [None, pa.py_buffer(values)])
+    return pa.array(values, pa.uint64())
+
+
+def batch_to_arrow(batch: ItemBatch, snap: tuple[int, int]) -> pa.RecordBatch:
+    """An ``ItemBatch`` as rows of the source schema, column by column (no per-item Python)."""
+    n = len(batch)
+    deleted = pa.Array.from_buffers(pa.uint8(), n, [None, pa.py_buffer(bytes(batch.deleted))])
+    keys = pa.array(batch.keys, pa.binary()).cast(pa.string())
+    return pa.RecordBatch.from_arrays([
+        pa.nulls(n, pa.int32()).fill_null(batch.partition),
+        _u64(batch.seqnos).cast(pa.int64(), safe=False),
+        keys,
+        _OPS.take(deleted),
+        pa.array(batch.values, pa.binary()),
+        _u64(batch.cas).cast(pa.int64(), safe=False),   # CAS is an opaque token: wrap into BIGINT
+        _u64(batch.revs).cast(pa.int64(), safe=False),
+        pa.nulls(n, pa.int64()).fill_null(snap[0]),
+        pa.nulls(n, pa.int64()).fill_null(snap[1]),
+    ], schema=ARROW_SCHEMA)
+
+
+def read_task(partition: Any) -> Iterator[pa.RecordBatch]:
+    """Serve the task's work items; each partition's pieces are streamed one after the other."""
+    items: tuple[WorkItem, ...] = partition.items
+    rounds: list[list[WorkItem]] = []
+    for item in items:   # round k holds the k-th piece of every partition
+        k = sum(1 for r in rounds if any(w.partition == item.partition for w in r))
+        if k == len(rounds):
+            rounds.append([])
+        rounds[k].append(item)
+    for control in (w for w in items if w.control):
+        yield control_batch(control.partition, control.control, control.start)
+    if not any(w.end > w.start for w in items):
+        return
+    yield from _stream(partition, rounds)
+
+
+def _stream(partition: Any, rounds: list[list[WorkItem]]) -> Iterator[pa.RecordBatch]:
+    from websockets.sync.client import connect
+
+    headers = {"Authorization": f"Bearer {partition.token}"} if partition.token else None
+    wanted = sorted({w.partition for r in rounds for w in r})
+    with connect(stream_url(partition.server), additional_headers=headers, max_size=None,
+                 open_timeout=partition.timeout, close_timeout=2) as ws:
+        ws.send(M.encode(M.Hello(name=f"spark-{socket.gethostname()}-{os.getpid()}", partitions=tuple(wanted),
+                                 codec=M.Codec.BINARY, window_bytes=WINDOW_BYTES)))
+        logs = _recv(ws, partition.timeout)
+        if not isinstance(logs, M.FailoverLogs):
+            raise StreamReadError(f"expected failover_logs after hello, got {type(logs).__name__}")
+        highs = {p: info.high_seqno for p, info in logs.partitions.items()}
+        unacked = 0
+        for round_items in rounds:
+            open_: dict[int, WorkItem] = {}
+            snaps: dict[int, tuple[int, int]] = {}
+            for w in round_items:
+                if w.end > w.start:
+                    ws.send(M.encode(M.StreamRequest(w.partition, w.uuid, w.start, w.snap_start, w.snap_end,
+                                                     end_seqno=w.end)))
+                    open_[w.partition] = w
+            while open_:
+                data = ws.recv(timeout=partition.timeout)
+                size = len(data)
+                msg = decode_binary(data) if isinstance(data, bytes) else M.decode_server_message(data)
+                if isinstance(msg, ItemBatch):
+                    if len(msg):
+                        yield batch_to_arrow(msg, snaps.get(msg.partition, (0, 0)))
+                elif isinstance(msg, M.SnapshotMarker):
+                    snaps[msg.partition] = (msg.start, msg.end)
+                elif isinstance(msg, M.StreamEnd):
+                    if msg.reason is not M.StreamEndReason.END_SEQNO_REACHED and msg.reason != "end_seqno_reached":
+                        raise StreamReadError(f"partition {msg.partition}: stream ended early "
+                                              f"({getattr(msg.reason, 'value', msg.reason)}) at {msg.last_seqno}")
+                    open_.pop(msg.partition, None)
+                elif isinstance(msg, M.StreamResponse):
+                    status = getattr(msg.status, "value", msg.status)
+                    if status == "ok":
+                        pass
+                    elif status == "rollback" and msg.partition in open_:
+                        w = open_[msg.partition]
+                        yield control_batch(w.partition, RESET, 0)
+                        end = min(w.end, highs.get(w.partition, w.end))
+                        ws.send(M.encode(M.StreamRequest(w.partition, 0, 0, 0, 0, end_seqno=end)))
+                    else:
+                        raise StreamReadError(f"partition {msg.partition}: stream request refused: {status} "
+                                              f"{msg.field or ''} {msg.detail}")
+                elif isinstance(msg, M.Error):
+                    raise StreamReadError(f"server error {msg.code}: {msg.message} (field {msg.field})")
+                unacked += size
+                if unacked >= WINDOW_BYTES // 4:
+                    ws.send(M.encode(M.Ack(unacked)))
+                    unacked = 0
+
+
+def _recv(ws: Any, timeout: float) -> Any:
+    data = ws.recv(timeout=timeout)
+    return decode_binary(data) if isinstance(data, bytes) else M.decode_server_message(data)
