@@ -64,8 +64,8 @@ CLOSE_INTERNAL = 1011
 class StreamLimits:
     """Per-connection limits; explicit and configurable (``create_router(limits=...)``)."""
 
-    #: largest client message accepted (control messages are small); bigger -> error + 1009
-    max_message_bytes: int = 64 * 1024
+    #: largest client message accepted (a hello naming 65,536 partitions fits); bigger -> error + 1009
+    max_message_bytes: int = 1 << 20
     #: window when the client's hello asks for none, and the largest one granted
     default_window_bytes: int = 4 * 1024 * 1024
     max_window_bytes: int = 64 * 1024 * 1024

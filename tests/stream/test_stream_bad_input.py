@@ -1,0 +1,124 @@
+"""Bad input on a stream connection: an ``error`` naming the problem, then a clean close with a
+code that says why (1008 protocol, 1003 unsupported data, 1009 too big); the server and other
+consumers carry on."""
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+import pytest
+import websockets
+from websockets.exceptions import ConnectionClosed
+
+from tests.conftest import ServerProcess, start_server
+from tests.stream.conftest import PARTITIONS, is_msg, key_in
+from tests.stream.wsclient import Mirror, RawStream, write_docs, ws_url
+
+pytestmark = pytest.mark.slow
+
+HELLO = json.dumps({"type": "hello", "name": "bad", "protocol": 1})
+REQUEST = {"type": "stream_request", "partition": 0, "uuid": 0, "start_seqno": 0, "snap_start": 0, "snap_end": 0}
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+    srv = start_server(tmp_path_factory.mktemp("upr"), partitions=PARTITIONS)
+    yield srv
+    srv.kill()
+
+
+async def refused(url: str, *frames: str | bytes) -> tuple[dict[str, Any], int, str]:
+    """Send ``frames``; return the server's ``error`` message and its close code and reason."""
+    async with websockets.connect(ws_url(url), compression=None, max_size=None) as ws:
+        for frame in frames:
+            await ws.send(frame)
+        error = None
+        try:
+            while True:
+                msg = json.loads(await ws.recv())
+                if msg["type"] == "error":
+                    error = msg
+        except ConnectionClosed as closed:
+            assert closed.rcvd is not None, "closed without a close frame"
+            assert error is not None, "closed without an error message"
+            return error, closed.rcvd.code, closed.rcvd.reason
+    raise AssertionError("unreachable")
+
+
+CASES = [
+    ("malformed json", ["{not json"], "malformed_json", None, 1008),
+    ("not an object", ["[1, 2]"], "not_an_object", None, 1008),
+    ("unknown type", ['{"type": "subscribe"}'], "unknown_type", "type", 1008),
+    ("request before hello", [json.dumps(REQUEST)], "wrong_order", "type", 1008),
+    ("second hello", [HELLO, HELLO], "duplicate_hello", "type", 1008),
+    ("partition out of range", [HELLO, json.dumps({**REQUEST, "partition": 99})], "invalid_partition", "partition",
+     1008),
+    ("hello partition out of range", [json.dumps({"type": "hello", "name": "x", "partitions": [3, 500]})],
+     "invalid_partition", "partitions", 1008),
+    ("wrong field type", ['{"type": "hello", "name": 5}'], "invalid_field", "name", 1008),
+    ("unknown field", ['{"type": "hello", "name": "x", "nmae": "y"}'], "unknown_field", "nmae", 1008),
+    ("missing field", [HELLO, json.dumps({"type": "stream_request", "partition": 0})], "missing_field", "uuid", 1008),
+    ("ack beyond in flight", [HELLO, '{"type": "ack", "bytes": 999999999}'], "ack_exceeds_in_flight", "bytes", 1008),
+    ("binary frame", [HELLO, b"\x00\x01binary"], "unsupported_data", None, 1003),
+    ("unsupported protocol", ['{"type": "hello", "name": "x", "protocol": 2}'], "unsupported_protocol", "protocol",
+     1003),
+    ("oversized message", [HELLO, json.dumps({"type": "barrier", "cookie": "x" * (2 << 20)})],
+     "message_too_large", None, 1009),
+]
+
+
+@pytest.mark.parametrize("frames,code,field,close_code", [c[1:] for c in CASES], ids=[c[0] for c in CASES])
+async def test_bad_input_gets_a_named_error_and_a_clean_close(
+    server: ServerProcess, frames: list[str | bytes], code: str, field: str | None, close_code: int
+) -> None:
+    # another consumer is streaming the whole time and must not notice
+    bystander = await RawStream.open(server.url, name="bystander")
+    mirror = Mirror()
+    await bystander.stream(range(PARTITIONS), mirror)
+
+    error, closed_with, reason = await refused(server.url, *frames)
+    assert error["code"] == code, error
+    assert error["field"] == field, error
+    assert error["message"]
+    assert closed_with == close_code
+    assert code in reason
+
+    key = key_in(4, "bystander")
+    write_docs(server.url, {key: b"unaffected"})
+    await bystander.send({"type": "barrier", "cookie": "after"})
+    await bystander.consume(mirror, until=is_msg("barrier", cookie="after"))
+    assert mirror.docs[key][1] == b"unaffected"
+    await bystander.close()
+    assert httpx.get(f"{server.url}/health").status_code == 200
+
+
+async def test_refused_request_keeps_the_connection(server: ServerProcess) -> None:
+    """Per-stream refusals (duplicate stream, duplicate cookie, range error) leave the connection open."""
+    stream = await RawStream.open(server.url, partitions=[0, 1], name="keeps")
+    await stream.stream([0])
+    await stream.send(REQUEST)  # partition 0 again
+    msg = await stream.recv()
+    while msg.get("type") != "error" if isinstance(msg, dict) else True:
+        msg = await stream.recv()
+    assert msg["code"] == "duplicate_stream" and msg["partition"] == 0
+    bad_range = {**REQUEST, "partition": 1, "start_seqno": 5, "snap_start": 6, "snap_end": 7}
+    await stream.send(bad_range)
+    responses = await stream.responses(1)
+    assert responses[1]["status"] == "range_error" and responses[1]["field"] == "snap_start"
+    await stream.send({"type": "barrier", "cookie": "still-open"})
+    await stream.consume(Mirror(), until=is_msg("barrier", cookie="still-open"))
+    await stream.close()
+
+
+async def test_frame_over_the_transport_limit_is_closed_with_1009(server: ServerProcess) -> None:
+    """Past uvicorn's own 16 MiB frame limit the WebSocket layer closes with 1009 by itself."""
+    async with websockets.connect(ws_url(server.url), compression=None, max_size=None) as ws:
+        await ws.send(HELLO)
+        await ws.recv()
+        with pytest.raises(ConnectionClosed) as info:
+            await ws.send("x" * (17 << 20))
+            await ws.recv()
+        assert info.value.rcvd is not None and info.value.rcvd.code == 1009
+    assert httpx.get(f"{server.url}/health").status_code == 200
