@@ -145,7 +145,7 @@ class ControlSession:
         conn.reply(M.encode(verdict.response))
         if verdict.response.status is M.StreamStatus.ROLLBACK:
             conn.rollback_issued(str(verdict.response.reason))
-            log.info("stream %s: partition %d told to roll back to %s (%s): %s", conn.name, p,
+            log.warning("stream %s: partition %d told to roll back to %s (%s): %s", conn.name, p,
                      verdict.response.rollback_seqno, verdict.response.reason, verdict.response.detail)
         if verdict.response.status is not M.StreamStatus.OK:
             return
