@@ -1,0 +1,75 @@
+"""The CLI's HTTP commands and ``HttpApi`` against a real server process."""
+import json
+import subprocess
+import sys
+
+import pytest
+
+from clients.errors import AuthFailed, ConnectionFailed, HttpError
+from clients.http import HttpApi
+from tests.conftest import ROOT
+
+pytestmark = pytest.mark.slow
+
+
+def upr(*args: str, env: dict[str, str] | None = None, stdin: bytes | None = None) -> subprocess.CompletedProcess:
+    import os
+
+    full_env = {k: v for k, v in os.environ.items() if not k.startswith("UPR_")}
+    full_env.update(env or {})
+    return subprocess.run([sys.executable, "-m", "app.cli", *args], cwd=ROOT, env=full_env, input=stdin,
+                          capture_output=True, timeout=60)
+
+
+def test_http_api_and_cli_roundtrip(upr_server):
+    srv = upr_server(partitions=4, tokens={"adm-token-1": "admin", "read-token-1": "read"})
+    with HttpApi(srv.url, "adm-token-1") as api:
+        res = api.put("a/b c", b"\xff\x00bin", durability="persist")
+        doc = api.get("a/b c")
+        assert doc is not None and doc.value == b"\xff\x00bin" and doc.seqno == res["seqno"]
+        assert doc.partition == res["partition"] and doc.cas == res["cas"]
+        assert api.get("missing") is None
+        with pytest.raises(HttpError) as info:
+            api.put("a/b c", b"x", cas=res["cas"] + 1)
+        assert info.value.status == 412
+        assert len(api.partitions()) == 4
+        assert api.partition(res["partition"])["failover_log"]
+        assert api.status()["partitions"] == 4
+    with HttpApi(srv.url, "read-token-1") as api, pytest.raises(AuthFailed):
+        api.put("k", b"v")
+    with HttpApi(srv.url, "nope-token-1") as api, pytest.raises(AuthFailed):
+        api.get("k")
+
+    env = {"UPR_SERVER": srv.url, "UPR_TOKEN": "adm-token-1"}
+    r = upr("put", "k1", "hello", env=env)
+    assert r.returncode == 0 and b"stored 'k1'" in r.stdout
+    r = upr("put", "k2", "-", "--json", env=env, stdin=b"from stdin")
+    assert r.returncode == 0 and json.loads(r.stdout)["key"] == "k2"
+    assert upr("get", "k2", env=env).stdout == b"from stdin"
+    got = json.loads(upr("get", "a/b c", "--json", env=env).stdout)
+    assert got["value_b64"] == "/wBiaW4=" and "value" not in got
+    r = upr("delete", "k1", env=env)
+    assert r.returncode == 0
+    r = upr("get", "k1", env=env)
+    assert r.returncode == 1 and r.stderr.strip() == b"upr: error: key 'k1' not found"
+    assert len(json.loads(upr("partitions", "--json", env=env).stdout)) == 4
+    assert upr("partitions", env=env).stdout.count(b"\n") == 5
+    log = json.loads(upr("failover-log", "0", "--json", env=env).stdout)
+    assert log and {"uuid", "seqno"} <= set(log[0])
+    assert b"4 partitions" in upr("status", env=env).stdout
+    # errors: one line on stderr, distinct exit codes
+    r = upr("status", "--server", srv.url, "--token", "bad")
+    assert r.returncode == 4 and r.stderr.count(b"\n") == 1 and b"401" in r.stderr
+    r = upr("put", "k", "v", "--server", srv.url, "--token", "read-token-1")
+    assert r.returncode == 4 and b"403" in r.stderr
+    r = upr("failover-log", "99", env=env)
+    assert r.returncode == 1 and r.stderr.startswith(b"upr: error:")
+    r = upr("status", "--server", "http://127.0.0.1:1")
+    assert r.returncode == 3 and r.stderr.count(b"\n") == 1
+    r = upr("failover-log", "x", env=env)
+    assert r.returncode == 2
+
+
+def test_unreachable_raises_typed_error():
+    with HttpApi("http://127.0.0.1:1") as api, pytest.raises(ConnectionFailed):
+        api.status()
