@@ -1,0 +1,545 @@
+"""The server side of one stream connection, sans-I/O.
+
+Theory of operation
+-------------------
+``ServerSession`` owns every protocol decision for one WebSocket connection and does no I/O: the
+adapter (``app/stream*``) feeds it what the client sent and what the engine knows, and carries out
+what it returns.  Every input method returns a list of *outputs*, in order:
+
+* a server message (``engine.protocol.messages``): encode it and send it as a text frame;
+* ``LookupPartitions(partitions)``: read ``PartitionInfo`` for them from the engine, then call
+  ``partitions_info(infos)`` (answers ``hello`` with ``failover_logs``);
+* ``LookupStream(partition)``: read that partition's ``PartitionInfo`` *now*, then call
+  ``stream_info(partition, info)`` (answers ``stream_request``: the rollback check needs fresh
+  failover log, high seqno and purge seqno);
+* ``Close(code, reason)``: send the close frame and stop; the session ignores further input.
+
+Adapter API (everything else is internal)::
+
+    session = ServerSession(node_id=..., partition_count=..., limits=ProtocolLimits())
+    # client input
+    session.receive_text(text) / session.receive_binary(data) / session.receive_message(msg)
+    # answers to lookups
+    session.partitions_info({p: PartitionInfo, ...}) ; session.stream_info(p, PartitionInfo)
+    # engine facts
+    session.notify(p)                      # new mutations queued on p (engine listener)
+    session.end_stream(p, StreamEndReason) # state changed, cursor dropped (too_slow), ...
+    session.shutdown()                     # server going away: stream_end for all + Close(1001)
+    # the stream loop
+    p = session.next_visit()               # None: nothing to do (or window full); wait for input
+    visit = session.begin_visit(p)         # then snapshot = engine.snapshot(p, visit.after_seqno)
+    marker = session.snapshot_marker(p, part.start, part.end, part.source, snapshot.purge_seqno)
+    outs = session.items_sent(p, last_seqno, last)   # after each batch frame (may end the stream)
+    outs = session.end_visit(visit)        # barrier releases, cycle_complete
+    session.sent(nbytes)                   # after EVERY frame sent once hello was received
+    session.can_send                       # flow control: start another frame only if True
+
+The stream loop
+~~~~~~~~~~~~~~~
+Open streams are visited in passes, in partition id order.  A stream is *due* when it has never
+been visited, when ``notify`` reported new mutations since its last visit began, or when a pending
+barrier cookie still needs a visit of it.  A visit takes the partition's snapshot after the
+stream's position, sends a ``snapshot`` marker and the item batches of each snapshot part (or
+nothing: an idle visit), and ends.  When a visit ends and no stream with a higher id is due, the
+pass is over and the session emits ``cycle_complete``; the next due stream starts a new pass from
+the lowest id.  ``next_visit`` returns None when nothing is due or the flow-control window is full:
+the adapter then waits for input (a ``notify``, a message, an ack) instead of polling.
+
+A stream's position is the last seqno sent; after the last batch of a snapshot it becomes the
+snapshot's end (DCP: a consumer holding a whole snapshot resumes with start = snap_end).  A
+bounded stream (``end_seqno``, or ``to_now`` = the high seqno at request time) ends with
+``stream_end(end_seqno_reached)`` once a *complete* snapshot reaches its end seqno.
+
+Connection states (transitions as a table, ``_ALLOWED``)::
+
+    state         accepts                                          on anything else
+    ------------  -----------------------------------------------  --------------------------------
+    EXPECT_HELLO  hello                                            error wrong_order + Close(1008)
+    STREAMING     stream_request, close_stream, barrier, ack       hello: duplicate_hello + Close
+    CLOSED        nothing (input ignored)                          -
+
+Errors: connection-level faults (malformed JSON, unknown type or field, wrong order, a second
+hello, bad hello values, an impossible ack, binary frames, oversized frames) produce an ``error``
+message naming the field and a ``Close`` (1008 protocol error; 1003 unsupported data or protocol
+version; 1009 too big).  Faults confined to one stream request (partition out of range or not in
+the hello set, duplicate stream, closing a stream that is not open, duplicate cookie) produce an
+``error`` only; the connection and its other streams carry on.  Requests for healthy partitions
+proceed even when others must roll back.
+"""
+from __future__ import annotations
+
+import enum
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from engine.errors import SeqnoRangeError
+from engine.protocol.barrier import BarrierTracker
+from engine.protocol.errors import CloseCode, ErrorCode, ProtocolError
+from engine.protocol.flow import FlowControl
+from engine.protocol.messages import (
+    PROTOCOL_VERSION,
+    Ack,
+    Barrier,
+    BarrierReached,
+    CloseStream,
+    CycleComplete,
+    Error,
+    FailoverLogs,
+    Hello,
+    PartitionInfo,
+    ProtocolLimits,
+    SnapshotMarker,
+    SnapshotSource,
+    StreamEnd,
+    StreamEndReason,
+    StreamRequest,
+    StreamResponse,
+    StreamStatus,
+    decode_client_message,
+)
+from engine.rollback import Rollback, StreamPosition, decide
+
+__all__ = [
+    "Close",
+    "LookupPartitions",
+    "LookupStream",
+    "Output",
+    "ServerSession",
+    "SessionState",
+    "Stream",
+    "Visit",
+]
+
+
+@dataclass(frozen=True, slots=True)
+class LookupPartitions:
+    """Read ``PartitionInfo`` for these partitions and call ``partitions_info``."""
+
+    partitions: tuple[int, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class LookupStream:
+    """Read this partition's current ``PartitionInfo`` and call ``stream_info``."""
+
+    partition: int
+
+
+@dataclass(frozen=True, slots=True)
+class Close:
+    """Close the WebSocket with ``code``; ``reason`` fits the 123-byte close-frame limit."""
+
+    code: CloseCode
+    reason: str
+
+
+Output = Any  # a server message, LookupPartitions, LookupStream or Close
+
+
+@dataclass(frozen=True, slots=True)
+class Visit:
+    """One visit of one stream: snapshot ``partition`` after ``after_seqno``, then ``end_visit``."""
+
+    partition: int
+    token: int
+    after_seqno: int
+
+
+@dataclass(slots=True)
+class Stream:
+    """An open stream (read-only for the adapter)."""
+
+    partition: int
+    uuid: int  # newest failover entry when the stream opened
+    position: int  # last seqno sent (snapshot end once a snapshot is complete)
+    snap_start: int
+    snap_end: int
+    end_seqno: int | None
+    expected_state: str
+    purge_seqno: int = 0
+    dirty: bool = True  # never visited, or notified since the last visit began
+    visiting: int | None = None  # token of the visit in progress
+    in_snapshot: bool = False
+    visits: int = 0
+
+
+class SessionState(enum.Enum):
+    EXPECT_HELLO = "expect_hello"
+    STREAMING = "streaming"
+    CLOSED = "closed"
+
+
+_ALLOWED: dict[SessionState, tuple[type, ...]] = {
+    SessionState.EXPECT_HELLO: (Hello,),
+    SessionState.STREAMING: (StreamRequest, CloseStream, Barrier, Ack),
+    SessionState.CLOSED: (),
+}
+
+
+class ServerSession:
+    """Protocol state of one stream connection (see the module docstring for the API)."""
+
+    def __init__(self, *, node_id: str, partition_count: int, limits: ProtocolLimits | None = None) -> None:
+        self.node_id = node_id
+        self.partition_count = partition_count
+        self.limits = limits or ProtocolLimits()
+        self.state = SessionState.EXPECT_HELLO
+        self.hello: Hello | None = None
+        self.requested: frozenset[int] = frozenset()
+        self.flow: FlowControl | None = None
+        self.streams: dict[int, Stream] = {}
+        self.positions: dict[int, int] = {}  # every partition streamed on this connection, open or ended
+        self.cycle = 0
+        self.counters: dict[str, int] = {}
+        self.close: Close | None = None
+        self._pending_requests: dict[int, StreamRequest] = {}
+        self._hello_lookup: tuple[int, ...] | None = None
+        self._barrier = BarrierTracker(self.limits.max_pending_cookies)
+        self._cursor = -1  # highest partition visited in the current pass
+        self._visits: dict[int, int] = {}  # token -> partition, visits begun and not ended
+        self._handlers = {
+            Hello: self._on_hello,
+            StreamRequest: self._on_stream_request,
+            CloseStream: self._on_close_stream,
+            Barrier: self._on_barrier,
+            Ack: self._on_ack,
+        }
+
+    # ================================================================== client input
+
+    def receive_text(self, text: str) -> list[Output]:
+        if self.state is SessionState.CLOSED:
+            return []
+        try:
+            msg = decode_client_message(text, max_bytes=self.limits.max_message_bytes)
+        except ProtocolError as exc:
+            return self._fail(exc)
+        return self.receive_message(msg)
+
+    def receive_binary(self, data: bytes) -> list[Output]:
+        if self.state is SessionState.CLOSED:
+            return []
+        return self._fail(
+            ProtocolError(
+                ErrorCode.UNSUPPORTED_DATA,
+                f"binary frame of {len(data)} bytes: clients send JSON text frames only",
+                close_code=CloseCode.UNSUPPORTED_DATA,
+            )
+        )
+
+    def receive_message(self, msg: Any) -> list[Output]:
+        if self.state is SessionState.CLOSED:
+            return []
+        if not isinstance(msg, _ALLOWED[self.state]):
+            if isinstance(msg, Hello):
+                exc = ProtocolError(ErrorCode.DUPLICATE_HELLO, "hello may be sent only once", field="type")
+            else:
+                exc = ProtocolError(
+                    ErrorCode.WRONG_ORDER, f"{type(msg).TYPE} before hello: hello must come first", field="type"
+                )
+            return self._fail(exc)
+        try:
+            return self._handlers[type(msg)](msg)
+        except ProtocolError as exc:
+            return self._fail(exc)
+
+    def _on_hello(self, msg: Hello) -> list[Output]:
+        if msg.protocol != PROTOCOL_VERSION:
+            raise ProtocolError(
+                ErrorCode.UNSUPPORTED_PROTOCOL,
+                f"protocol {msg.protocol} is not supported; this server speaks {PROTOCOL_VERSION}",
+                field="protocol",
+                close_code=CloseCode.UNSUPPORTED_DATA,
+            )
+        wanted = msg.partitions if msg.partitions is not None else tuple(range(self.partition_count))
+        bad = [p for p in wanted if p >= self.partition_count]
+        if bad:
+            raise ProtocolError(
+                ErrorCode.INVALID_PARTITION,
+                f"partition {bad[0]} is out of range 0..{self.partition_count - 1}",
+                field="partitions",
+                partition=bad[0],
+            )
+        window = msg.window_bytes if msg.window_bytes is not None else self.limits.default_window_bytes
+        if not self.limits.min_window_bytes <= window <= self.limits.max_window_bytes:
+            raise ProtocolError(
+                ErrorCode.INVALID_FIELD,
+                f"window_bytes {window} is outside {self.limits.min_window_bytes}..{self.limits.max_window_bytes}",
+                field="window_bytes",
+            )
+        self.hello = msg
+        self.requested = frozenset(wanted)
+        self.flow = FlowControl(window)
+        self.state = SessionState.STREAMING
+        self._hello_lookup = tuple(wanted)
+        return [LookupPartitions(tuple(wanted))]
+
+    def partitions_info(self, infos: Mapping[int, PartitionInfo]) -> list[Output]:
+        """Answer ``LookupPartitions``: emits ``failover_logs``."""
+        if self.state is SessionState.CLOSED:
+            return []
+        if self._hello_lookup is None:
+            raise RuntimeError("partitions_info without a pending LookupPartitions")
+        wanted, self._hello_lookup = self._hello_lookup, None
+        return [FailoverLogs(self.node_id, self.partition_count, {p: infos[p] for p in wanted})]
+
+    def _on_stream_request(self, msg: StreamRequest) -> list[Output]:
+        p = msg.partition
+        if p >= self.partition_count:
+            raise ProtocolError(
+                ErrorCode.INVALID_PARTITION,
+                f"partition {p} is out of range 0..{self.partition_count - 1}",
+                field="partition",
+                partition=p,
+                close_code=None,
+            )
+        if p not in self.requested:
+            raise ProtocolError(
+                ErrorCode.PARTITION_NOT_REQUESTED,
+                f"partition {p} was not named in hello",
+                field="partition",
+                partition=p,
+                close_code=None,
+            )
+        if p in self.streams or p in self._pending_requests:
+            raise ProtocolError(
+                ErrorCode.DUPLICATE_STREAM,
+                f"a stream for partition {p} is already open on this connection",
+                field="partition",
+                partition=p,
+                close_code=None,
+            )
+        self._pending_requests[p] = msg
+        # A pending request already holds barrier cookies back: a cookie sent after the request
+        # must cover the stream it opens (or wait until it is refused).
+        self._barrier.stream_started(p)
+        return [LookupStream(p)]
+
+    def stream_info(self, partition: int, info: PartitionInfo) -> list[Output]:
+        """Answer ``LookupStream``: run the rollback decision and open the stream or refuse it."""
+        req = self._pending_requests.pop(partition)
+        if self.state is SessionState.CLOSED:
+            return []
+        p = partition
+        if info.state != req.expected_state:
+            self._count("not_my_partition")
+            return [
+                StreamResponse(
+                    p,
+                    StreamStatus.NOT_MY_PARTITION,
+                    detail=f"partition {p} is {info.state}, not {req.expected_state}: reload the partition map",
+                ),
+                *self._stopped(p),
+            ]
+        end = info.high_seqno if req.to_now else req.end_seqno
+        position = StreamPosition(req.uuid, req.start_seqno, req.snap_start, req.snap_end, end, req.strict_uuid)
+        try:
+            verdict = decide(info.log, info.high_seqno, info.purge_seqno, position)
+        except SeqnoRangeError as exc:
+            self._count("range_error")
+            return [
+                StreamResponse(p, StreamStatus.RANGE_ERROR, detail=exc.message, field=exc.field),
+                *self._stopped(p),
+            ]
+        if isinstance(verdict, Rollback):
+            self._count(f"rollback.{verdict.reason.value}")
+            return [
+                StreamResponse(
+                    p,
+                    StreamStatus.ROLLBACK,
+                    rollback_seqno=verdict.seqno,
+                    reason=verdict.reason.value,
+                    detail=verdict.detail,
+                    failover_log=tuple(info.log),
+                ),
+                *self._stopped(p),
+            ]
+        self._count("stream_ok")
+        stream = Stream(
+            partition=p,
+            uuid=info.log[0].uuid if info.log else 0,
+            position=req.start_seqno,
+            snap_start=req.snap_start,
+            snap_end=req.snap_end,
+            end_seqno=end,
+            expected_state=req.expected_state,
+            purge_seqno=info.purge_seqno,
+        )
+        self.streams[p] = stream
+        self.positions[p] = stream.position
+        out: list[Output] = [
+            StreamResponse(p, StreamStatus.OK, detail=verdict.detail, failover_log=tuple(info.log), end_seqno=end)
+        ]
+        if end is not None and stream.position >= end:
+            out += self.end_stream(p, StreamEndReason.END_SEQNO_REACHED)
+        return out
+
+    def _on_close_stream(self, msg: CloseStream) -> list[Output]:
+        if msg.partition not in self.streams:
+            raise ProtocolError(
+                ErrorCode.STREAM_NOT_OPEN,
+                f"no open stream for partition {msg.partition}",
+                field="partition",
+                partition=msg.partition,
+                close_code=None,
+            )
+        return self.end_stream(msg.partition, StreamEndReason.CLOSED)
+
+    def _on_barrier(self, msg: Barrier) -> list[Output]:
+        self._barrier.add(msg.cookie)
+        return self._release_barriers()
+
+    def _on_ack(self, msg: Ack) -> list[Output]:
+        assert self.flow is not None
+        self.flow.on_ack(msg.bytes)
+        return []
+
+    # ================================================================== engine facts
+
+    def notify(self, partition: int) -> None:
+        """New mutations were queued on ``partition``: its stream is due for a visit."""
+        stream = self.streams.get(partition)
+        if stream is not None:
+            stream.dirty = True
+
+    def end_stream(self, partition: int, reason: StreamEndReason) -> list[Output]:
+        """End an open stream (no-op if it is not open): ``stream_end`` with ``reason``."""
+        stream = self.streams.pop(partition, None)
+        if stream is None or self.state is SessionState.CLOSED:
+            return []
+        self._count(f"stream_end.{reason.value}")
+        return [StreamEnd(partition, reason, stream.position), *self._stopped(partition)]
+
+    def shutdown(self) -> list[Output]:
+        """The server is going away: end every stream, drop pending cookies, close with 1001."""
+        if self.state is SessionState.CLOSED:
+            return []
+        out: list[Output] = []
+        for p in sorted(self.streams):
+            out.append(StreamEnd(p, StreamEndReason.SHUTTING_DOWN, self.streams[p].position))
+        self.streams.clear()
+        self.close = Close(CloseCode.GOING_AWAY, "server shutting down")
+        self.state = SessionState.CLOSED
+        out.append(self.close)
+        return out
+
+    # ================================================================== the stream loop
+
+    @property
+    def can_send(self) -> bool:
+        """Flow control: may the server start another frame now?"""
+        return self.state is SessionState.STREAMING and self.flow is not None and self.flow.can_send
+
+    def sent(self, nbytes: int) -> None:
+        """Count a frame (text or binary) against the window; frames before hello are free."""
+        if self.flow is not None:
+            self.flow.on_sent(nbytes)
+
+    def _due(self, stream: Stream) -> bool:
+        return stream.visiting is None and (stream.dirty or self._barrier.needs_visit(stream.partition))
+
+    def next_visit(self) -> int | None:
+        """The partition to visit next (id order within a pass), or None: wait for input."""
+        if not self.can_send:
+            return None
+        due = [p for p, s in self.streams.items() if self._due(s)]
+        if not due:
+            return None
+        later = [p for p in due if p > self._cursor]
+        return min(later) if later else min(due)
+
+    def begin_visit(self, partition: int) -> Visit:
+        """The loop takes ``partition``'s snapshot now; snapshot after ``Visit.after_seqno``."""
+        stream = self.streams[partition]
+        if stream.visiting is not None:
+            raise RuntimeError(f"partition {partition} is already being visited")
+        if partition <= self._cursor:  # a new pass starts from the lowest due id
+            self._cursor = -1
+        self._cursor = partition
+        stream.dirty = False
+        stream.visiting = self._barrier.begin_visit(partition)
+        self._visits[stream.visiting] = partition
+        return Visit(partition, stream.visiting, stream.position)
+
+    def snapshot_marker(
+        self, partition: int, start: int, end: int, source: SnapshotSource | str, purge_seqno: int
+    ) -> SnapshotMarker:
+        """Record that a snapshot part starts; returns the marker to send before its batches."""
+        stream = self.streams[partition]
+        stream.snap_start, stream.snap_end = start, end
+        stream.purge_seqno = purge_seqno
+        stream.in_snapshot = True
+        return SnapshotMarker(partition, start, end, SnapshotSource(source), purge_seqno)
+
+    def items_sent(self, partition: int, last_seqno: int | None, last: bool) -> list[Output]:
+        """A batch of ``partition`` was sent (``last``: it completed its snapshot)."""
+        stream = self.streams.get(partition)
+        if stream is None:  # ended meanwhile (closed by the client, state change)
+            return []
+        if last_seqno is not None:
+            stream.position = last_seqno
+        if last:
+            stream.position = max(stream.position, stream.snap_end)
+            stream.in_snapshot = False
+        self.positions[partition] = stream.position
+        if last and stream.end_seqno is not None and stream.position >= stream.end_seqno:
+            return self.end_stream(partition, StreamEndReason.END_SEQNO_REACHED)
+        return []
+
+    def end_visit(self, visit: Visit) -> list[Output]:
+        """Everything up to the visit's reading was sent (or it was idle)."""
+        out: list[Output] = []
+        self._visits.pop(visit.token, None)
+        stream = self.streams.get(visit.partition)
+        if stream is not None and stream.visiting == visit.token:
+            stream.visiting = None
+            stream.visits += 1
+            self._barrier.end_visit(visit.partition, visit.token)
+            out += self._release_barriers()
+        out += self._maybe_finish_pass()
+        return out
+
+    # ================================================================== internals
+
+    def _maybe_finish_pass(self) -> list[Output]:
+        if self._cursor < 0 or self._visits or self.state is SessionState.CLOSED:
+            return []
+        for p, s in self.streams.items():
+            if p > self._cursor and self._due(s):
+                return []
+        self._cursor = -1
+        self.cycle += 1
+        return [CycleComplete(self.cycle)]
+
+    def _stopped(self, partition: int) -> list[Output]:
+        """A stream ended or was refused: it no longer holds cookies back or the pass open."""
+        self._barrier.stream_stopped(partition)
+        return self._release_barriers() + self._maybe_finish_pass()
+
+    def _release_barriers(self) -> list[Output]:
+        return [BarrierReached(cookie, dict(self.positions)) for cookie in self._barrier.release()]
+
+    def _fail(self, exc: ProtocolError) -> list[Output]:
+        self._count(f"error.{exc.code}")
+        out: list[Output] = [Error(exc.code, exc.message, exc.field, exc.partition)]
+        if exc.close_code is not None:
+            self.close = Close(exc.close_code, _close_reason(exc))
+            self.state = SessionState.CLOSED
+            out.append(self.close)
+        return out
+
+    def _count(self, name: str) -> None:
+        self.counters[name] = self.counters.get(name, 0) + 1
+
+    @property
+    def pending_cookies(self) -> tuple[str, ...]:
+        return self._barrier.pending
+
+    def is_open(self, partition: int) -> bool:
+        return partition in self.streams
+
+
+def _close_reason(exc: ProtocolError) -> str:
+    text = f"{exc.code}: {exc.field}" if exc.field else exc.code
+    return text.encode("utf-8")[:123].decode("utf-8", "ignore")
