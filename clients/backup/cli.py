@@ -107,7 +107,9 @@ def register(subparsers: Any) -> None:
 def _console(stderr: bool = False) -> Any:
     from rich.console import Console
 
-    return Console(stderr=stderr, highlight=False)
+    stream = sys.stderr if stderr else sys.stdout
+    # pipes get a wide fixed width: rich's 80-column default squeezes run ids and timestamps
+    return Console(stderr=stderr, highlight=False, width=None if stream.isatty() else 160)
 
 
 @contextlib.contextmanager
