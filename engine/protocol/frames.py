@@ -56,6 +56,7 @@ from engine.types import MAX_SEQNO, Item
 
 __all__ = [
     "HEADER",
+    "JSON_FIELDS",
     "MAGIC",
     "VERSION",
     "ItemBatch",
@@ -237,15 +238,15 @@ def decode_json(text: str | bytes) -> ItemBatch:
     return json_obj_to_batch(obj)
 
 
-_JSON_FIELDS = ("type", "partition", "last", "seqnos", "cas", "revs", "deleted", "keys", "values")
+JSON_FIELDS = ("type", "partition", "last", "seqnos", "cas", "revs", "deleted", "keys", "values")
 
 
 def json_obj_to_batch(obj: dict[str, Any]) -> ItemBatch:
     """Validate a parsed ``items`` object and build its ``ItemBatch``."""
     for key in obj:
-        if key not in _JSON_FIELDS:
+        if key not in JSON_FIELDS:
             raise ProtocolError(ErrorCode.UNKNOWN_FIELD, f"unknown field {key[:64]!r}", field=key[:64])
-    for key in _JSON_FIELDS:
+    for key in JSON_FIELDS:
         if key not in obj:
             raise ProtocolError(ErrorCode.MISSING_FIELD, f"missing field {key!r}", field=key)
     partition, last = obj["partition"], obj["last"]
