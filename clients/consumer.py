@@ -234,8 +234,9 @@ class Consumer:
                 result = self.handler(event)  # type: ignore[misc]
                 if inspect.isawaitable(result):
                     await result
-                if fut.done():
-                    return fut.result()
+                if type(event) is BarrierReached and event.cookie == cookie:
+                    self._barriers.pop(cookie, None)
+                    return event  # the handler returned: processed
             raise ConnectionFailed("the stream ended before the barrier came back")
 
         return await asyncio.wait_for(pump(), timeout)
@@ -284,6 +285,7 @@ class Consumer:
             for fut in self._barriers.values():
                 if not fut.done():
                     fut.set_exception(ConnectionFailed("consumer closed before the barrier came back"))
+                    fut.exception()  # awaiters still get it; nobody waiting is not an error
 
     # ------------------------------------------------------------------ connection
     async def _open(self) -> None:
