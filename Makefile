@@ -21,8 +21,10 @@ test: $(STAMP)
 	$(BIN)/lint-imports
 	$(BIN)/python -m pytest
 
+# Full size, by hand (several minutes); installs the peers' Debian packages and Python clients if missing.
 bench: $(STAMP)
-	$(BIN)/python -m bench
+	$(BIN)/python -m pip install -q -e '.[dev,bench]'
+	$(BIN)/python -m bench --full $(BENCH_ARGS)
 
 clean:
 	rm -rf $(VENV)

@@ -1,0 +1,59 @@
+"""``python -m bench``: run the suite, print the table, write the JSON.
+
+Fast mode is the default (small sizes, the whole run in under two minutes, what the test suite
+runs); ``--full`` is the size the figures in docs/benchmarks.md come from (``make bench``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import signal
+import sys
+from pathlib import Path
+
+from bench.suite.install import InstallLog
+from bench.suite.runner import FEED_WORKLOADS, Runner, all_systems
+from bench.suite.sizes import FAST, FULL
+
+DEFAULT_JSON = Path(__file__).resolve().parent.parent / "results.json"
+
+
+def parse(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m bench", description=__doc__)
+    p.add_argument("--full", action="store_true", help="full sizes (1e6 backfill, 20 s tails, 50 consumers)")
+    p.add_argument("--systems", default="upr,redis,nats,postgres",
+                   help="comma-separated subset of upr,redis,nats,postgres (default all)")
+    p.add_argument("--workloads", default=",".join([*FEED_WORKLOADS, "limits"]),
+                   help="comma-separated subset of ingest,backfill,tail,fanout,limits (default all)")
+    p.add_argument("--json", type=Path, default=DEFAULT_JSON, help=f"results file (default {DEFAULT_JSON})")
+    p.add_argument("--no-install", action="store_true", help="never apt-get/pip install; missing peers are skipped")
+    p.add_argument("--budget", type=float, default=None,
+                   help="seconds after which remaining workloads are skipped (default 100 fast, 3600 full)")
+    p.add_argument("--keep-logs", action="store_true", help="copy peer and consumer logs to a kept temp dir")
+    return p.parse_args(argv)
+
+
+def _sigterm(_signum: int, _frame: object) -> None:
+    raise KeyboardInterrupt  # unwinds through every ProcessGroup, which stops what it started
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse(argv)
+    sizes = FULL if args.full else FAST
+    wanted = [s.strip() for s in args.systems.split(",") if s.strip()]
+    workloads = [w.strip() for w in args.workloads.split(",") if w.strip()]
+    unknown = set(workloads) - {*FEED_WORKLOADS, "limits"}
+    systems = [s for s in all_systems() if s.name in wanted]
+    if unknown or len(systems) != len(set(wanted)):
+        print(f"unknown workloads {sorted(unknown)} or systems in {wanted}", file=sys.stderr)
+        return 2
+    signal.signal(signal.SIGTERM, _sigterm)
+    budget = args.budget if args.budget is not None else (100.0 if sizes is FAST else 3600.0)
+    runner = Runner(sizes, InstallLog(allow=not args.no_install), workloads, budget, keep_dir=args.keep_logs,
+                    say=lambda m: print(m, file=sys.stderr, flush=True))
+    report = asyncio.run(runner.run(systems))
+    print(report.table())
+    report.write_json(args.json)
+    print(f"\nresults written to {args.json}", file=sys.stderr)
+    return 0
