@@ -20,6 +20,7 @@ from engine.protocol.messages import (
     PartitionInfo,
     ProtocolLimits,
     StreamEndReason,
+    StreamRequest,
     StreamResponse,
     encode,
     to_json_obj,
@@ -239,14 +240,12 @@ def test_a_request_still_being_looked_up_counts_as_open() -> None:
                     "snap_end": 0})
     )
     assert outs == [LookupStream(2)]
-    again = h.session.receive_message(outs and _request(2))
+    again = h.session.receive_message(_request(2))
     assert [render(o) for o in again] == [error("duplicate_stream", "partition", 2)]
 
 
-def _request(p: int, **kw: Any) -> Any:
-    from engine.protocol.messages import StreamRequest
-
-    return StreamRequest(p, uuid=kw.pop("uuid", A), start_seqno=kw.pop("start", 0), snap_start=0, snap_end=0, **kw)
+def _request(p: int, uuid: int = A, start: int = 0, **kw: Any) -> StreamRequest:
+    return StreamRequest(p, uuid=uuid, start_seqno=start, snap_start=0, snap_end=0, **kw)
 
 
 def test_healthy_partitions_proceed_while_others_roll_back() -> None:
