@@ -5,10 +5,14 @@ Crash safety, step by step (any step may be the last one before SIGKILL):
 1. ``runs/<id>/`` is created and ``run.json`` (kind, start time, server) written atomically.
    A directory without ``run.json`` is debris and is deleted by the next writer.
 2. Partition p streams into ``pNNNN.seg``.  Until step 3 the file is untrusted.
-3. The segment is fsynced, then ``parts/pNNNN.json`` (its range, counts, sha256) is written
-   atomically: partition p of this run is done and survives any later crash.
-4. When every partition is done, ``manifest.json`` (all records) is written atomically and the
-   run is complete.  Readers see only runs with a manifest.
+3. ``parts/pNNNN.json`` (its range, counts, length, sha256) is written with an atomic rename:
+   partition p of this run is done and survives a process crash.  It is not fsynced (64 partitions
+   x 3 fsyncs dominated small incremental runs): instead a resumed run re-checks every adopted
+   segment's length and sha256 against its record and retakes any partition that does not match,
+   so even a power cut cannot make a resumed run trust a torn segment.
+4. When every partition is done, all segments are fsynced (concurrently), then ``manifest.json``
+   (all records) is written atomically and fsynced: the run is complete and durable.  Readers see
+   only runs with a manifest.
 
 So a killed run loses at most the partitions that were mid-stream; the next ``create`` finds the
 partial run, keeps the finished partitions and streams only the others (``resume``).
@@ -21,10 +25,11 @@ from pathlib import Path
 
 from clients.backup.archive import MANIFEST, PARTS, Archive, new_run_id, part_name, segment_name
 from clients.backup.errors import BackupError, CorruptArchive
-from clients.backup.fsutil import atomic_write, fsync_dir
+from clients.backup.fsutil import atomic_write, fsync_dir, fsync_files
 from clients.backup.manifest import PartitionRecord, RollbackRecord, RunManifest, read_sealed, seal
 from clients.backup.segment import DEFAULT_BLOCK_BYTES, DEFAULT_LEVEL, SegmentReader, SegmentWriter, SnapshotMarker
 from clients.offset import StreamOffset
+from engine.errors import InvalidInput
 from engine.types import Item
 
 RUN_FILE = "run.json"
@@ -88,7 +93,7 @@ class PartitionWriter:
         the server resumes from ``seqno``, so later items of ours are on an abandoned branch)."""
         if self._seg is None or seqno >= self._last:
             return
-        self._seg.close()
+        self._seg.close(sync=False)
         old = self.path.with_name(self.path.name + ".old")
         self.path.replace(old)
         self._seg = None
@@ -130,7 +135,7 @@ class PartitionWriter:
         segment = None
         summary = None
         if self._seg is not None:
-            summary = self._seg.close()
+            summary = self._seg.close(sync=False)  # fsynced with the others at commit
             self._seg = None
             if summary.mutations + summary.deletions == 0:
                 self.path.unlink()  # markers only: nothing to restore
@@ -214,7 +219,9 @@ class RunWriter:
         for f in sorted(parts.glob("p*.json")):
             try:
                 rec = PartitionRecord.from_json(read_sealed(f, display=archive.display(f)))
-            except (CorruptArchive, KeyError, TypeError, ValueError):
+                if rec.segment is not None:
+                    _check_segment(archive.run_dir(run_id) / rec.segment, rec)
+            except (CorruptArchive, KeyError, TypeError, ValueError, OSError, InvalidInput):
                 f.unlink()
                 continue
             done[rec.partition] = rec
@@ -239,7 +246,7 @@ class RunWriter:
         return PartitionWriter(self, partition, start)
 
     def commit_partition(self, rec: PartitionRecord) -> None:
-        atomic_write(self.parts_dir / part_name(rec.partition), seal(rec.to_json()))
+        atomic_write(self.parts_dir / part_name(rec.partition), seal(rec.to_json()), sync=False)
         self.done[rec.partition] = rec
 
     def commit(self, node_id: str, partition_count: int) -> RunManifest:
@@ -258,5 +265,21 @@ class RunWriter:
             server=str(self.info.get("server", "")),
             resumed=int(self.info.get("resumed", 0)),  # type: ignore[call-overload]
         )
+        fsync_files(self.dir / rec.segment for rec in self.done.values() if rec.segment)
+        fsync_dir(self.dir)
         atomic_write(self.dir / MANIFEST, seal(manifest.to_json()))
         return manifest
+
+
+def _check_segment(path: Path, rec: PartitionRecord) -> None:
+    """A committed-but-unsynced segment must match its record byte for byte before it is reused."""
+    import hashlib
+
+    if path.stat().st_size != rec.bytes:
+        raise CorruptArchive("segment length differs from its part record", path=str(path))
+    sha = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for chunk in iter(lambda: fh.read(1 << 20), b""):
+            sha.update(chunk)
+    if sha.hexdigest() != rec.sha256:
+        raise CorruptArchive("segment sha256 differs from its part record", path=str(path))

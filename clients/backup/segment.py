@@ -211,10 +211,12 @@ class SegmentWriter:
         self._size += len(data)
 
     # ------------------------------------------------------------------ finishing
-    def close(self) -> SegmentSummary:
+    def close(self, *, sync: bool = True) -> SegmentSummary:
+        """Seal the last block; ``sync=False`` leaves the fsync to the caller (batched at commit)."""
         self.flush_block()
         self._fh.flush()
-        os.fsync(self._fh.fileno())
+        if sync:
+            os.fsync(self._fh.fileno())
         self._fh.close()
         return SegmentSummary(
             bytes=self._size, sha256=self._sha.hexdigest(), blocks=self._blocks,
