@@ -44,6 +44,8 @@ def is_ndjson(content_type: str | None, body: bytes) -> bool:
 
 def parse_items(body: bytes, ndjson: bool, max_items: int) -> list[Any]:
     """The decoded items; a line that is not JSON becomes a ``Problem`` in its slot."""
+    if not body.strip():
+        raise Problem(INVALID_INPUT, "empty body: send a JSON array or NDJSON lines of operations", field="body")
     if ndjson:
         items: list[Any] = []
         for n, line in enumerate(body.split(b"\n"), start=1):

@@ -19,6 +19,7 @@ from contextlib import asynccontextmanager
 from typing import Any
 
 from fastapi import FastAPI
+from fastapi.routing import APIRoute
 from fastapi.openapi.utils import get_openapi
 
 from app import problems
@@ -79,6 +80,10 @@ def create_app(
         version=status.VERSION,
         description=DESCRIPTION,
         lifespan=lifespan,
+        # /docs is the documents resource: the interactive API docs live under /api.
+        docs_url="/api/docs",
+        redoc_url=None,
+        swagger_ui_oauth2_redirect_url="/api/docs/oauth2-redirect",
         openapi_tags=[
             {"name": "documents", "description": "write and read documents"},
             {"name": "status", "description": "liveness, readiness, node status, metrics"},
@@ -96,8 +101,10 @@ def create_app(
 
     problems.install(app)
     app.add_middleware(MetricsMiddleware, metrics=app.state.metrics)
-    for module in (health, bulk, docs, status, partitions, stream_status, admin):
+    modules = (health, bulk, docs, status, partitions, stream_status, admin)
+    for module in modules:
         app.include_router(module.router)
+    app.state.http_routes = [r for m in modules for r in m.router.routes if isinstance(r, APIRoute)]
     from app import positions, stream  # the stream server (issue 4)
 
     app.include_router(stream.router)

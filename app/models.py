@@ -7,9 +7,9 @@ live responses against the published schema.
 """
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints
 
 from engine.types import PartitionState
 
@@ -144,12 +144,26 @@ class StateChange(BaseModel):
     state: PartitionState
 
 
+PartitionKey = Annotated[str, StringConstraints(pattern=r"^(0|[1-9][0-9]{0,3})$")]
+
+
 class CompactRequest(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-    purge_before_seqno: dict[int, int] | None = Field(
-        None, description="per partition: purge tombstones with seqno below this"
+    """At least one of the two; with both, a tombstone must satisfy both to be purged.
+    (Fields are typed without ``None`` so the schema does not offer ``null``.)"""
+
+    model_config = ConfigDict(
+        extra="forbid",
+        json_schema_extra={"anyOf": [{"required": ["purge_before_seqno"]}, {"required": ["older_than_s"]}]},
     )
-    older_than_s: float | None = Field(None, ge=0, description="purge tombstones older than this many seconds")
+    purge_before_seqno: dict[PartitionKey, Annotated[int, Field(ge=0, strict=True)]] = Field(
+        None,  # type: ignore[assignment]
+        description='per partition ("7": seqno): purge tombstones with seqno below this',
+        json_schema_extra={"additionalProperties": False},
+    )
+    older_than_s: float = Field(
+        None,  # type: ignore[assignment]
+        ge=0, strict=True, description="purge tombstones older than this many seconds",
+    )
 
 
 class CompactResult(BaseModel):

@@ -9,6 +9,7 @@ rendering instead of becoming a 500.
 """
 from __future__ import annotations
 
+import json
 import logging
 from dataclasses import dataclass
 from typing import Any
@@ -145,7 +146,11 @@ class Problem(Exception):
         if self.status == 413:
             # The rest of an oversized body is never read: the connection cannot be reused.
             headers["Connection"] = "close"
-        return Response(orjson.dumps(self.body(instance)), self.status, headers, media_type=PROBLEM_MEDIA_TYPE)
+        try:
+            content = orjson.dumps(self.body(instance))
+        except TypeError:  # e.g. an integer beyond 64 bits echoed from the request
+            content = json.dumps(self.body(instance), default=str).encode()
+        return Response(content, self.status, headers, media_type=PROBLEM_MEDIA_TYPE)
 
 
 def item_error(exc: E.UprError | Problem, *, cas_status: int = 409) -> dict[str, Any]:
@@ -157,10 +162,26 @@ def item_error(exc: E.UprError | Problem, *, cas_status: int = 409) -> dict[str,
 
 
 def _field_of(loc: tuple[Any, ...]) -> str:
+    if len(loc) == 2 and loc[0] == "body" and isinstance(loc[1], int):
+        return "body"  # JSON decode error at a character offset
     parts = [str(p) for p in loc if p not in ("body", "query", "path", "header")]
     where = loc[0] if loc else ""
     name = ".".join(parts) or str(where)
     return f"{where}.{name}" if where in ("query", "header") else name
+
+
+def allowed_methods(request: Request) -> list[str]:
+    """The methods served at this path, for a 405's ``Allow`` header.
+
+    WHY not Starlette's: it names only the first partially matching route's methods.  A
+    literal path (``/docs/_bulk``) wins over a template that also matches it
+    (``/docs/{key}``), as in routing."""
+    routes = getattr(request.app.state, "http_routes", ())
+    path = request.url.path
+    matching = [r for r in routes if r.path_regex.match(path)]
+    literal = [r for r in matching if not r.param_convertors]
+    methods = {m for r in (literal or matching) for m in (r.methods or ())}
+    return sorted(methods)
 
 
 def install(app: FastAPI) -> None:
@@ -187,8 +208,14 @@ def install(app: FastAPI) -> None:
         return Problem(INVALID_INPUT, detail, field=field, extra={"errors": issues}).response(request.url.path)
 
     async def on_http(request: Request, exc: StarletteHTTPException) -> Response:
+        headers = dict(exc.headers or {})
+        if exc.status_code == 400:
+            # FastAPI's "error parsing the body" (not UTF-8, broken form data): invalid input like the rest.
+            return Problem(INVALID_INPUT, str(exc.detail), field="body").response(request.url.path)
+        if exc.status_code == 405:
+            headers["Allow"] = ", ".join(allowed_methods(request))
         ptype = _BY_STATUS.get(exc.status_code, ProblemType("http-error", exc.status_code, "HTTP error"))
-        return Problem(ptype, str(exc.detail), headers=dict(exc.headers or {})).response(request.url.path)
+        return Problem(ptype, str(exc.detail), headers=headers).response(request.url.path)
 
     async def on_crash(request: Request, exc: Exception) -> Response:
         log.exception("unhandled error on %s %s", request.method, request.url.path)

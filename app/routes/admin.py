@@ -12,7 +12,7 @@ from fastapi import APIRouter
 
 from app.deps import AdminUser, RunnerDep
 from app.models import CompactRequest, CompactResult, FlushResult, PartitionInfo, StateChange
-from app.problems import INVALID_INPUT, Problem
+from app.problems import INVALID_INPUT, UNKNOWN_PARTITION, Problem
 from app.routes.partitions import PartitionId, check_partition, partition_info
 from app.routes.responses import problems
 
@@ -54,17 +54,18 @@ async def flush(runner: RunnerDep, _user: AdminUser) -> FlushResult:
 
 
 @router.post(
-    "/compact", summary="Purge old tombstones", response_model=CompactResult, responses=problems(401, 403, 422, 503)
+    "/compact", summary="Purge old tombstones", response_model=CompactResult,
+    responses=problems(401, 403, 404, 422, 503),
 )
 async def compact(request: CompactRequest, runner: RunnerDep, _user: AdminUser) -> CompactResult:
     """Removes tombstones below a seqno per partition and/or older than an age, moving each
     partition's purge seqno: consumers resuming from below it must roll back to 0."""
     if request.purge_before_seqno is None and request.older_than_s is None:
         raise Problem(INVALID_INPUT, "give purge_before_seqno and/or older_than_s", field="body")
-    for p in request.purge_before_seqno or {}:
+    purge = {int(p): seqno for p, seqno in request.purge_before_seqno.items()} if request.purge_before_seqno else None
+    for p in purge or {}:
         if not 0 <= p < runner.engine.num_partitions:
-            raise Problem(INVALID_INPUT, f"partition {p} does not exist", field="purge_before_seqno", partition=p)
-    result = await runner.read(
-        runner.engine.compact, purge_before_seqno=request.purge_before_seqno, older_than_s=request.older_than_s
-    )
+            raise Problem(UNKNOWN_PARTITION, f"partition {p} does not exist; this node has "
+                          f"{runner.engine.num_partitions}", field="purge_before_seqno", partition=p)
+    result = await runner.read(runner.engine.compact, purge_before_seqno=purge, older_than_s=request.older_than_s)
     return CompactResult(purge_seqnos=dict(result))

@@ -43,7 +43,7 @@ def _run(engine: Any, body: bytes, ndjson: bool, max_items: int, durability: Dur
     summary="Write many documents",
     response_model=BulkResult,
     openapi_extra=_BULK_BODY,
-    responses=problems(401, 403, 413, 422, 503),
+    responses=problems(401, 403, 413, 422, 429, 503),
 )
 async def post_bulk(
     request: Request,

@@ -26,19 +26,22 @@ router = APIRouter(prefix="/docs", tags=["documents"])
 DurabilityQuery = Annotated[
     Durability, Query(description="memory: answer once queued; persist: answer once fsynced")
 ]
+# Typed ``str`` (default None) rather than ``str | None`` so the schema does not offer null.
 IfMatch = Annotated[
-    str | None,
-    Header(description='CAS the document must currently have, as returned in ETag ("123" or 123)'),
+    str,
+    Header(
+        description='CAS the document must currently have, as returned in ETag ("123" or 123)',
+        pattern=r'^\s*("[1-9][0-9]{0,19}"|[1-9][0-9]{0,19})\s*$',
+    ),
 ]
 
 _VALUE_BODY: dict[str, Any] = {
     "requestBody": {
-        "required": True,
-        "description": "the value, stored as these exact bytes (any content type)",
+        "required": False,
+        "description": "the value, stored as these exact bytes (any content type; none = empty value)",
         "content": {
             "application/octet-stream": {"schema": {"type": "string", "format": "binary"}},
-            "application/json": {"schema": {}},
-            "text/plain": {"schema": {"type": "string"}},
+            "*/*": {"schema": {}},
         },
     }
 }
@@ -84,7 +87,7 @@ async def _apply(runner: RunnerDep, op: WriteOp, durability: Durability) -> Resp
     summary="Create or replace a document",
     response_model=WriteResultModel,
     openapi_extra=_VALUE_BODY,
-    responses={200: {"headers": _VERSION_HEADERS}, **problems(401, 403, 404, 412, 413, 422, 429, 503)},
+    responses={200: {"headers": _VERSION_HEADERS}, **problems(401, 403, 412, 413, 422, 429, 503)},
 )
 async def put_doc(
     key: str,
@@ -93,7 +96,7 @@ async def put_doc(
     settings: SettingsDep,
     _user: WriteUser,
     durability: DurabilityQuery = Durability.MEMORY,
-    if_match: IfMatch = None,
+    if_match: IfMatch = None,  # type: ignore[assignment]
 ) -> Response:
     """The body is the value.  With `If-Match` the write happens only if the document's
     CAS still matches (412 otherwise).  The answer carries partition, seqno and CAS."""
@@ -113,7 +116,7 @@ async def delete_doc(
     runner: RunnerDep,
     _user: WriteUser,
     durability: DurabilityQuery = Durability.MEMORY,
-    if_match: IfMatch = None,
+    if_match: IfMatch = None,  # type: ignore[assignment]
 ) -> Response:
     """Leaves a tombstone that streams deliver as a deletion.  404 if there is no live document."""
     cas = parse_if_match(if_match)

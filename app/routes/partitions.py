@@ -13,7 +13,7 @@ from engine.types import PartitionStats
 
 router = APIRouter(prefix="/partitions", tags=["partitions"])
 
-PartitionId = Annotated[int, Path(ge=0, description="partition number, 0 <= id < partitions")]
+PartitionId = Annotated[int, Path(ge=0, le=1023, description="partition number, 0 <= id < partitions (<= 1024)")]
 
 
 def partition_info(st: PartitionStats) -> PartitionInfo:

@@ -74,7 +74,7 @@ async def status(
     "/metrics",
     summary="Prometheus metrics",
     response_class=Response,
-    responses={200: {"content": {"text/plain": {"schema": {"type": "string"}}}}, **problems(401, 403)},
+    responses={200: {"content": {"text/plain": {"schema": {"type": "string"}}}}, **problems(401, 403, 503)},
 )
 async def metrics(runner: RunnerDep, metrics: MetricsDep, _user: ReadUser) -> Response:
     """Request counts and latencies, per-partition seqnos and queue depth, flush figures,

@@ -1,0 +1,73 @@
+"""The committed OpenAPI document is current and complete, and the running server keeps it
+(schemathesis, a bounded number of generated requests per operation)."""
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import schemathesis
+from hypothesis import HealthCheck, settings
+from schemathesis.specs.openapi.checks import negative_data_rejection, positive_data_acceptance
+
+from app.cli import openapi_text
+from tests.conftest import ServerProcess, start_server
+from tests.http.conftest import TOKENS
+
+ROOT = Path(__file__).resolve().parents[2]
+SPEC = ROOT / "openapi" / "openapi.json"
+UNAUTHENTICATED = {"/health", "/ready"}
+
+
+def test_committed_openapi_is_not_stale() -> None:
+    assert SPEC.read_text(encoding="utf-8") == openapi_text(), (
+        "openapi/openapi.json is stale: run `upr openapi -o openapi/openapi.json`"
+    )
+
+
+def test_every_operation_is_documented() -> None:
+    spec = json.loads(openapi_text())
+    for path, ops in spec["paths"].items():
+        for method, op in ops.items():
+            where = f"{method.upper()} {path}"
+            assert op.get("summary") and op.get("description"), where
+            codes = set(op["responses"])
+            assert any(c.startswith("2") for c in codes), where
+            if path not in UNAUTHENTICATED:
+                assert {"401", "403"} <= codes, where
+            for code, response in op["responses"].items():
+                if code.startswith(("4", "5")) and path not in UNAUTHENTICATED:
+                    assert list(response["content"]) == ["application/problem+json"], (where, code)
+
+
+@pytest.fixture(scope="module")
+def live(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+    srv = start_server(tmp_path_factory.mktemp("upr-schemathesis"), partitions=4, tokens=TOKENS)
+    yield srv
+    srv.kill()
+
+
+# The committed file: no server needed to collect.  POST /positions/check belongs to the stream
+# server (issue 4) and is fuzzed by its own tests.
+schema = schemathesis.openapi.from_path(SPEC).exclude(path="/positions/check")
+
+
+# Checks that do not fit a per-operation design decision, with the reason:
+EXCLUDED = {
+    # a bulk request with bad items is answered 200 with a 422 result per bad item (partial
+    # failure is the contract), not rejected as a whole
+    "POST /docs/_bulk": [negative_data_rejection],
+    # a well-formed If-Match may name a CAS that is not current: 412 is the correct answer,
+    # and it comes before unknown query parameters (ignored, as everywhere) are considered
+    "PUT /docs/{key}": [positive_data_acceptance, negative_data_rejection],
+    "DELETE /docs/{key}": [positive_data_acceptance, negative_data_rejection],
+}
+
+
+@pytest.mark.slow
+@schema.parametrize()
+@settings(max_examples=30, deadline=None, suppress_health_check=list(HealthCheck))
+def test_server_conforms_to_its_schema(case, live: ServerProcess) -> None:  # type: ignore[no-untyped-def]
+    excluded = EXCLUDED.get(f"{case.method.upper()} {case.path}", [])
+    case.call_and_validate(base_url=live.url, headers=live.headers, timeout=10, excluded_checks=excluded)
