@@ -6,9 +6,11 @@ with the binary codec (columnar item batches decode with a few memcpys) and a fl
 acknowledged as frames are converted.
 
 Range semantics are DCP's: a request ``(start, end]`` streams every key's latest version with a
-seqno in the range, and the server ends the stream after the snapshot that contains ``end`` (so a
-batch may carry a few items past ``end``; the next batch delivers them again, and the sinks are
-idempotent upserts keyed by document key with a seqno guard).
+seqno in the range, and the server ends the stream after the snapshot that contains ``end``.  By
+default the batch keeps those items past ``end`` (a whole snapshot is a consistent state; the next
+batch delivers them again, and sinks are idempotent upserts keyed by document key with a seqno
+guard).  With ``maxOffsetsPerTrigger`` the cap is hard: items past the planned end are dropped
+here and delivered by the next batch.
 
 A replayed batch may name a range the server no longer has (a failover between planning and
 reading).  ``read()`` cannot re-plan, so it never follows the branch silently: it emits a
@@ -26,6 +28,7 @@ from typing import Any
 from urllib.parse import urlparse
 
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from engine.protocol import messages as M
 from engine.protocol.frames import ItemBatch, decode_binary
@@ -100,6 +103,7 @@ def _stream(partition: Any, rounds: list[list[WorkItem]]) -> Iterator[pa.RecordB
             raise StreamReadError(f"expected failover_logs after hello, got {type(logs).__name__}")
         highs = {p: info.high_seqno for p, info in logs.partitions.items()}
         unacked = 0
+        exact = getattr(partition, "exact_end", False)
         for round_items in rounds:
             open_: dict[int, WorkItem] = {}
             snaps: dict[int, tuple[int, int]] = {}
@@ -114,7 +118,11 @@ def _stream(partition: Any, rounds: list[list[WorkItem]]) -> Iterator[pa.RecordB
                 msg = decode_binary(data) if isinstance(data, bytes) else M.decode_server_message(data)
                 if isinstance(msg, ItemBatch):
                     if len(msg):
-                        yield batch_to_arrow(msg, snaps.get(msg.partition, (0, 0)))
+                        rb = batch_to_arrow(msg, snaps.get(msg.partition, (0, 0)))
+                        w = open_.get(msg.partition)
+                        if exact and w is not None and msg.seqnos[-1] > w.end:
+                            rb = rb.filter(pc.less_equal(rb.column(1), w.end))
+                        yield rb
                 elif isinstance(msg, M.SnapshotMarker):
                     snaps[msg.partition] = (msg.start, msg.end)
                 elif isinstance(msg, M.StreamEnd):

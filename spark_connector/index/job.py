@@ -163,7 +163,10 @@ class IndexJob:
             return
         df = df.persist()
         try:
-            controls = df.filter(F.col("op").isin("reset", "rollback")).select("partition", "op", "seqno").collect()
+            counts = {r["op"]: r["count"] for r in df.groupBy("op").count().collect()}   # materializes the cache
+            self.report.rows_read += counts.get("mutation", 0) + counts.get("deletion", 0)
+            controls = [] if not (counts.get("reset") or counts.get("rollback")) else \
+                df.filter(F.col("op").isin("reset", "rollback")).select("partition", "op", "seqno").collect()
             resets = sorted({c.partition for c in controls if c.op == "reset"})
             rollbacks: dict[int, int] = {}
             for c in controls:
@@ -178,7 +181,6 @@ class IndexJob:
             run_path = f"runs/r-{manifest.generation + 1:06d}-{batch_id}-{uuidlib.uuid4().hex[:8]}"
             entries.write.mode("errorifexists").parquet(str(self.root / run_path))
             rows = self.spark.read.parquet(str(self.root / run_path)).count()
-            self.report.rows_read += rows
             runs = manifest.runs + (Run(run_path, tuple(resets), rows),)
             nxt = manifest.next(batch_id=batch_id, runs=runs, offset=self._batch_offset(batch_id))
             if len(runs) > self.max_runs:

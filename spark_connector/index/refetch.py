@@ -8,26 +8,20 @@ seqno R, so anything the stream delivers after R still wins.
 from __future__ import annotations
 
 from collections.abc import Iterable
-from urllib.parse import quote
 
-import httpx
+from clients.http import HttpApi
 
 Row = tuple[str, int, int, str, bytes | None]   # key, partition, seqno, op, value
 
 
 def refetch(server: str, token: str | None, keys: Iterable[tuple[str, int, int]], timeout: float = 30.0) -> list[Row]:
     """``keys``: (key, partition, rollback seqno R).  Returns one correction row per key."""
-    headers = {"Authorization": f"Bearer {token}"} if token else {}
     out: list[Row] = []
-    with httpx.Client(base_url=server, headers=headers, timeout=timeout) as http:
+    with HttpApi(server, token, timeout=timeout) as api:
         for key, partition, rollback_seqno in keys:
-            resp = http.get("/docs/" + quote(key, safe=""))
-            if resp.status_code == 404:
+            doc = api.get(key)
+            if doc is None:
                 out.append((key, partition, rollback_seqno, "deletion", None))
-            elif resp.status_code == 200:
-                seqno = int(resp.headers.get("x-upr-seqno", rollback_seqno))
-                out.append((key, partition, seqno, "mutation", resp.content))
             else:
-                raise RuntimeError(f"refetch of {key!r} after a rollback got HTTP {resp.status_code}: "
-                                   f"{resp.text[:200]}")
+                out.append((key, partition, doc.seqno, "mutation", doc.value))
     return out

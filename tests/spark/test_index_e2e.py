@@ -1,0 +1,120 @@
+"""End to end: real server processes, real PySpark (one shared local session), real SIGKILLs."""
+from __future__ import annotations
+
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from spark_connector.index.functions import FieldIndex
+from spark_connector.index.job import IndexJob
+from spark_connector.index.manifest import load
+from spark_connector.index.view import load_index
+from tests.spark.helpers import brute_force, bulk, index_rows, random_ops
+
+pytestmark = pytest.mark.slow
+ROOT = Path(__file__).resolve().parents[2]
+KEYS = [f"doc-{i:05d}" for i in range(1500)]
+
+
+def _job(spark, d, srv, **opts):
+    return IndexJob(spark, d, srv.url, FieldIndex("city"), source_options={k: str(v) for k, v in opts.items()})
+
+
+def test_index_equals_brute_force_and_incremental_reads_only_changes(spark, upr_server, tmp_path):
+    srv = upr_server(partitions=8)
+    rng = random.Random(7)
+    live: set[str] = set()
+    bulk(srv.url, random_ops(rng, KEYS, live, 4000))
+    first = _job(spark, tmp_path / "inc", srv).run()
+    assert first.batches == 1 and first.rows_read >= len(live)
+    assert index_rows(spark, tmp_path / "inc") == brute_force(srv.url, KEYS)
+
+    changes = random_ops(rng, KEYS, live, 60, delete_ratio=0.3)
+    bulk(srv.url, changes)
+    changed = {op["key"] for op in changes}
+    second = _job(spark, tmp_path / "inc", srv).run()
+    # only the change set was read: each changed key at least once (dedup), never more than the ops
+    assert len(changed) <= second.rows_read <= len(changes)
+    expected = brute_force(srv.url, KEYS)
+    assert index_rows(spark, tmp_path / "inc") == expected
+
+    rebuilt = _job(spark, tmp_path / "full", srv).run()
+    assert rebuilt.rows_read >= len(live)
+    assert index_rows(spark, tmp_path / "full") == expected
+
+    third = _job(spark, tmp_path / "inc", srv).run()        # nothing new: no batch, same generation
+    assert third.batches == 0 and third.generation == second.generation
+
+
+def test_rollback_after_server_sigkill_applies_each_policy(spark, upr_server, tmp_path):
+    srv = upr_server(partitions=4, args=["--flush-interval-ms", "600000"])
+    rng = random.Random(11)
+    live: set[str] = set()
+    keys = KEYS[:600]
+    bulk(srv.url, random_ops(rng, keys, live, 1200), durability="persist")
+    before_crash = set(live)
+    lost = random_ops(rng, keys, live, 300, delete_ratio=0.3)    # memory only: lost by the SIGKILL
+    bulk(srv.url, lost)
+    dirs = {policy: tmp_path / policy for policy in ("resetPartition", "refetch", "fail")}
+    for policy, d in dirs.items():
+        _job(spark, d, srv, onRollback=policy).run()
+    srv.kill()
+    srv = upr_server(data_dir=srv.data_dir, partitions=4, args=["--flush-interval-ms", "600000"])
+    live = before_crash
+    bulk(srv.url, random_ops(rng, keys, live, 100), durability="persist")   # the new branch
+    expected = brute_force(srv.url, keys)
+
+    reset = _job(spark, dirs["resetPartition"], srv, onRollback="resetPartition").run()
+    assert reset.resets, "a rollback must never be silent"
+    assert index_rows(spark, dirs["resetPartition"]) == expected
+
+    refetch = _job(spark, dirs["refetch"], srv, onRollback="refetch").run()
+    assert refetch.rollbacks and refetch.refetched > 0
+    assert index_rows(spark, dirs["refetch"]) == expected
+
+    with pytest.raises(Exception, match=r"ROLLBACK_REQUIRED partition \d+ to seqno \d+"):
+        _job(spark, dirs["fail"], srv, onRollback="fail").run()
+
+
+def test_job_killed_mid_run_leaves_previous_generation_and_rerun_converges(spark, upr_server, tmp_path):
+    srv = upr_server(partitions=4)
+    rng = random.Random(5)
+    live: set[str] = set()
+    bulk(srv.url, random_ops(rng, KEYS, live, 3000))
+    d = tmp_path / "idx"
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "spark_connector.cli", "index", "run", "--server", srv.url, "--index", str(d),
+         "--field", "city", "--spark-master", "local[2]", "--max-offsets-per-trigger", "150"],
+        cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            m = load(d) if (d / "manifest.json").exists() else None
+            if m is not None and m.batch_id >= 2:
+                break
+            assert proc.poll() is None, "the job finished before it could be killed"
+            time.sleep(0.2)
+        else:
+            pytest.fail("the job committed no batch within 120 s")
+        os.killpg(proc.pid, signal.SIGKILL)     # the job and its Python workers, mid-run
+        proc.wait(timeout=30)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    killed_at = load(d)
+    assert killed_at is not None and killed_at.batch_id < 30
+    # the generation the manifest names is complete and readable
+    partial = load_index(spark, d).count()
+    assert 0 < partial
+    for run in killed_at.runs:
+        assert (d / run.path).is_dir()
+    report = _job(spark, d, srv, maxOffsetsPerTrigger=100000).run()
+    assert report.generation > killed_at.generation
+    assert index_rows(spark, d) == brute_force(srv.url, KEYS)

@@ -1,0 +1,60 @@
+"""The ``upr`` source itself: batch reads, bounded ranges, admission control, bad options."""
+from __future__ import annotations
+
+import json
+
+import httpx
+import pytest
+
+from tests.spark.helpers import bulk
+
+pytestmark = pytest.mark.slow
+
+
+def test_batch_read_and_stream_with_read_limit(spark, upr_server, tmp_path):
+    srv = upr_server(partitions=4)
+    bulk(srv.url, [{"op": "set", "key": f"k{i}", "value": {"i": i}} for i in range(900)])
+    bulk(srv.url, [{"op": "delete", "key": f"k{i}"} for i in range(0, 900, 9)])
+    rows = spark.read.format("upr").option("server", srv.url).load().collect()
+    assert {r.key for r in rows} == {f"k{i}" for i in range(900)}
+    assert sum(r.op == "deletion" for r in rows) == 100
+    assert all(r.snap_start <= r.seqno <= r.snap_end for r in rows)
+
+    # explicit per-partition ranges: partition 0 only, from its seqno 10 to 30
+    uuid = httpx.get(f"{srv.url}/partitions/0").json()["uuid"]
+    one = (spark.read.format("upr").option("server", srv.url).option("partitions", "0")
+           .option("startingOffsets", json.dumps({"0": {"uuid": str(uuid), "seqno": 10}}))
+           .option("endingOffsets", json.dumps({"0": {"seqno": 30, "uuid": str(uuid)}})).load().collect())
+    assert one and all(r.partition == 0 and r.seqno > 10 and r.op != "reset" for r in one)
+    assert max(r.seqno for r in one) >= 30
+    # a position on a history the server never had is not followed silently: reset row first
+    bad = (spark.read.format("upr").option("server", srv.url).option("partitions", "0")
+           .option("startingOffsets", json.dumps({"0": {"uuid": 12345, "seqno": 10}})).load().collect())
+    assert bad[0].op == "reset" and bad[0].partition == 0
+    with pytest.raises(Exception, match="ROLLBACK_REQUIRED partition 0 to seqno 0"):
+        (spark.read.format("upr").option("server", srv.url).option("partitions", "0").option("onRollback", "fail")
+         .option("startingOffsets", json.dumps({"0": {"uuid": 12345, "seqno": 10}})).load().collect())
+
+    # streaming, AvailableNow with maxOffsetsPerTrigger: several batches, every row exactly once
+    seen = []
+    q = (spark.readStream.format("upr").option("server", srv.url).option("maxOffsetsPerTrigger", "400").load()
+         .writeStream.foreachBatch(lambda df, b: seen.append((b, df.count())))
+         .option("checkpointLocation", str(tmp_path / "ck")).trigger(availableNow=True).start())
+    q.awaitTermination(120)
+    assert len(seen) >= 3 and all(n <= 400 + 8 for _, n in seen[:-1])
+    assert sum(n for _, n in seen) == len(rows)
+
+
+@pytest.mark.parametrize("opts, option", [
+    ({"bogus": "1"}, "bogus"),
+    ({"startingOffsets": "{not json"}, "startingOffsets"),
+    ({"onRollback": "ignore"}, "onRollback"),
+])
+def test_bad_options_fail_fast_naming_the_option(spark, opts, option):
+    with pytest.raises(Exception, match=f"option '{option}'"):
+        spark.read.format("upr").option("server", "http://127.0.0.1:9").options(**opts).load().collect()
+
+
+def test_unreachable_server_fails_naming_the_option(spark):
+    with pytest.raises(Exception, match="option 'server'.*cannot reach"):
+        spark.read.format("upr").option("server", "http://127.0.0.1:9").load().collect()
