@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import shutil
+import time
 from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -87,9 +88,15 @@ class _Writer:
     def __init__(self, js: Any) -> None:
         self._js = js
 
-    async def write(self, docs: Sequence[Doc]) -> None:
-        futures = [await self._js.publish_async(SUBJECT, doc) for _key, doc in docs]
-        await asyncio.gather(*futures)
+    async def write(self, docs: Sequence[Doc]) -> list[int]:
+        acked = [0] * len(docs)
+        futures = []
+        for n, (_key, doc) in enumerate(docs):
+            fut = await self._js.publish_async(SUBJECT, doc)
+            fut.add_done_callback(lambda _f, n=n: acked.__setitem__(n, time.monotonic_ns()))
+            futures.append(fut)
+        await asyncio.gather(*futures)  # raises if any publish was refused
+        return acked
 
     async def close(self) -> None:
         pass

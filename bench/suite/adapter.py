@@ -29,8 +29,12 @@ Doc = tuple[str, bytes]
 
 
 class Writer(Protocol):
-    async def write(self, docs: Sequence[Doc]) -> None:
-        """Store ``docs``; return when the system acknowledges them with its stated durability."""
+    async def write(self, docs: Sequence[Doc]) -> Sequence[int] | None:
+        """Store ``docs``; return when the system acknowledges them with its stated durability.
+
+        A system whose client sees each document's ack separately (JetStream PubAcks) returns
+        the ``time.monotonic_ns()`` of each; ``None`` means the batch was acknowledged as one.
+        """
 
     async def close(self) -> None: ...
 

@@ -36,6 +36,11 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+#: every process started in this run, as (pid, name): kept in results.json so a test can check that
+#: none of them outlived the run
+SPAWNED: list[tuple[int, str]] = []
+
+
 class StartError(RuntimeError):
     """A process did not come up; the message carries the tail of its log."""
 
@@ -84,6 +89,7 @@ class ProcessGroup:
             if log_file is not None:
                 log_file.close()
         self._procs.append((proc, stop_signal, name))
+        SPAWNED.append((proc.pid, name))
         return proc
 
     def stop(self, proc: subprocess.Popen[Any], timeout: float = 15.0) -> int | None:

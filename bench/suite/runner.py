@@ -22,7 +22,7 @@ from pathlib import Path
 from bench.suite import workloads as wl
 from bench.suite.adapter import System
 from bench.suite.install import InstallLog, Skip
-from bench.suite.procs import ProcessGroup, StartError
+from bench.suite.procs import SPAWNED, ProcessGroup, StartError
 from bench.suite.results import Report, Row
 from bench.suite.sizes import Sizes
 
@@ -66,6 +66,7 @@ class Runner:
         self.sizes = sizes
         self.install = install
         self.workloads = workloads
+        self.budget_s = budget_s
         self.deadline = time.monotonic() + budget_s
         self.keep_dir = keep_dir
         self.say = say
@@ -86,8 +87,10 @@ class Runner:
         }
         with tempfile.TemporaryDirectory(prefix="upr-bench-") as tmp:
             root = Path(tmp)
-            for system in systems:
-                await self._run_system(system, root / system.name)
+            for n, system in enumerate(systems):
+                # an equal share of what is left, so one slow system cannot starve the ones after it
+                share = max(0.0, self.deadline - time.monotonic()) / (len(systems) - n)
+                await self._run_system(system, root / system.name, share)
             if "limits" in self.workloads:
                 from bench.suite.limits import limits
 
@@ -106,6 +109,7 @@ class Runner:
                 shutil.copytree(root, kept, dirs_exist_ok=True, ignore=shutil.ignore_patterns("*.mdb", "*.recv"))
                 r.meta["kept_dir"] = str(kept)
         r.meta["finished"] = datetime.now(UTC).isoformat(timespec="seconds")
+        r.meta["processes"] = [{"pid": pid, "name": name} for pid, name in SPAWNED]
         r.installs = self.install.steps
         order = {s.name: i for i, s in enumerate(systems)}
         names = [n for w in self.workloads if w in FEED_WORKLOADS for n in row_names(w, self.sizes)]
@@ -113,7 +117,7 @@ class Runner:
                                      order.get(row.system, len(order))))
         return r
 
-    async def _run_system(self, system: System, workdir: Path) -> None:
+    async def _run_system(self, system: System, workdir: Path, share_s: float) -> None:
         feed = [w for w in self.workloads if w in FEED_WORKLOADS]
         all_names = [n for w in feed for n in row_names(w, self.sizes)]
         info = {"label": system.label, "durability": system.durability, "method": system.method}
@@ -122,10 +126,13 @@ class Runner:
         try:
             info["versions"] = await asyncio.to_thread(system.prepare, self.install)
         except Skip as exc:
+            self.deadline += time.monotonic() - t0  # installing is not part of the budget
             info.update(status="skipped", reason=str(exc))
             self._mark(system.name, all_names, "skipped", str(exc))
             self.say(f"[{system.name}] skipped: {exc}")
             return
+        self.deadline += time.monotonic() - t0
+        deadline = time.monotonic() + share_s
         workdir.mkdir(parents=True)
         with ProcessGroup() as procs:
             try:
@@ -140,8 +147,9 @@ class Runner:
             try:
                 for w in feed:
                     for names, step in _steps(w, self.sizes):
-                        if time.monotonic() > self.deadline:
-                            self._mark(system.name, names, "skipped", "time budget of the run exhausted")
+                        if time.monotonic() > deadline:
+                            self._mark(system.name, names, "skipped",
+                                       f"time budget exhausted (this system's share of --budget {self.budget_s:g}s)")
                             continue
                         t1 = time.monotonic()
                         try:

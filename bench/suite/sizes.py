@@ -30,8 +30,8 @@ class Sizes:
 
 
 FAST = Sizes(
-    mode="fast", batch=1000, ingest_n=5_000, backfill_n=10_000, tail_rates=(2_500, 10_000), tail_seconds=1.5,
-    fanout_consumers=10, fanout_processes=2, fanout_rate=500, fanout_seconds=1.5, lmdb_n=100_000,
+    mode="fast", batch=1000, ingest_n=5_000, backfill_n=10_000, tail_rates=(2_500, 10_000), tail_seconds=1.0,
+    fanout_consumers=10, fanout_processes=2, fanout_rate=500, fanout_seconds=1.0, lmdb_n=100_000,
     ws_frames=((1024, 20_000), (65536, 2_000)), workload_timeout_s=45, drain_grace_s=3,
 )
 

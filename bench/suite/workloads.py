@@ -107,11 +107,11 @@ async def paced_write(w: Writer, per_s: int, seconds: float, max_batch: int = 10
             await asyncio.sleep(max(0.0, (t_start + nxt * 1e9 / per_s - now) / 1e9))
             continue
         docs = [(key_of(i), make_doc(i, now)) for i in range(nxt, due)]
-        await w.write(docs)
+        each = await w.write(docs)
         ack = time.monotonic_ns()
-        for i in range(nxt, due):
+        for n, i in enumerate(range(nxt, due)):
             sent[i] = now
-            acked[i] = ack
+            acked[i] = each[n] if each else ack
         nxt = due
     return Paced(nxt, t_start, time.monotonic_ns(), sent, acked)
 
