@@ -1,0 +1,137 @@
+"""Client-side throughput: the client library vs a raw WebSocket reader on the same stream, one run.
+
+    .venv/bin/python -m bench.bench_client            # 200k items of 200 B (well under 2 minutes)
+    .venv/bin/python -m bench.bench_client --full     # 1e6 items
+
+A server process holds N persisted mutations; this process then streams all of them from the
+beginning ("until now") several times, alternating the readers so that machine noise hits them
+alike, and prints items/s for each and the ratios (median of the rounds):
+
+* raw       websockets + hello/stream_request by hand; per binary frame it reads the item count from
+            the header and acks the window; no decoding at all (the transport ceiling)
+* batches   ``Consumer.batches()``: frames decoded into ``ItemBatch`` columns, positions, acks
+* events    ``async for event in Consumer``: one ``Mutation`` per item to a no-op loop body
+* handler   ``Consumer.run(noop)`` (events + a handler call per item)
+* events+ring  as events, with the rollback ring kept in memory (100k entries)
+
+Goal (issue 5): events >= 80 % of raw.
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import websockets
+
+from bench.bench_backup import load, start_server
+from bench.suite.procs import ProcessGroup
+from clients.consumer import Consumer, stream_url
+from clients.state import MemoryStateStore
+
+WINDOW = 16 << 20
+
+
+async def raw(url: str) -> int:
+    items = 0
+    async with websockets.connect(stream_url(url), max_size=None, compression=None) as ws:
+        await ws.send(json.dumps({"type": "hello", "name": "bench-raw", "partitions": None, "codec": "binary",
+                                  "window_bytes": WINDOW, "protocol": 1}))
+        logs = json.loads(await ws.recv())
+        unacked = 0
+        ends = 0
+        for p, info in logs["partitions"].items():
+            await ws.send(json.dumps({"type": "stream_request", "partition": int(p), "uuid": 0, "start_seqno": 0,
+                                      "snap_start": 0, "snap_end": 0, "end_seqno": info["high_seqno"]}))
+        want = len(logs["partitions"])
+        threshold = WINDOW // 5
+        while ends < want:
+            frame = await ws.recv()
+            unacked += len(frame)
+            if type(frame) is bytes:
+                items += int.from_bytes(frame[8:12], "little")
+            elif '"stream_end"' in frame:
+                ends += 1
+            if unacked >= threshold:
+                await ws.send('{"type":"ack","bytes":%d}' % unacked)
+                unacked = 0
+    return items
+
+
+def _consumer(url: str, ring_size: int = 0) -> Consumer:
+    return Consumer(url, name="bench-client", start="beginning", state=MemoryStateStore(), ring_size=ring_size,
+                    until_now=True, window_bytes=WINDOW)
+
+
+async def batches(url: str) -> int:
+    async with _consumer(url) as c:
+        async for _ in c.batches():
+            pass
+    return c.items_processed
+
+
+async def events(url: str) -> int:
+    async with _consumer(url) as c:
+        async for _ in c:
+            pass
+    return c.items_processed
+
+
+async def events_ring(url: str) -> int:
+    async with _consumer(url, ring_size=100_000) as c:
+        async for _ in c:
+            pass
+    return c.items_processed
+
+
+async def handler(url: str) -> int:
+    async with _consumer(url) as c:
+        await c.run(lambda event: None)
+    return c.items_processed
+
+
+READERS = {"raw": raw, "batches": batches, "events": events, "handler": handler, "events+ring": events_ring}
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--full", action="store_true", help="1e6 items instead of 2e5")
+    ap.add_argument("--items", type=int, default=None)
+    ap.add_argument("--value-bytes", type=int, default=200)
+    ap.add_argument("--partitions", type=int, default=8)
+    ap.add_argument("--rounds", type=int, default=3)
+    args = ap.parse_args(argv)
+    n = args.items or (1_000_000 if args.full else 200_000)
+    with tempfile.TemporaryDirectory(prefix="bench-client-") as tmp, ProcessGroup() as group:
+        work = Path(tmp)
+        url = start_server(group, work, "server", args.partitions)
+        t0 = time.perf_counter()
+        load(url, [f"key-{i:09d}" for i in range(n)], args.value_bytes)
+        print(f"loaded {n:,} mutations of {args.value_bytes} B in {time.perf_counter() - t0:.1f} s "
+              f"({args.partitions} partitions); {args.rounds} rounds, readers alternate", flush=True)
+        rates: dict[str, list[float]] = {name: [] for name in READERS}
+        for r in range(args.rounds):
+            order = list(READERS) if r % 2 == 0 else list(reversed(READERS))
+            for name in order:
+                t = time.perf_counter()
+                got = asyncio.run(READERS[name](url))
+                secs = time.perf_counter() - t
+                if got != n:
+                    print(f"{name}: expected {n} items, got {got}", file=sys.stderr)
+                    return 1
+                rates[name].append(n / secs)
+        base = statistics.median(rates["raw"])
+        print(f"{'reader':<12} {'items/s (median)':>18} {'vs raw':>8}   rounds")
+        for name, rs in rates.items():
+            med = statistics.median(rs)
+            print(f"{name:<12} {med:>18,.0f} {med / base:>8.0%}   " + " ".join(f"{x:,.0f}" for x in rs))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
