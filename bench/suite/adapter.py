@@ -51,6 +51,7 @@ class System(ABC):
     stream_module: str  # module with open_stream(), imported by the consumer process
     durability: str  # one sentence: what an ack means for this system as configured here
     method: dict[str, str] = {}  # workload -> how this system does it ("pipelined XADD x1000")
+    only: tuple[str, ...] | None = None  # the workloads this system is measured on (None: all)
 
     @abstractmethod
     def prepare(self, log: InstallLog) -> dict[str, str]:

@@ -22,8 +22,8 @@ DEFAULT_JSON = Path(__file__).resolve().parent.parent / "results.json"
 def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m bench", description=__doc__)
     p.add_argument("--full", action="store_true", help="full sizes (1e6 backfill, 20 s tails, 50 consumers)")
-    p.add_argument("--systems", default="upr,redis,nats,postgres",
-                   help="comma-separated subset of upr,redis,nats,postgres (default all)")
+    p.add_argument("--systems", default="upr,upr-clients,redis,nats,postgres",
+                   help="comma-separated subset of upr,upr-clients,redis,nats,postgres (default all)")
     p.add_argument("--workloads", default=",".join([*FEED_WORKLOADS, "limits"]),
                    help="comma-separated subset of ingest,backfill,tail,fanout,limits (default all)")
     p.add_argument("--json", type=Path, default=DEFAULT_JSON, help=f"results file (default {DEFAULT_JSON})")

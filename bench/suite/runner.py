@@ -34,8 +34,9 @@ def all_systems() -> list[System]:
     from bench.peers.postgres import PostgresSystem
     from bench.peers.redis import RedisSystem
     from bench.suite.upr import UprSystem
+    from bench.suite.upr_client import UprClientSystem
 
-    return [UprSystem(), RedisSystem(), NatsSystem(), PostgresSystem()]
+    return [UprSystem(), UprClientSystem(), RedisSystem(), NatsSystem(), PostgresSystem()]
 
 
 def row_names(workload: str, sizes: Sizes) -> list[str]:
@@ -118,7 +119,9 @@ class Runner:
         return r
 
     async def _run_system(self, system: System, workdir: Path, share_s: float) -> None:
-        feed = [w for w in self.workloads if w in FEED_WORKLOADS]
+        feed = [w for w in self.workloads if w in FEED_WORKLOADS and (system.only is None or w in system.only)]
+        if not feed:
+            return
         all_names = [n for w in feed for n in row_names(w, self.sizes)]
         info = {"label": system.label, "durability": system.durability, "method": system.method}
         self.report.systems[system.name] = info
