@@ -141,28 +141,27 @@ class Flusher:
         began = time.perf_counter()
         store = self._store
 
-        def write(txn: object) -> list[tuple[int, int]]:
+        def write(txn: object) -> list[tuple[int, int, int]]:
             out = []
             for part, items, upto in work:
-                delta = store.flush_items(txn, part.id, items)  # type: ignore[arg-type]
+                delta, nbytes = store.flush_items(txn, part.id, items)  # type: ignore[arg-type]
                 live = part.persisted_live + delta
                 max_cas = max(part.persisted_max_cas, items[-1].cas) if items else part.persisted_max_cas
                 store.put_persisted(txn, part.id, upto, live, max_cas)  # type: ignore[arg-type]
-                out.append((live, max_cas))
+                out.append((live, max_cas, nbytes))
             return out
 
         results = store.write(write)
         count = 0
-        nbytes = 0
+        garbage = []
         with self._writer_lock:
-            for (part, items, upto), (live, max_cas) in zip(work, results):
+            for (part, items, upto), (live, max_cas, _nbytes) in zip(work, results):
                 part.persisted_live = live
                 part.persisted_max_cas = max_cas
-                part.queue.mark_persisted(items, upto)
+                garbage.append(part.queue.mark_persisted(items, upto))
                 count += len(items)
-        for _part, items, _upto in work:
-            for item in items:
-                nbytes += len(item.value)
+        nbytes = sum(r[2] for r in results)
+        del garbage, work  # freeing the persisted items happens here, outside the writer lock
         self.flushes += 1
         self.items_flushed += count
         self.bytes_flushed += nbytes

@@ -16,7 +16,10 @@ exactly as two consecutive DCP snapshots may.
 """
 from __future__ import annotations
 
+from bisect import bisect_left
 from collections.abc import Callable, Iterator
+from itertools import accumulate, chain, islice
+from operator import itemgetter
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -25,6 +28,7 @@ from engine.types import Item
 from engine.writequeue import QueueRoot
 
 _tuple_new = tuple.__new__
+_value_of = itemgetter(5)
 
 
 @dataclass(eq=False)
@@ -103,17 +107,18 @@ class _MemoryReader:
         self._end = end
 
     def batches(self, max_items: int, max_bytes: int) -> Iterator[list[Item]]:
-        batch: list[Item] = []
-        nbytes = 0
-        for item in self._root.items(self._start, self._end):
-            batch.append(item)
-            nbytes += len(item.value)
-            if len(batch) >= max_items or nbytes >= max_bytes:
-                yield batch
-                batch = []
-                nbytes = 0
-        if batch:
-            yield batch
+        items = self._root.items(self._start, self._end)
+        while True:
+            chunk = list(islice(items, max_items))
+            if not chunk:
+                return
+            sizes = list(accumulate(map(len, map(_value_of, chunk))))
+            if sizes[-1] >= max_bytes:
+                cut = bisect_left(sizes, max_bytes) + 1  # the item reaching max_bytes closes the batch
+                if cut < len(chunk):
+                    items = chain(chunk[cut:], items)
+                    chunk = chunk[:cut]
+            yield chunk
 
     def close(self) -> None:
         self._root = QueueRoot((), 0, -1)  # type: ignore[arg-type]  # unpin the queue root

@@ -278,8 +278,13 @@ class Store:
 
     # ------------------------------------------------------------------ data
 
-    def flush_items(self, txn: lmdb.Transaction, p: int, items: Sequence[Item]) -> int:
-        """Write ``items`` (ascending seqnos, each key once) and return the live-count change."""
+    def flush_items(self, txn: lmdb.Transaction, p: int, items: Sequence[Item]) -> tuple[int, int]:
+        """Write ``items`` (ascending seqnos, each key once); return (live-count change, value bytes).
+
+        ``Cursor.replace`` inserts the by-key record and hands back the old one in one B-tree
+        walk; the old record is the old by-seqno key's prefix, so the stale by-seqno entry is
+        deleted without another lookup.  New by-seqno records are appended (seqnos ascend).
+        """
         kcur = txn.cursor(self.key_dbs[p])
         replace = kcur.replace
         sdb = self.seq_dbs[p]
@@ -288,6 +293,7 @@ class Store:
         records = []
         add = records.append
         delta = 0
+        nbytes = 0
         for key, seqno, cas, rev, deleted, value in items:
             meta = pack(seqno, cas, rev, deleted)
             old = replace(key, meta)
@@ -298,11 +304,12 @@ class Store:
             if not deleted:
                 delta += 1
             add((meta + key, value))
+            nbytes += len(value)
         if records:
             consumed, added = txn.cursor(sdb).putmulti(records, append=True)
             if added != len(records):
                 raise RuntimeError(f"by-seqno append rejected {len(records) - added} records in partition {p}")
-        return delta
+        return delta, nbytes
 
     def lookup(self, txn: lmdb.Transaction, p: int, key: bytes) -> tuple[int, int, int, bool] | None:
         """(seqno, cas, rev, deleted) of the persisted version of ``key``, or None."""

@@ -46,7 +46,7 @@ class QueueRoot(NamedTuple):
         hi = min(end, self.high) - self.base + 1
         if hi <= lo:
             return iter(())
-        return (item for item in islice(self.vec, lo, hi) if item is not None)
+        return filter(None, islice(self.vec, lo, hi))
 
 
 def item_cost(item: Item) -> int:
@@ -113,36 +113,46 @@ class WriteQueue:
         end = min(root.high, self.persisted + limit)
         if end < start:
             return [], self.persisted
-        return list(root.items(start, end)), end
+        lo = start - root.base
+        return list(filter(None, islice(root.vec, lo, lo + end - start + 1))), end
 
-    def mark_persisted(self, items: list[Item], upto: int) -> None:
+    def mark_persisted(self, items: list[Item], upto: int) -> QueueRoot | None:
         """Forget what a flush persisted, unless a newer version superseded it meanwhile.
 
         Must run under the writer lock, after the flush transaction committed (a writer that
-        misses ``index`` falls back to LMDB and must find the item there).
+        misses ``index`` falls back to LMDB and must find the item there).  Returns the root
+        replaced by a rebase, so the caller can drop it (and free its items) outside the lock.
         """
         index = self.index
-        freed = 0
-        for item in items:
-            key = item.key
-            if index.get(key) is item:
-                del index[key]
-                freed += len(key) + len(item.value) + ITEM_OVERHEAD
-        self.bytes -= freed
+        if upto >= self.root.high:
+            # everything queued is persisted (the usual case when the flusher keeps up)
+            index.clear()
+            self.bytes = 0
+        else:
+            freed = 0
+            for item in items:
+                key = item.key
+                if index.get(key) is item:
+                    del index[key]
+                    freed += len(key) + len(item.value) + ITEM_OVERHEAD
+            self.bytes -= freed
         if upto > self.persisted:
             self.persisted = upto
-        self._maybe_rebase()
+        return self._maybe_rebase()
 
-    def _maybe_rebase(self) -> None:
+    def _maybe_rebase(self) -> QueueRoot | None:
         root = self.root
         prefix = self.persisted - root.base + 1
         size = len(root.vec)
         if prefix <= 0:
-            return
+            return None
         if prefix >= size:
             self.root = QueueRoot(_EMPTY, self.persisted + 1, root.high)
         elif prefix >= _REBASE_MIN and prefix * 2 >= size:
             self.root = QueueRoot(root.vec[prefix:], self.persisted + 1, root.high)
+        else:
+            return None
+        return root
 
     def reset(self, seqno: int) -> None:
         """Start empty at ``seqno`` (used at open)."""

@@ -109,7 +109,7 @@ def test_failover_log_is_capped(make_engine) -> None:
 
 
 def test_compaction_purges_tombstones_and_moves_purge_seqno(make_engine) -> None:
-    engine = make_engine(partitions=1)
+    engine = make_engine(partitions=1, **SLOW_FLUSH)
     engine.write_batch([put(f"k{i}") for i in range(10)])  # seqnos 1..10
     engine.write_batch([delete(f"k{i}") for i in range(5)])  # tombstones 11..15
     engine.flush_now()

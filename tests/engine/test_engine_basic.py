@@ -70,7 +70,8 @@ def test_stats_track_high_persisted_depth_items(engine) -> None:
     assert sum(s.item_count for s in engine.all_stats()) == 49
 
 
-def test_snapshot_disk_then_memory_each_key_once(engine) -> None:
+def test_snapshot_disk_then_memory_each_key_once(make_engine) -> None:
+    engine = make_engine(flush_interval_ms=60_000.0)
     keys = [f"k{i}" for i in range(40)]
     engine.write_batch([put(k, b"1") for k in keys])
     engine.flush_now()

@@ -49,7 +49,7 @@ def test_disk_snapshot_unchanged_by_later_rewrites(make_engine) -> None:
 
 
 def test_snapshot_batches_respect_items_and_bytes(make_engine) -> None:
-    engine = make_engine(partitions=1)
+    engine = make_engine(partitions=1, **SLOW_FLUSH)
     engine.write_batch([put(f"k{i}", b"x" * 100) for i in range(50)])
     engine.flush_now()
     engine.write_batch([put(f"m{i}", b"x" * 100) for i in range(50)])
@@ -60,7 +60,7 @@ def test_snapshot_batches_respect_items_and_bytes(make_engine) -> None:
 
 
 def test_snapshot_retries_when_the_root_was_rebased_past_the_read_txn(make_engine) -> None:
-    engine = make_engine(partitions=1)
+    engine = make_engine(partitions=1, **SLOW_FLUSH)
     engine.write_batch([put(f"k{i}") for i in range(10)])
     engine.flush_now()
     engine.write_batch([put(f"m{i}") for i in range(5)])

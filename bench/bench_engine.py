@@ -1,0 +1,192 @@
+"""Engine benchmark: the storage engine against the raw libraries it is built on, in one run.
+
+    .venv/bin/python -m bench.bench_engine            # default: 200k items, ~1 minute
+    .venv/bin/python -m bench.bench_engine --full     # 1M items everywhere
+
+Figures printed (compare the ratios; absolute numbers move on shared machines):
+
+1. ingest: raw py-lmdb ``putmulti(append=True)`` in sync'ed transactions of 1000 items (the
+   limit), engine ``write_batch`` of 1000 x 200-byte mutations into memory, and the flusher
+   persisting those same items (``flush_now``), plus ingest with the flusher running.
+2. scan: a raw LMDB cursor walk over the raw database vs the engine's snapshot reader over
+   the engine's by-seqno trees (same items).
+3. memory: a queue of N items (default 1e6), then 100 live snapshots of it with 10 new
+   writes and 10 rewrites between consecutive snapshots.
+"""
+from __future__ import annotations
+
+import argparse
+import gc
+import os
+import shutil
+import struct
+import tempfile
+import time
+import tracemalloc
+from pathlib import Path
+
+import lmdb
+
+from engine.config import EngineConfig
+from engine.engine import Engine
+from engine.types import Item, Op, WriteOp
+from engine.writequeue import WriteQueue
+
+BATCH = 1000
+VALUE_BYTES = 200
+
+
+class Timer:
+    """Wall and process-CPU time of a block: on a shared machine the CPU figure is steadier
+    (it includes the flusher thread's CPU, but not fsync waits)."""
+
+    def __enter__(self) -> "Timer":
+        self.wall, self.cpu = time.perf_counter(), time.process_time()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.wall = time.perf_counter() - self.wall
+        self.cpu = time.process_time() - self.cpu
+
+
+def rate(count: int, t: Timer) -> str:
+    return f"{count / t.wall / 1e6:6.3f} M/s wall {count / t.cpu / 1e6:6.3f} M/s cpu"
+
+
+def make_ops(count: int, value: bytes) -> list[list[WriteOp]]:
+    return [[WriteOp(Op.MUTATION, f"key-{b + i:010d}", value) for i in range(BATCH)]
+            for b in range(0, count, BATCH)]
+
+
+def raw_lmdb(path: Path, count: int, value: bytes) -> dict[str, Timer]:
+    """The limits: seqno-keyed records appended with ``putmulti`` (sync'ed txns of 1000, and
+    one txn for everything), then a full cursor scan copying keys and values."""
+    pack = struct.Struct(">Q").pack
+    env = lmdb.open(str(path), map_size=1 << 36, sync=True, max_dbs=2)
+    small, big = env.open_db(b"txn1000"), env.open_db(b"txn1")
+    out = {}
+    with Timer() as out["put_txn1000"]:
+        for b in range(0, count, BATCH):
+            records = [(pack(s), value) for s in range(b + 1, b + BATCH + 1)]
+            with env.begin(write=True, db=small) as txn:
+                txn.cursor().putmulti(records, append=True)
+    with Timer() as out["put_txn1"]:
+        with env.begin(write=True, db=big) as txn:
+            txn.cursor().putmulti([(pack(s), value) for s in range(1, count + 1)], append=True)
+    seen = 0
+    with Timer() as out["scan"]:
+        with env.begin(db=big) as txn:
+            for _k, _v in txn.cursor():
+                seen += 1
+    assert seen == count
+    env.close()
+    return out
+
+
+def engine_figures(path: Path, count: int, value: bytes, partitions: int) -> dict[str, Timer]:
+    out: dict[str, Timer] = {}
+    batches = make_ops(count, value)
+    # into memory with the flusher idle (interval far away, nobody waiting), then flush it all
+    engine = Engine.open(EngineConfig(data_dir=path / "a", partitions=partitions, flush_interval_ms=3.6e6))
+    with Timer() as out["memory"]:
+        for ops in batches:
+            engine.write_batch(ops)
+    with Timer() as out["flush"]:
+        engine.flush_now()
+    out["flush"].commits = engine.engine_stats()["flush_count"]  # type: ignore[attr-defined]
+    # scan every partition through the snapshot reader (all on disk now)
+    seen = 0
+    with Timer() as out["scan"]:
+        for p in range(partitions):
+            with engine.snapshot(p, 0) as snap:
+                for part in snap.parts:
+                    for batch in part.batches():
+                        seen += len(batch)
+    assert seen == count, (seen, count)
+    engine.close()
+    # ingest with the flusher running at its default interval, until everything is persisted
+    engine = Engine.open(EngineConfig(data_dir=path / "b", partitions=partitions))
+    with Timer() as out["ingest_persisted"]:
+        for ops in batches:
+            engine.write_batch(ops)
+        engine.flush_now()
+    out["ingest_persisted"].commits = engine.engine_stats()["flush_count"]  # type: ignore[attr-defined]
+    engine.close()
+    return out
+
+
+def snapshot_memory(count: int) -> tuple[int, int]:
+    """Bytes of one queue of ``count`` items vs 100 more live snapshots of it."""
+    gc.collect()
+    tracemalloc.start()
+    queue = WriteQueue(0)
+    value = b"v" * 16
+    new = tuple.__new__
+    for b in range(0, count, 10_000):
+        batch = queue.begin()
+        for i in range(b, b + 10_000):
+            key = b"k%d" % i
+            batch.add(new(Item, (key, batch.next_seqno, i, 1, False, value)), None)
+        batch.publish()
+    one = tracemalloc.get_traced_memory()[0]
+    snaps = [queue.root]
+    for s in range(100):
+        batch = queue.begin()
+        for i in range(10):  # 10 rewrites spread over the queue, 10 new keys
+            key = b"k%d" % ((s * 7919 + i * 104729) % count)
+            batch.add(new(Item, (key, batch.next_seqno, 0, 2, False, value)), queue.index.get(key))
+        for i in range(10):
+            key = b"n%d-%d" % (s, i)
+            batch.add(new(Item, (key, batch.next_seqno, 0, 1, False, value)), None)
+        batch.publish()
+        snaps.append(queue.root)
+    hundred = tracemalloc.get_traced_memory()[0] - one
+    tracemalloc.stop()
+    assert len(snaps) == 101 and snaps[0].high == count
+    return one, hundred
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--items", type=int, default=200_000)
+    parser.add_argument("--queue-items", type=int, default=1_000_000)
+    parser.add_argument("--partitions", type=int, default=64)
+    parser.add_argument("--full", action="store_true", help="1M items for every figure")
+    args = parser.parse_args()
+    count = 1_000_000 if args.full else args.items
+    count -= count % BATCH
+    value = os.urandom(VALUE_BYTES)
+    tmp = Path(tempfile.mkdtemp(prefix="upr-bench-engine-"))
+    try:
+        # Engine.open raises the GC threshold; do it first so the raw figures run under the same GC
+        Engine.open(EngineConfig(data_dir=tmp / "warm", partitions=1)).close()
+        print(f"engine bench: {count} items x {VALUE_BYTES} B, batches of {BATCH}, {args.partitions} partitions,"
+              f" gc threshold {gc.get_threshold()}")
+        raw = raw_lmdb(tmp / "raw", count, value)
+        e = engine_figures(tmp, count, value, args.partitions)
+        print("ingest")
+        print(f"  raw lmdb putmulti, txns of 1000      {rate(count, raw['put_txn1000'])}")
+        print(f"  raw lmdb putmulti, one txn           {rate(count, raw['put_txn1'])}")
+        print(f"  engine write_batch into memory       {rate(count, e['memory'])}")
+        flush = e["flush"]
+        print(f"  engine flusher persist               {rate(count, flush)}"
+              f"  ({flush.commits:.0f} commits)")  # type: ignore[attr-defined]
+        print(f"    = {raw['put_txn1'].wall / flush.wall:.0%} of raw one-txn,"
+              f" {raw['put_txn1000'].wall / flush.wall:.0%} of raw txns-of-1000 (wall)")
+        both = e["ingest_persisted"]
+        print(f"  engine ingest + persist, flusher on  {rate(count, both)}"
+              f"  ({both.commits:.0f} commits)")  # type: ignore[attr-defined]
+        print("scan by seqno")
+        print(f"  raw lmdb cursor scan                 {rate(count, raw['scan'])}")
+        print(f"  engine snapshot reader               {rate(count, e['scan'])}"
+              f"  = {raw['scan'].wall / e['scan'].wall:.0%} of raw wall, {raw['scan'].cpu / e['scan'].cpu:.0%} cpu")
+        one, hundred = snapshot_memory(args.queue_items if not args.full else 1_000_000)
+        print(f"memory of write-queue snapshots ({args.queue_items if not args.full else 1_000_000} items)")
+        print(f"  one queue (items + vector)          {one / 1e6:8.1f} MB")
+        print(f"  100 more live snapshots             {hundred / 1e6:8.2f} MB  (+{hundred / one:.2%})")
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
