@@ -20,8 +20,10 @@ class EngineConfig:
     failover_log_cap: int = 25
     #: Writes get ``Backpressure`` while the write queues hold more than this.
     queue_memory_limit_bytes: int = 1024 * MiB
-    #: Initial LMDB map size; grown on MapFullError.
-    lmdb_map_size: int = 1 << 30
+    #: Initial LMDB map size; grown (doubled) on MapFullError.  Large by default because it is
+    #: only address space (the file grows as data is written), and growing must wait until no
+    #: read transaction is open, which a slow stream's disk snapshot can delay.
+    lmdb_map_size: int = 16 << 30
     #: Largest number of items one flush moves in one LMDB write transaction.
     flush_batch_items: int = 50_000
     #: Raised (never lowered) at ``Engine.open``: CPython's default of 700 makes the cyclic

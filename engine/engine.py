@@ -142,6 +142,11 @@ class Engine:
     def closed(self) -> bool:
         return self._closed
 
+    @property
+    def flusher_running(self) -> bool:
+        """Whether the flusher thread is alive (readiness checks)."""
+        return self._flusher.running
+
     def partition_of(self, key: str) -> int:
         """``crc32(utf8(key)) % num_partitions`` (documented in engine.keys)."""
         return zlib.crc32(encode_key(key, self.config.max_key_bytes)) % self.num_partitions

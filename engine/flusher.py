@@ -198,5 +198,9 @@ class Flusher:
                 future.set_exception(exc)
 
     @property
+    def running(self) -> bool:
+        return self._thread.is_alive()
+
+    @property
     def pending_waiters(self) -> int:
         return len(self._waiters)

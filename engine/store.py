@@ -23,6 +23,7 @@ transaction of the process closed, so readers pass through a small gate (``read_
 """
 from __future__ import annotations
 
+import fcntl
 import os
 import struct
 import threading
@@ -36,7 +37,7 @@ from typing import TypeVar
 import lmdb
 
 from engine import failover
-from engine.errors import InvalidInput
+from engine.errors import DataDirInUse, InvalidInput
 from engine.types import FailoverEntry, Item, PartitionState
 
 FORMAT = b"1"
@@ -125,6 +126,7 @@ class Store:
             self.seq_dbs.append(env.open_db(s))
             self.key_dbs.append(env.open_db(k))
         self.fsyncs = 0
+        self._lock_fd: int | None = None
 
     # ------------------------------------------------------------------ open / close
 
@@ -138,6 +140,16 @@ class Store:
         """
         data_dir = Path(data_dir)
         data_dir.mkdir(parents=True, exist_ok=True)
+        lock_fd = _lock_data_dir(data_dir)
+        try:
+            return cls._open_locked(data_dir, partitions, map_size, failover_cap, lock_fd)
+        except BaseException:
+            os.close(lock_fd)
+            raise
+
+    @classmethod
+    def _open_locked(cls, data_dir: Path, partitions: int, map_size: int, failover_cap: int,
+                     lock_fd: int) -> OpenResult:
         stored = cls._stored_partitions(data_dir, map_size)
         count = stored if stored is not None else partitions
         if count < 1 or count > 4096:
@@ -156,6 +168,7 @@ class Store:
                 txn.put(b"partitions", b"%d" % count, db=meta_db)
                 txn.put(b"node_id", node_raw, db=meta_db)
         store = cls(env, count, node_raw.decode(), map_size)
+        store._lock_fd = lock_fd
 
         def start(txn: lmdb.Transaction) -> tuple[bool, list[PartitionMeta]]:
             was_clean = txn.get(b"clean", db=store.meta_db) is not None
@@ -202,6 +215,9 @@ class Store:
 
     def close(self) -> None:
         self.env.close()
+        if self._lock_fd is not None:
+            os.close(self._lock_fd)  # releases the flock
+            self._lock_fd = None
 
     # ------------------------------------------------------------------ transactions
 
@@ -375,6 +391,8 @@ class LongRead:
             self._open = False
             try:
                 self.txn.abort()
+            except lmdb.Error:
+                pass  # the environment was closed under us: the transaction is already gone
             finally:
                 self._store._gate.leave()
 
@@ -385,5 +403,17 @@ class LongRead:
             pass
 
 
-def data_file(data_dir: Path) -> Path:
-    return Path(os.fspath(data_dir)) / "data.mdb"
+def _lock_data_dir(data_dir: Path) -> int:
+    """Hold an exclusive ``flock`` on ``<data_dir>/upr.lock`` for as long as the store is open.
+
+    Why: seqnos are allocated in memory, so two engines on one data dir (two processes, or
+    the same process twice, which LMDB forbids too) would hand out the same seqnos.  The
+    kernel drops the lock when the process dies, so a SIGKILLed server never leaves it stale.
+    """
+    fd = os.open(data_dir / "upr.lock", os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        raise DataDirInUse(f"data dir {data_dir} is already open by another engine", field="data_dir") from None
+    return fd

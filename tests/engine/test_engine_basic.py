@@ -131,3 +131,20 @@ def test_listener_is_told_partitions(engine) -> None:
     remove()
     engine.write(put("zz"))
     assert len(seen) == len({r.partition for r in results})
+
+
+def test_flusher_running_until_close(make_engine) -> None:
+    engine = make_engine()
+    assert engine.flusher_running and not engine.closed
+    engine.close()
+    assert not engine.flusher_running and engine.closed
+
+
+def test_second_engine_on_the_same_data_dir_is_refused(make_engine) -> None:
+    from engine.errors import DataDirInUse
+
+    engine = make_engine()
+    with pytest.raises(DataDirInUse):
+        make_engine()
+    engine.close()
+    make_engine().close()  # the lock is released by close
