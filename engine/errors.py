@@ -10,8 +10,7 @@
     ├── PartitionNotActive        write to a replica/pending/dead partition (503)
     ├── Backpressure              write queue over its memory limit (429); retriable
     ├── SeqnoRangeError           stream request outside what the partition has (DCP ERANGE)
-    ├── EngineClosed              the engine is shut down (503)
-    └── DataDirInUse              another engine (this or another process) has the data dir open
+    └── EngineClosed              the engine is shut down (503)
 
 Every error carries the data needed to say what to fix (``field``, ``partition``,
 ``seqno``) so the HTTP layer and the stream protocol can render it without parsing
@@ -97,7 +96,3 @@ class SeqnoRangeError(UprError):
 class EngineClosed(UprError):
     code = "engine_closed"
     retriable = True
-
-
-class DataDirInUse(UprError):
-    code = "data_dir_in_use"

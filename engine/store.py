@@ -37,7 +37,7 @@ from typing import TypeVar
 import lmdb
 
 from engine import failover
-from engine.errors import DataDirInUse, InvalidInput
+from engine.errors import InvalidInput, UprError
 from engine.types import FailoverEntry, Item, PartitionState
 
 FORMAT = b"1"
@@ -49,6 +49,15 @@ _PERSISTED = struct.Struct(">QQQ")
 _tuple_new = tuple.__new__
 
 T = TypeVar("T")
+
+
+class DataDirInUse(UprError):
+    """Raised by ``Engine.open`` only (never by a request): the data dir is held by another engine.
+
+    Lives here rather than in ``engine.errors`` because it is a start-up failure, not part of
+    the request error contract that the HTTP and stream layers map."""
+
+    code = "data_dir_in_use"
 
 
 @dataclass(slots=True)
