@@ -5,13 +5,14 @@ A consumer (or a Spark job, or an operator) posts the positions it holds per par
 answer the stream would give (``ok``, ``rollback`` to R, ``not_my_partition``, ``range_error``)
 with the rule that decided it (``from_zero``, ``same_history``, ``unknown_uuid``, ``purged``,
 ``diverged``, ``partial_snapshot``, ...) and the numbers it used.  The decision is the very
-function the stream uses (``app.stream.control.evaluate`` over ``engine.rollback.decide``), so a
-checkpoint validated here behaves the same when the job starts.  A dry run: nothing is counted as
+rules the stream uses (``engine.rollback.decide``, fed exactly as ``ServerSession.stream_info``
+feeds it: state check first, ``to_now``-free end seqno), so a checkpoint validated here behaves the
+same when the job starts.  A dry run: nothing is counted as
 a rollback in ``/metrics``.
 """
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 from fastapi import APIRouter
 from pydantic import BaseModel, ConfigDict, Field
@@ -19,8 +20,8 @@ from pydantic import BaseModel, ConfigDict, Field
 from app.deps import ReadUser, RunnerDep
 from app.problems import UNKNOWN_PARTITION, Problem
 from app.routes.responses import problems
-from app.stream.control import Verdict, evaluate
-from engine.protocol import messages as M
+from engine.errors import SeqnoRangeError
+from engine.rollback import Rollback, StreamPosition, decide
 from engine.types import MAX_SEQNO
 
 __all__ = ["router"]
@@ -72,16 +73,38 @@ class PositionsVerdict(BaseModel):
     results: list[PositionVerdict]
 
 
-def _check_all(engine: object, positions: list[HeldPosition]) -> list[Verdict]:
-    out = []
-    for pos in positions:
-        req = M.StreamRequest(
-            partition=pos.partition, uuid=pos.uuid, start_seqno=pos.seqno, snap_start=pos.snap_start,
-            snap_end=pos.snap_end, expected_state=pos.expected_state, end_seqno=pos.end_seqno,
-            strict_uuid=pos.strict_uuid,
+def evaluate(engine: Any, pos: HeldPosition) -> PositionVerdict:
+    """Executor side: the answer a stream request from ``pos`` would get now, and its rule."""
+    stats = engine.stats(pos.partition)
+    state = stats.state.value
+    log = tuple(stats.failover_log)
+    common: dict[str, Any] = {
+        "partition": pos.partition, "state": state, "high_seqno": stats.high_seqno, "purge_seqno": stats.purge_seqno,
+        "current_uuid": log[0].uuid if log else 0, "failover_log": [[e.uuid, e.seqno] for e in log],
+    }
+    if state != pos.expected_state:
+        return PositionVerdict(
+            status="not_my_partition", rule="not_my_partition", behind=0,
+            detail=f"partition {pos.partition} is {state}, not {pos.expected_state}: reload the partition map",
+            **common,
         )
-        out.append(evaluate(engine, pos.partition, req))
-    return out
+    position = StreamPosition(pos.uuid, pos.seqno, pos.snap_start, pos.snap_end, pos.end_seqno, pos.strict_uuid)
+    try:
+        verdict = decide(log, stats.high_seqno, stats.purge_seqno, position)
+    except SeqnoRangeError as exc:
+        return PositionVerdict(status="range_error", rule="range_error", detail=exc.message, field=exc.field,
+                               behind=0, **common)
+    if isinstance(verdict, Rollback):
+        return PositionVerdict(
+            status="rollback", rule=verdict.reason.value, reason=verdict.reason.value, rollback_seqno=verdict.seqno,
+            detail=verdict.detail, behind=max(0, stats.high_seqno - verdict.seqno), **common,
+        )
+    return PositionVerdict(status="ok", rule=verdict.rule.value, detail=verdict.detail,
+                           behind=max(0, stats.high_seqno - pos.seqno), **common)
+
+
+def _check_all(engine: Any, positions: list[HeldPosition]) -> list[PositionVerdict]:
+    return [evaluate(engine, pos) for pos in positions]
 
 
 @router.post(
@@ -101,15 +124,4 @@ async def check_positions(body: PositionsCheck, runner: RunnerDep, _user: ReadUs
                 f"partition {pos.partition} does not exist; this node has {engine.num_partitions}",
                 field=f"positions[{i}].partition", partition=pos.partition,
             )
-    verdicts = await runner.read(_check_all, engine, body.positions)
-    results = []
-    for pos, v in zip(body.positions, verdicts, strict=True):
-        r = v.response
-        resume = r.rollback_seqno if r.rollback_seqno is not None else pos.seqno
-        results.append(PositionVerdict(
-            partition=pos.partition, status=r.status.value, rule=v.rule, rollback_seqno=r.rollback_seqno,
-            reason=r.reason, detail=r.detail, field=r.field, state=v.state, high_seqno=v.high_seqno,
-            purge_seqno=v.purge_seqno, behind=max(0, v.high_seqno - resume), current_uuid=v.uuid,
-            failover_log=[[e.uuid, e.seqno] for e in (r.failover_log or ())],
-        ))
-    return PositionsVerdict(results=results)
+    return PositionsVerdict(results=await runner.read(_check_all, engine, body.positions))

@@ -2,10 +2,8 @@
 stream protocol (``engine.protocol``) and the engine's snapshots.
 
     endpoint.py    auth before the upgrade, one StreamConnection per socket
-    connection.py  reader + sender tasks, passes in partition order, flow control, cookies
-    control.py     hello / stream_request / close_stream / barrier / ack handling
+    connection.py  reader + sender tasks carrying out engine.protocol.session.ServerSession
     cursor.py      per-partition snapshot reading and encoding (executor threads), cursor dropping
-    codec.py       markers, item batches and stream ends as WebSocket messages
     hub.py         engine change notifications -> the event loop, coalesced
 """
 from app.stream.endpoint import router

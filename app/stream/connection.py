@@ -1,31 +1,27 @@
-"""One stream connection: the thin asyncio adapter between a WebSocket and the stream protocol.
+"""One stream connection: the thin asyncio adapter between a WebSocket and ``ServerSession``.
 
 Theory of operation
 -------------------
-Two tasks per connection, both on the event loop:
+Every protocol decision (message validation, order, rollback checks, which stream to visit next,
+positions, bounded-stream ends, barrier cookies, flow-control accounting, cycle_complete) is made
+by the sans-I/O ``engine.protocol.session.ServerSession``.  This class only carries out what the
+session returns and feeds it what happened, with two tasks on the event loop:
 
-* the **reader** receives WebSocket messages and feeds them to the protocol session, which
-  answers with control replies (queued for the sender), opened/closed streams, barrier cookies
-  and flow-control acknowledgements.  It never blocks on the consumer, so acks, cookies and
-  WebSocket pongs keep flowing while the sender waits.
-* the **sender** owns the socket's outgoing side.  It sends queued control replies first, then
-  runs *passes*: a pass visits the connection's streamed partitions in id order; each visit takes
-  a snapshot and encodes it in executor threads (``PartitionCursor.produce``, budgeted so that
-  only ~``chunk_bytes`` of encoded output exists at a time) and sends it frame by frame, each
-  frame waiting for flow-control credit.  With nothing to do it sleeps on one ``asyncio.Event``
-  that engine change notifications (``ChangeHub``), acks, control replies and cookies set: no
-  busy loop.
+* the **reader** receives WebSocket messages and feeds them to the session; it answers the
+  session's engine lookups (``LookupPartitions``, ``LookupStream``) with reads in executor
+  threads, queues the messages the session returns for the sender, and wakes it.  It never waits
+  for the consumer, so acks, cookies and WebSocket pongs keep flowing while the sender is blocked.
+* the **sender** owns the socket's outgoing side: queued control messages first, then the
+  session's stream loop: ``next_visit`` -> ``begin_visit`` -> snapshot and encode in executor
+  threads (``PartitionCursor.produce``, at most ``chunk_bytes`` of encoded output at a time) ->
+  send marker and batch frames, each only while ``session.can_send`` -> ``end_visit``.  With
+  nothing to do it sleeps on one ``asyncio.Event`` set by engine notifications (``ChangeHub``),
+  client messages and shutdown: no busy loop.
 
-A pass visits only partitions that changed since their last visit (the hub says which), unless
-a barrier cookie is pending: then it checks every partition with the engine.  A cookie that
-arrives during pass *k* is returned at the end of pass *k+1*, the first pass whose every
-snapshot was taken after the cookie arrived: so every mutation acknowledged to a writer before
-the cookie was sent has been sent before the cookie comes back.
-
-Slow consumers cost bounded memory: encoded output is capped by the chunk budget, unacknowledged
-bytes by the window, the socket buffer by uvicorn's write flow control; a snapshot held while the
-consumer has not made progress for ``drop_after_s`` is released (cursor dropping) and re-read
-from disk later.
+Bounded memory for slow consumers: encoded output is capped by the chunk budget, unacknowledged
+bytes by the window, the socket buffer by uvicorn's write flow control (a send waits until the
+transport drains).  A snapshot held while the consumer has made no progress for ``drop_after_s``
+is released (cursor dropping) and re-read, from disk, when the consumer moves again.
 """
 from __future__ import annotations
 
@@ -37,48 +33,38 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from starlette.websockets import WebSocket, WebSocketDisconnect
+from starlette.websockets import WebSocketDisconnect
 
-from engine.protocol.barrier import BarrierTracker
-from engine.protocol.errors import CloseCode, ErrorCode, ProtocolError
-from engine.protocol.flow import FlowControl
-
-from app.stream.cursor import Encoded, Encoder, PartitionCursor
+from app.stream.cursor import Batch, ItemEncoder, Marker, PartitionCursor
 from app.stream.hub import ChangeHub
 from app.streams_registry import PartitionStreamStatus, StreamStatus
+from engine.protocol import messages as M
+from engine.protocol.errors import CloseCode
+from engine.protocol.frames import encode_binary, encode_json
+from engine.protocol.session import Close, LookupPartitions, LookupStream, ServerSession
 
 log = logging.getLogger("upr.stream")
 
-__all__ = ["StreamLimits", "StreamConnection"]
+__all__ = ["StreamConnection", "StreamLimits"]
 
-# WebSocket close codes
-CLOSE_NORMAL = 1000
-CLOSE_GOING_AWAY = 1001
-CLOSE_UNSUPPORTED = 1003
-CLOSE_POLICY = 1008
-CLOSE_TOO_BIG = 1009
-CLOSE_INTERNAL = 1011
+ENCODERS: dict[str, ItemEncoder] = {"binary": encode_binary, "json": encode_json}
 
 
 @dataclass(frozen=True, slots=True)
 class StreamLimits:
-    """Per-connection limits; explicit and configurable (``create_router(limits=...)``)."""
+    """The adapter's limits (the protocol's own are ``protocol``); explicit and configurable
+    through ``app.state.stream_limits``."""
 
-    #: largest client message accepted (a hello naming 65,536 partitions fits); bigger -> error + 1009
-    max_message_bytes: int = 1 << 20
-    #: window when the client's hello asks for none, and the largest one granted
-    default_window_bytes: int = 4 * 1024 * 1024
-    max_window_bytes: int = 64 * 1024 * 1024
-    min_window_bytes: int = 64 * 1024
-    #: encoded output produced per executor job (bounds server memory per connection)
+    protocol: M.ProtocolLimits = field(default_factory=M.ProtocolLimits)
+    #: encoded output produced per executor job: bounds server memory per connection
     chunk_bytes: int = 256 * 1024
-    #: item frame size target
+    #: item batch frame target size and item count
     frame_bytes: int = 64 * 1024
     frame_items: int = 4096
     #: release a pinned snapshot when the consumer made no progress for this long
     drop_after_s: float = 2.0
-    #: most barrier cookies pending at once
-    max_pending_barriers: int = 1024
+    #: how long a closing connection may take to flush its last messages
+    close_timeout_s: float = 5.0
 
 
 class StreamConnection:
@@ -86,57 +72,55 @@ class StreamConnection:
 
     def __init__(
         self,
-        ws: WebSocket,
+        ws: Any,
         *,
-        session: Any,
         engine: Any,
         read: Callable[..., Awaitable[Any]],
         hub: ChangeHub,
-        encoder_for: Callable[[str], Encoder],
         limits: StreamLimits,
         remote: str,
         on_rollback: Callable[[str], None] = lambda reason: None,
         on_bytes: Callable[[int], None] = lambda n: None,
     ) -> None:
         self.ws = ws
-        self.session = session
         self.engine = engine
         self._read = read
         self.hub = hub
-        self._encoder_for = encoder_for
-        self.encoder: Encoder | None = None
         self.limits = limits
         self.remote = remote
         self._on_rollback = on_rollback
         self._on_bytes = on_bytes
-        self.name = ""
-        self.codec = "json"
-        self.connected_at = time.time()
+        self.session = ServerSession(node_id=engine.node_id, partition_count=engine.num_partitions,
+                                     limits=limits.protocol)
         self.cursors: dict[int, PartitionCursor] = {}
-        self._dirty: set[int] = set()
-        self._control: deque[str | bytes] = deque()
-        self.tracker = BarrierTracker(limits.max_pending_barriers)
-        self._wake = asyncio.Event()
-        self._credit = asyncio.Event()
-        self._pass_no = 0
-        self._in_pass = False
-        self._sent_any_in_pass = False
-        self._closing: tuple[int, str] | None = None
-        self._peer_closed = False
-        self._closed = asyncio.Event()
-        self.flow = FlowControl(limits.default_window_bytes)
+        self.connected_at = time.time()
         self.bytes_sent = 0
-        self.last_ack_at = time.monotonic()
         self.cursor_drops = 0
-        self._sender: asyncio.Task[None] | None = None
-        self._reader: asyncio.Task[None] | None = None
+        self.rollbacks = 0
+        self._control: deque[Any] = deque()
+        self._wake = asyncio.Event()
+        self._close: Close | None = None
+        self._peer_closed = False
+        self._done = asyncio.Event()
+        self._stopped = False
+        self._visiting: int | None = None
+        self._job: asyncio.Future[Any] | None = None
+
+    @property
+    def name(self) -> str:
+        return self.session.hello.name if self.session.hello else ""
+
+    @property
+    def codec(self) -> str:
+        return self.session.hello.codec.value if self.session.hello else "json"
 
     # ------------------------------------------------------------------ hub subscriber
     def notify(self, partitions: frozenset[int]) -> None:
+        streams = self.session.streams
         hit = False
         for p in partitions:
-            if p in self.cursors:
-                self._dirty.add(p)
+            if p in streams:
+                self.session.notify(p)
                 hit = True
         if hit:
             self._wake.set()
@@ -144,54 +128,67 @@ class StreamConnection:
     # ------------------------------------------------------------------ lifecycle
     async def run(self) -> None:
         self.hub.subscribe(self)
-        self._sender = asyncio.create_task(self._send_loop(), name=f"stream-send-{self.remote}")
-        self._reader = asyncio.create_task(self._read_loop(), name=f"stream-read-{self.remote}")
+        sender = asyncio.create_task(self._send_loop(), name=f"stream-send-{self.remote}")
+        reader = asyncio.create_task(self._read_loop(), name=f"stream-read-{self.remote}")
         try:
-            done, _ = await asyncio.wait({self._sender, self._reader}, return_when=asyncio.FIRST_COMPLETED)
-            for task in done:
-                exc = task.exception()
-                if exc is not None and not isinstance(exc, (WebSocketDisconnect, ConnectionError)):
-                    log.error("stream %s (%s) failed", self.name or "?", self.remote, exc_info=exc)
-                    await self._close_now(CLOSE_INTERNAL, "internal error")
+            await asyncio.wait({sender, reader}, return_when=asyncio.FIRST_COMPLETED)
+            if reader.done() and not sender.done() and not self._peer_closed:
+                # the reader stopped on a protocol error: let the sender flush the error and close
+                try:
+                    await asyncio.wait_for(asyncio.shield(sender), self.limits.close_timeout_s)
+                except (asyncio.TimeoutError, Exception):  # noqa: BLE001 - reported below
+                    pass
+            for task in (sender, reader):
+                if task.done() and not task.cancelled():
+                    exc = task.exception()
+                    if exc is not None and not isinstance(exc, (WebSocketDisconnect, ConnectionError, OSError)):
+                        log.error("stream %s (%s) failed", self.name or "?", self.remote, exc_info=exc)
+                        await self._close_socket(1011, "internal error")
         finally:
+            self._stopped = True
             self.hub.unsubscribe(self)
-            for task in (self._sender, self._reader):
-                if task is not None and not task.done():
-                    task.cancel()
-            for task in (self._sender, self._reader):
-                if task is not None:
-                    try:
-                        await task
-                    except BaseException:  # noqa: BLE001 - cancelled or already reported
-                        pass
+            for task in (sender, reader):
+                task.cancel()
+            for task in (sender, reader):
+                try:
+                    await task
+                except BaseException:  # noqa: BLE001 - cancelled or already reported
+                    pass
             await self._release_all()
-            self._closed.set()
+            self._done.set()
 
     async def shutdown(self) -> None:
-        """Server stopping: every open stream ends with ``shutting_down``, then close 1001."""
-        if self._closing is not None:
+        """Server stopping: ``stream_end(shutting_down)`` for every stream, then close 1001."""
+        if self._stopped:
             return
-        if self.encoder is not None:
-            for p, cursor in sorted(self.cursors.items()):
-                self._control.append(self.encoder.stream_end(p, "shutting_down", cursor.last_seqno))
-        self._closing = (CLOSE_GOING_AWAY, "server shutting down")
-        self._wake.set()
-        self._credit.set()
+        self._carry_out(self.session.shutdown())
         try:
-            await asyncio.wait_for(self._closed.wait(), timeout=5.0)
+            await asyncio.wait_for(self._done.wait(), timeout=self.limits.close_timeout_s)
         except asyncio.TimeoutError:
-            await self._close_now(CLOSE_GOING_AWAY, "server shutting down")
+            await self._close_socket(int(CloseCode.GOING_AWAY), "server shutting down")
+
+    async def _on_reader(self, fn: Callable[..., Any], *args: Any) -> Any:
+        """Run a cursor operation on a reader thread.  Shielded: if this task is cancelled the
+        job still finishes before anything else touches the cursor (``_release_all`` waits)."""
+        job = asyncio.ensure_future(self._read(fn, *args))
+        self._job = job
+        return await asyncio.shield(job)
 
     async def _release_all(self) -> None:
+        if self._job is not None and not self._job.done():
+            try:
+                await asyncio.wait_for(asyncio.shield(self._job), timeout=30)
+            except BaseException:  # noqa: BLE001 - the job's own errors do not matter any more
+                pass
         cursors = list(self.cursors.values())
         self.cursors.clear()
         if cursors:
             try:
                 await self._read(_close_cursors, cursors)
-            except Exception:  # executor gone at shutdown: drop references instead
-                pass
+            except Exception:  # noqa: BLE001 - executor gone at shutdown: drop references instead
+                _close_cursors(cursors)
 
-    async def _close_now(self, code: int, reason: str) -> None:
+    async def _close_socket(self, code: int, reason: str) -> None:
         try:
             await asyncio.wait_for(self.ws.close(code, reason), timeout=2.0)
         except Exception:  # noqa: BLE001 - already closed or peer gone
@@ -199,260 +196,232 @@ class StreamConnection:
 
     # ------------------------------------------------------------------ reader
     async def _read_loop(self) -> None:
-        limit = self.limits.max_message_bytes
+        session = self.session
         while True:
             message = await self.ws.receive()
-            kind = message["type"]
-            if kind == "websocket.disconnect":
+            if message["type"] == "websocket.disconnect":
                 self._peer_closed = True
-                self._closing = self._closing or (message.get("code", 1000), "peer closed")
                 self._wake.set()
-                self._credit.set()
                 return
             text = message.get("text")
-            try:
-                if text is None:
-                    raise ProtocolError(
-                        ErrorCode.UNSUPPORTED_DATA,
-                        "binary messages are not accepted from clients; send JSON text frames",
-                        close_code=CloseCode.UNSUPPORTED_DATA,
-                    )
-                if len(text) > limit:
-                    raise ProtocolError(
-                        ErrorCode.MESSAGE_TOO_LARGE,
-                        f"message of {len(text)} characters exceeds the limit of {limit} bytes",
-                        close_code=CloseCode.MESSAGE_TOO_BIG,
-                    )
-                await self.session.receive(self, text)
-            except ProtocolError as failure:
-                self._refuse(failure)
-                if failure.close_code is not None:
-                    return
+            outs = session.receive_text(text) if text is not None else session.receive_binary(message["bytes"])
+            await self._resolve(outs)
+            self._wake.set()  # an ack may have opened the window
+            if self._close is not None:
+                return
 
-    def _refuse(self, failure: ProtocolError) -> None:
-        log.info("stream %s (%s): protocol error %s (field %s): %s", self.name or "?", self.remote, failure.code,
-                 failure.field, failure.message)
-        self._control.append(self.session.error_message(failure))
-        if failure.close_code is not None:
-            # Close reasons are limited to 123 bytes: name the code and the field.
-            reason = f"{failure.code}: {failure.field}" if failure.field else str(failure.code)
-            self._closing = (int(failure.close_code), reason[:120])
-            self._credit.set()
+    async def _resolve(self, outs: list[Any]) -> None:
+        """Carry out session outputs, answering engine lookups (executor reads) as they come."""
+        pending = deque(outs)
+        while pending:
+            out = pending.popleft()
+            if isinstance(out, LookupPartitions):
+                infos = await self._read(_partition_infos, self.engine, out.partitions)
+                pending.extendleft(reversed(self.session.partitions_info(infos)))
+            elif isinstance(out, LookupStream):
+                info = (await self._read(_partition_infos, self.engine, (out.partition,)))[out.partition]
+                pending.extendleft(reversed(self.session.stream_info(out.partition, info)))
+            else:
+                self._carry_out([out])
+
+    def _carry_out(self, outs: list[Any]) -> None:
+        for out in outs:
+            if isinstance(out, Close):
+                self._close = out
+            elif isinstance(out, M.StreamResponse):
+                self._on_response(out)
+                self._control.append(out)
+            elif isinstance(out, M.StreamEnd):
+                self._forget(out.partition)
+                self._control.append(out)
+            elif isinstance(out, M.Error):
+                log.info("stream %s (%s): refused: %s (field %s): %s", self.name or "?", self.remote, out.code,
+                         out.field, out.message)
+                self._control.append(out)
+            else:
+                self._control.append(out)
         self._wake.set()
 
-    # ------------------------------------------------------------------ called by the session
-    def reply(self, message: str | bytes) -> None:
-        """Queue a control message (sent before further data, counted against the window)."""
-        self._control.append(message)
-        self._wake.set()
+    def _on_response(self, r: M.StreamResponse) -> None:
+        p = r.partition
+        if r.status is M.StreamStatus.OK:
+            stream = self.session.streams.get(p)
+            if stream is not None:
+                self.cursors[p] = PartitionCursor(p, stream.position, stream.snap_start,
+                                                  frame_bytes=self.limits.frame_bytes,
+                                                  frame_items=self.limits.frame_items)
+        elif r.status is M.StreamStatus.ROLLBACK:
+            self.rollbacks += 1
+            self._on_rollback(str(r.reason))
+            log.warning("stream %s (%s): partition %d told to roll back to %s (%s): %s", self.name, self.remote, p,
+                        r.rollback_seqno, r.reason, r.detail)
 
-    @property
-    def in_flight(self) -> int:
-        return self.flow.in_flight
-
-    def set_window(self, window: int) -> None:
-        self.flow = FlowControl(window)
-
-    def open_stream(self, cursor: PartitionCursor) -> None:
-        self.cursors[cursor.partition] = cursor
-        self.tracker.stream_started(cursor.partition)
-        self._dirty.add(cursor.partition)
-        self._wake.set()
-
-    def _stop_stream(self, partition: int) -> PartitionCursor | None:
+    def _forget(self, partition: int) -> None:
         cursor = self.cursors.pop(partition, None)
-        self._dirty.discard(partition)
-        self.tracker.stream_stopped(partition)
-        self._wake.set()  # cookies waiting only on this partition may now be released
-        return cursor
-
-    async def close_stream(self, partition: int) -> PartitionCursor | None:
-        cursor = self._stop_stream(partition)
-        if cursor is not None:
-            await self._read(cursor.close)
-        return cursor
-
-    def add_barrier(self, cookie: str) -> None:
-        self.tracker.add(cookie)  # ProtocolError (not fatal) for a duplicate or too many
-        self._wake.set()
-
-    def ack(self, nbytes: int) -> None:
-        self.flow.on_ack(nbytes)  # ProtocolError naming ``bytes`` if more than in flight
-        self.last_ack_at = time.monotonic()
-        if self.flow.can_send:
-            self._credit.set()
-
-    def rollback_issued(self, reason: str) -> None:
-        self._on_rollback(reason)
+        if cursor is not None and cursor.holding and partition != self._visiting:
+            # released on a reader thread (a disk part closes an LMDB transaction); a cursor
+            # being visited is released by the visit itself, never concurrently with its job
+            asyncio.ensure_future(self._read(cursor.close))
 
     # ------------------------------------------------------------------ sender
     async def _send_loop(self) -> None:
+        session = self.session
         while True:
-            self._release_cookies()
             await self._flush_control()
-            if self._closing is not None:
-                if not self._peer_closed:
-                    await self._close_now(*self._closing)
+            if self._peer_closed:
                 return
-            if self._pass_due():
-                await self._run_pass()
+            if self._close is not None:
+                await self._close_socket(int(self._close.code), self._close.reason)
+                return
+            p = session.next_visit()
+            if p is not None:
+                await self._visit(p)
                 continue
             self._wake.clear()
-            if self._control or self._closing is not None or self._pass_due() or self._cookies_ready():
+            if self._control or self._close is not None or self._peer_closed or session.next_visit() is not None:
                 continue
             await self._wake.wait()
 
-    def _needs_visit(self, p: int, cursor: PartitionCursor) -> bool:
-        return (not cursor.visited or p in self._dirty or cursor.holding or cursor.open_snapshot
-                or self.tracker.needs_visit(p))
-
-    def _pass_due(self) -> bool:
-        if self.encoder is None:
-            return False
-        return any(self._needs_visit(p, c) for p, c in self.cursors.items())
-
-    def _cookies_ready(self) -> bool:
-        return bool(self.tracker.pending) and not any(self.tracker.needs_visit(p) for p in self.cursors)
-
-    def _release_cookies(self) -> None:
-        if not self.tracker.pending:
-            return
-        ready = self.tracker.release()
-        if ready:
-            seqnos = {p: c.last_seqno for p, c in sorted(self.cursors.items())}
-            for cookie in ready:
-                self._control.append(self.session.barrier_message(cookie, seqnos))
-
     async def _flush_control(self) -> None:
         while self._control:
-            await self._transmit(self._control.popleft())
+            await self._transmit(M.encode(self._control.popleft()))
 
     async def _transmit(self, data: str | bytes) -> None:
         if isinstance(data, str):
-            await self.ws.send_text(data)  # ASCII JSON: characters == bytes acknowledged
+            await self.ws.send_text(data)  # pure ASCII: len(text) is the byte count acknowledged
         else:
             await self.ws.send_bytes(data)
         size = len(data)
-        self.flow.on_sent(size)
+        self.session.sent(size)
         self.bytes_sent += size
         self._on_bytes(size)
 
-    async def _run_pass(self) -> None:
-        """Visit, in partition id order, every stream with something to check."""
-        assert self.encoder is not None
-        self._pass_no += 1
-        sent_any = False
-        for p in sorted(self.cursors):
-            cursor = self.cursors.get(p)
-            if cursor is None or not self._needs_visit(p, cursor):
-                continue
-            self._dirty.discard(p)
-            if not cursor.visited:
-                cursor.visited = sent_any = True
-            sent_any |= await self._visit(cursor)
-            self._release_cookies()
+    async def _visit(self, p: int) -> None:
+        """One visit: snapshot the partition after its position and send all of it (or nothing)."""
+        session = self.session
+        cursor = self.cursors[p]
+        visit = session.begin_visit(p)
+        cursor.last_seqno = visit.after_seqno
+        encode = ENCODERS[self.codec]
+        complete = False
+        self._visiting = p
+        try:
+            while not complete:
+                out: list[Marker | Batch] = []
+                try:
+                    complete = await self._on_reader(cursor.produce, self._snapshot_of, encode,
+                                                     self.limits.chunk_bytes, out)
+                except StateChanged as changed:
+                    log.info("stream %s: partition %d %s; stream ended", self.name, p, changed)
+                    self._carry_out(session.end_stream(p, M.StreamEndReason.STATE_CHANGED))
+                    break
+                for item in out:
+                    if not await self._send_item(p, item, cursor):
+                        complete = True  # the stream ended (bounded, closed) or the connection is closing
+                        break
+        finally:
+            self._visiting = None
+        if self.cursors.get(p) is not cursor and cursor.holding:
+            await self._on_reader(cursor.close)  # the stream ended during the visit
+        self._carry_out(session.end_visit(visit))
+
+    async def _send_item(self, p: int, item: Marker | Batch, cursor: PartitionCursor) -> bool:
+        """Send a marker or batch once the window allows; False if the stream or connection ended."""
+        session = self.session
+        if not await self._wait_for_credit(cursor):
+            return False
+        if not session.is_open(p):
+            return False
+        if isinstance(item, Marker):
+            data: str | bytes = M.encode(session.snapshot_marker(p, item.start, item.end, item.source,
+                                                                 item.purge_seqno))
+        else:
+            data = item.data
+        await self._transmit_watched(data, cursor)
+        if isinstance(item, Batch):
+            self._carry_out(session.items_sent(p, item.last_seqno, item.last))
             await self._flush_control()
-            if self._closing is not None:
-                return
-        if sent_any:
-            self._control.append(self.session.cycle_complete_message(self._pass_no))
-        self._release_cookies()
-        await self._flush_control()
+            return session.is_open(p)
+        return True
 
-    async def _visit(self, cursor: PartitionCursor) -> bool:
-        """Send one partition's new snapshot (if any) completely.  True if anything was sent.
-
-        The visit's barrier token is drawn *before* the snapshot is taken (in the executor), so a
-        cookie that arrives while the snapshot is being taken is not satisfied by this visit."""
-        assert self.encoder is not None
-        p = cursor.partition
-        token = self.tracker.begin_visit(p)
-        sent = False
-        while True:
-            out: list[Encoded] = []
-            try:
-                result = await self._read(
-                    cursor.produce, self._snapshot_of, self.encoder, self.limits.chunk_bytes, out
-                )
-            except StateChanged as changed:
-                await self._read(cursor.close)
-                self._stop_stream(p)
-                self._control.append(self.encoder.stream_end(p, "state_changed", cursor.last_seqno))
-                log.info("stream %s: partition %d %s; stream ended", self.name, p, changed)
-                return True
-            for msg in out:
-                if not await self._send_data(msg, cursor):
-                    return sent
-                sent = True
-            if result.ended:
-                self._stop_stream(p)
-                return sent
-            if result.complete:
-                self.tracker.end_visit(p, token)
-                return sent
-
-    def _snapshot_of(self, partition: int, after_seqno: int) -> Any:
-        """Executor side: the partition must still be in the state the stream expected."""
-        expected = self.session.expected_state(partition)
-        if expected is not None:
-            state = self.engine.state(partition).value
-            if state != expected:
-                raise StateChanged(f"is now {state}, the stream expected {expected}")
-        return self.engine.snapshot(partition, after_seqno)
-
-    async def _send_data(self, msg: Encoded, cursor: PartitionCursor) -> bool:
-        """Send one data message once the window allows; False if the connection is closing.
-
-        While blocked on the consumer (no credit, or the socket not draining) for longer than
-        ``drop_after_s``, the cursor's snapshot is released (cursor dropping)."""
-        drop_after = self.limits.drop_after_s
-        while not self.flow.can_send:
-            if self._closing is not None:
+    async def _wait_for_credit(self, cursor: PartitionCursor) -> bool:
+        """Wait until the window has room (control replies still go out meanwhile)."""
+        blocked_since = time.monotonic()
+        while not self.session.can_send:
+            if self._close is not None or self._peer_closed:
                 return False
             if self._control:
                 await self._flush_control()
                 continue
-            self._credit.clear()
-            if self.flow.can_send:
+            self._wake.clear()
+            if self.session.can_send:
                 break
+            left = blocked_since + self.limits.drop_after_s - time.monotonic()
+            if left <= 0 or not cursor.holding:
+                if cursor.holding:
+                    await self._maybe_drop(cursor)
+                await self._wake.wait()
+                continue
             try:
-                await asyncio.wait_for(self._credit.wait(), timeout=drop_after)
+                await asyncio.wait_for(self._wake.wait(), timeout=left)
             except asyncio.TimeoutError:
                 await self._maybe_drop(cursor)
-        if self._closing is not None:
-            return False
-        if cursor.holding:
-            task = asyncio.ensure_future(self._transmit(msg.data))
-            done, _ = await asyncio.wait({task}, timeout=drop_after)
-            if not done:
-                await self._maybe_drop(cursor)
-                await task
-            else:
-                task.result()
-        else:
-            await self._transmit(msg.data)
-        return True
+        return self._close is None and not self._peer_closed
+
+    async def _transmit_watched(self, data: str | bytes, cursor: PartitionCursor) -> None:
+        """Send; if the socket does not drain within ``drop_after_s`` while a snapshot is pinned,
+        release the snapshot meanwhile."""
+        if not cursor.holding:
+            await self._transmit(data)
+            return
+        task = asyncio.ensure_future(self._transmit(data))
+        done, _ = await asyncio.wait({task}, timeout=self.limits.drop_after_s)
+        if not done:
+            await self._maybe_drop(cursor)
+        await task
 
     async def _maybe_drop(self, cursor: PartitionCursor) -> None:
-        if cursor.holding and await self._read(cursor.drop):
+        if cursor.holding and await self._on_reader(cursor.drop):
             self.cursor_drops += 1
-            log.info("stream %s: consumer slow, dropped the snapshot of partition %d at seqno %d "
-                     "(re-read from disk when it catches up)", self.name, cursor.partition, cursor.last_seqno)
+            log.info("stream %s: consumer slow, released the snapshot of partition %d at seqno %d "
+                     "(re-read from disk when it moves again)", self.name, cursor.partition, cursor.last_seqno)
+
+    def _snapshot_of(self, partition: int, after_seqno: int) -> Any:
+        """Executor side: the partition must still be in the state the stream expected."""
+        stream = self.session.streams.get(partition)
+        if stream is not None:
+            state = self.engine.state(partition).value
+            if state != stream.expected_state:
+                raise StateChanged(f"is now {state}, the stream expected {stream.expected_state}")
+        return self.engine.snapshot(partition, after_seqno)
 
     # ------------------------------------------------------------------ registry handle
     def to_status(self) -> StreamStatus:
         parts = []
-        for p, c in sorted(self.cursors.items()):
-            high = max(c.high_seqno, c.last_seqno)
-            parts.append(PartitionStreamStatus(partition=p, last_sent_seqno=c.last_seqno, lag=high - c.last_seqno))
+        for p, stream in sorted(self.session.streams.items()):
+            cursor = self.cursors.get(p)
+            high = max(cursor.high_seqno if cursor else 0, stream.position)
+            parts.append(PartitionStreamStatus(partition=p, last_sent_seqno=stream.position,
+                                               lag=high - stream.position))
+        flow = self.session.flow
         return StreamStatus(
             name=self.name, remote=self.remote, codec=self.codec, partitions=parts,
-            bytes_buffered=self.in_flight, barriers_pending=len(self.tracker.pending), connected_at=self.connected_at,
+            bytes_buffered=flow.in_flight if flow else 0, barriers_pending=len(self.session.pending_cookies),
+            connected_at=self.connected_at,
         )
 
 
 class StateChanged(Exception):
     """The partition left the state the stream was opened for (DCP's StateChanged end)."""
+
+
+def _partition_infos(engine: Any, partitions: tuple[int, ...]) -> dict[int, M.PartitionInfo]:
+    out = {}
+    for p in partitions:
+        s = engine.stats(p)
+        out[p] = M.PartitionInfo(state=s.state.value, high_seqno=s.high_seqno, purge_seqno=s.purge_seqno,
+                                 log=tuple(s.failover_log))
+    return out
 
 
 def _close_cursors(cursors: list[PartitionCursor]) -> None:

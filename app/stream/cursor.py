@@ -20,9 +20,10 @@ its items are still the latest versions of their keys up to the new end, so the 
 consistent once its ``last`` frame arrives, and a consumer that resumes in between rolls back to
 the same ``start`` it would have rolled back to before.
 
-End of stream: a bounded stream (``end_seqno``) ends after the complete snapshot containing
-``end_seqno`` (not trimmed at it: a deduplicated snapshot cut in the middle is not a state that
-existed), as DCP does.
+What the cursor does *not* decide: positions, bounded-stream ends, barriers and flow control
+belong to the protocol session (``engine.protocol.session.ServerSession``); the cursor only turns
+snapshots into markers and encoded batches.  A part with no items left (superseded or purged) still
+gets its marker and one empty ``last`` batch, so the consumer's position reaches the part's end.
 
 Thread discipline: at most one executor job touches a cursor at a time (the connection awaits
 each job before the next); the event loop reads only the plain integer fields for status.
@@ -37,73 +38,46 @@ from typing import Any
 
 from engine.types import Item
 
-__all__ = ["Encoded", "Encoder", "PartitionCursor", "ProduceResult"]
+__all__ = ["Batch", "ItemEncoder", "Marker", "PartitionCursor"]
 
 
 @dataclass(slots=True)
-class Encoded:
-    """One WebSocket message ready to send.  ``str`` is a text frame, ``bytes`` a binary one."""
+class Marker:
+    """A snapshot part starts (the adapter asks the session for the marker message)."""
+
+    partition: int
+    start: int
+    end: int
+    source: str
+    purge_seqno: int
+
+
+@dataclass(slots=True)
+class Batch:
+    """One encoded item batch frame; ``last`` completes its snapshot."""
 
     data: str | bytes
-    partition: int = -1
-    #: highest seqno this message completes sending (for status and barrier vectors), or -1
-    seqno: int = -1
-
-    @property
-    def size(self) -> int:
-        return len(self.data)
+    last_seqno: int | None
+    last: bool
 
 
-class Encoder:
-    """How snapshot markers, item batches and stream ends become messages (the codec)."""
-
-    def marker(self, partition: int, start: int, end: int, source: str, purge_seqno: int) -> str | bytes:
-        raise NotImplementedError
-
-    def items(self, partition: int, items: list[Item], last: bool) -> str | bytes:
-        raise NotImplementedError
-
-    def stream_end(self, partition: int, reason: str, last_seqno: int) -> str | bytes:
-        raise NotImplementedError
-
-
-@dataclass(slots=True)
-class ProduceResult:
-    #: the partition's snapshot has been fully encoded (or there was nothing new)
-    complete: bool
-    #: ``end_seqno`` reached: the cursor is finished after these messages
-    ended: bool
-    #: nothing new was found: the visit found the partition idle
-    idle: bool
+ItemEncoder = Callable[[int, list[Item], bool], "str | bytes"]
 
 
 class PartitionCursor:
-    """One partition of one connection: position, bound and the snapshot being encoded."""
+    """One partition of one connection: position and the snapshot being encoded (executor side)."""
 
-    def __init__(
-        self,
-        partition: int,
-        start_seqno: int,
-        snap_start: int,
-        snap_end: int,
-        end_seqno: int | None,
-        *,
-        frame_bytes: int = 64 * 1024,
-        frame_items: int = 4096,
-    ) -> None:
+    def __init__(self, partition: int, position: int, snap_start: int, *,
+                 frame_bytes: int = 64 * 1024, frame_items: int = 4096) -> None:
         self.partition = partition
-        #: last seqno encoded (== the consumer's position once everything encoded is sent)
-        self.last_seqno = start_seqno
-        self.end_seqno = end_seqno
+        #: last seqno encoded (== the stream's position once everything encoded is sent)
+        self.last_seqno = position
+        #: start of the snapshot being encoded (repeated by a continuation marker)
         self.snap_start = snap_start
-        self.snap_end = snap_end
-        #: a marker went out and its ``last`` frame did not (so a re-read continues it)
+        #: a marker went out and its ``last`` batch did not (so a re-read continues it)
         self.open_snapshot = False
-        self.high_seqno = start_seqno
+        self.high_seqno = position
         self.purge_seqno = 0
-        self.finished = False
-        #: the connection visited this stream at least once (its first pass ends with cycle_complete)
-        self.visited = False
         self.drops = 0
         self.captured_at = 0.0
         self._frame_bytes = frame_bytes
@@ -114,33 +88,23 @@ class PartitionCursor:
         self._batches: Iterator[list[Item]] | None = None
         self._lookahead: list[Item] | None = None
 
-    # ------------------------------------------------------------------ loop-side queries
     @property
     def holding(self) -> bool:
         """True while a snapshot (memory root or LMDB transaction) is pinned by this cursor."""
         return self._snapshot is not None
 
-    @property
-    def bounded_done(self) -> bool:
-        return self.end_seqno is not None and self.last_seqno >= self.end_seqno and not self.open_snapshot
-
-    # ------------------------------------------------------------------ executor side
-    def produce(self, snapshot_of: Callable[[int, int], Any], encoder: Encoder, budget: int,
-                out: list[Encoded]) -> ProduceResult:
-        """Append messages to ``out`` until ``budget`` bytes are used or the snapshot is complete."""
+    def produce(self, snapshot_of: Callable[[int, int], Any], encode: ItemEncoder, budget: int,
+                out: list[Marker | Batch]) -> bool:
+        """Executor side: append markers and encoded batches to ``out`` until about ``budget``
+        bytes are encoded or the snapshot is complete.  Returns True when complete (or idle)."""
         p = self.partition
-        if self.finished:
-            return ProduceResult(True, True, True)
-        if self.bounded_done:
-            self._finish(encoder, out)
-            return ProduceResult(True, True, True)
         if self._snapshot is None:
             snap = snapshot_of(p, self.last_seqno)
-            self.high_seqno = snap.high_seqno
+            self.high_seqno = max(snap.high_seqno, self.last_seqno)
             self.purge_seqno = snap.purge_seqno
             if not snap.parts:
                 _close(snap)
-                return ProduceResult(True, False, True)
+                return True
             self._snapshot = snap
             self._parts = deque(snap.parts)
             self.captured_at = time.monotonic()
@@ -149,48 +113,37 @@ class PartitionCursor:
             if self._batches is None:
                 if not self._parts:
                     self._release()
-                    if self.bounded_done:
-                        self._finish(encoder, out)
-                        return ProduceResult(True, True, False)
-                    return ProduceResult(True, False, False)
+                    return True
                 part = self._parts.popleft()
-                batches = part.batches(self._frame_items, self._frame_bytes)
-                first = next(batches, None)
-                if first is None:
-                    # Nothing left in this range (superseded or purged): move past it silently.
-                    _close_iter(batches)
-                    if not self.open_snapshot:
-                        self.last_seqno = max(self.last_seqno, part.end)
-                    continue
                 start = self.snap_start if self.open_snapshot else part.start
-                msg = encoder.marker(p, start, part.end, part.source, self.purge_seqno)
-                out.append(Encoded(msg, p))
-                used += len(msg)
-                self.snap_start, self.snap_end = start, part.end
+                out.append(Marker(p, start, part.end, part.source, self.purge_seqno))
+                self.snap_start = start
                 self.open_snapshot = True
-                self._part, self._batches, self._lookahead = part, batches, first
+                self._part = part
+                self._batches = part.batches(self._frame_items, self._frame_bytes)
+                self._lookahead = next(self._batches, None)
+                if self._lookahead is None:  # nothing left in the range: an empty last batch
+                    self._lookahead = []
             batch = self._lookahead
-            assert batch is not None
+            assert batch is not None and self._batches is not None
             self._lookahead = next(self._batches, None)
             last = self._lookahead is None
-            data = encoder.items(p, batch, last)
+            data = encode(p, batch, last)
+            last_seqno = batch[-1].seqno if batch else None
             if last:
                 _close_iter(self._batches)
                 self._batches = None
                 self.open_snapshot = False
-                self.last_seqno = max(batch[-1].seqno, self._part.end)
+                self.last_seqno = max(self.last_seqno, self._part.end)
                 self._part = None
-            else:
-                self.last_seqno = batch[-1].seqno
-            out.append(Encoded(data, p, self.last_seqno))
+            elif last_seqno is not None:
+                self.last_seqno = last_seqno
+            out.append(Batch(data, last_seqno, last))
             used += len(data)
         if self._batches is None and not self._parts:
             self._release()
-            if self.bounded_done:
-                self._finish(encoder, out)
-                return ProduceResult(True, True, False)
-            return ProduceResult(True, False, False)
-        return ProduceResult(False, False, False)
+            return True
+        return False
 
     def drop(self) -> bool:
         """Release the pinned snapshot (cursor dropping); the next ``produce`` re-reads from disk
@@ -204,7 +157,6 @@ class PartitionCursor:
     def close(self) -> None:
         """Release everything (connection or stream closed)."""
         self._release()
-        self.finished = True
 
     def _release(self) -> None:
         if self._batches is not None:
@@ -216,10 +168,6 @@ class PartitionCursor:
         snap, self._snapshot = self._snapshot, None
         if snap is not None:
             _close(snap)
-
-    def _finish(self, encoder: Encoder, out: list[Encoded]) -> None:
-        self.finished = True
-        out.append(Encoded(encoder.stream_end(self.partition, "end_seqno_reached", self.last_seqno), self.partition))
 
 
 def _close_iter(it: Iterator[Any]) -> None:

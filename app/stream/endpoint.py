@@ -15,9 +15,7 @@ from starlette.responses import Response
 
 from app.auth import AuthError, Role, authorize_connection
 from app.problems import ENGINE_CLOSED, FORBIDDEN, PROBLEM_MEDIA_TYPE, UNAUTHORIZED, Problem
-from app.stream.codec import encoder_for
 from app.stream.connection import StreamConnection, StreamLimits
-from app.stream.control import ControlSession
 from app.stream.hub import ChangeHub
 
 __all__ = ["router", "hub_of", "limits_of"]
@@ -74,11 +72,9 @@ async def stream(ws: WebSocket) -> None:
     remote = f"{client.host}:{client.port}" if client else "?"
     conn = StreamConnection(
         ws,
-        session=ControlSession(engine, runner.read, limits, encoder_for),
         engine=engine,
         read=runner.read,
         hub=hub,
-        encoder_for=encoder_for,
         limits=limits,
         remote=remote,
         on_rollback=lambda reason: metrics.rollbacks.labels(reason).inc(),

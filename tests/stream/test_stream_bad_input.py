@@ -3,6 +3,7 @@ code that says why (1008 protocol, 1003 unsupported data, 1009 too big); the ser
 consumers carry on."""
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import Iterator
 from typing import Any
@@ -37,7 +38,7 @@ async def refused(url: str, *frames: str | bytes) -> tuple[dict[str, Any], int, 
         error = None
         try:
             while True:
-                msg = json.loads(await ws.recv())
+                msg = json.loads(await asyncio.wait_for(ws.recv(), 10))
                 if msg["type"] == "error":
                     error = msg
         except ConnectionClosed as closed:
@@ -53,8 +54,6 @@ CASES = [
     ("unknown type", ['{"type": "subscribe"}'], "unknown_type", "type", 1008),
     ("request before hello", [json.dumps(REQUEST)], "wrong_order", "type", 1008),
     ("second hello", [HELLO, HELLO], "duplicate_hello", "type", 1008),
-    ("partition out of range", [HELLO, json.dumps({**REQUEST, "partition": 99})], "invalid_partition", "partition",
-     1008),
     ("hello partition out of range", [json.dumps({"type": "hello", "name": "x", "partitions": [3, 500]})],
      "invalid_partition", "partitions", 1008),
     ("wrong field type", ['{"type": "hello", "name": 5}'], "invalid_field", "name", 1008),
@@ -94,14 +93,34 @@ async def test_bad_input_gets_a_named_error_and_a_clean_close(
     assert httpx.get(f"{server.url}/health").status_code == 200
 
 
+async def next_error(stream: RawStream) -> dict[str, Any]:
+    while True:
+        msg = await stream.recv(timeout=10)
+        if isinstance(msg, dict) and msg["type"] == "error":
+            return msg
+
+
 async def test_refused_request_keeps_the_connection(server: ServerProcess) -> None:
-    """Per-stream refusals (duplicate stream, duplicate cookie, range error) leave the connection open."""
+    """Per-stream refusals (partition out of range or not in hello, duplicate stream, closing a
+    stream that is not open, duplicate cookie, range error) leave the connection and its other
+    streams open."""
     stream = await RawStream.open(server.url, partitions=[0, 1], name="keeps")
     await stream.stream([0])
+    await stream.send({**REQUEST, "partition": 99})
+    msg = await next_error(stream)
+    assert (msg["code"], msg["field"], msg["partition"]) == ("invalid_partition", "partition", 99)
+    await stream.send({**REQUEST, "partition": 5})
+    msg = await next_error(stream)
+    assert (msg["code"], msg["partition"]) == ("partition_not_requested", 5)
+    await stream.send({"type": "close_stream", "partition": 1})
+    msg = await next_error(stream)
+    assert (msg["code"], msg["partition"]) == ("stream_not_open", 1)
+    await stream.send({"type": "barrier", "cookie": "twice"})
+    await stream.send({"type": "barrier", "cookie": "twice"})
+    msg = await next_error(stream)
+    assert (msg["code"], msg["field"]) == ("duplicate_cookie", "cookie")
     await stream.send(REQUEST)  # partition 0 again
-    msg = await stream.recv()
-    while msg.get("type") != "error" if isinstance(msg, dict) else True:
-        msg = await stream.recv()
+    msg = await next_error(stream)
     assert msg["code"] == "duplicate_stream" and msg["partition"] == 0
     bad_range = {**REQUEST, "partition": 1, "start_seqno": 5, "snap_start": 6, "snap_end": 7}
     await stream.send(bad_range)
