@@ -29,6 +29,18 @@ class _Server(uvicorn.Server):
         super().__init__(config)
         self._ready_file = ready_file
 
+    async def shutdown(self, sockets: list | None = None) -> None:  # type: ignore[type-arg]
+        """End stream connections first (``stream_end(shutting_down)``, close 1001): uvicorn's own
+        shutdown would close every WebSocket with 1012 before the lifespan runs."""
+        streams = getattr(getattr(self.config.app, "state", None), "streams", None)
+        handles = [h for h in (streams or ()) if hasattr(h, "shutdown")]
+        if handles:
+            results = await asyncio.gather(*(h.shutdown() for h in handles), return_exceptions=True)
+            for result in results:
+                if isinstance(result, Exception):
+                    log.warning("stream shutdown failed: %s", result)
+        await super().shutdown(sockets)
+
     async def startup(self, sockets: list | None = None) -> None:  # type: ignore[type-arg]
         await super().startup(sockets)
         if self.started and self._ready_file is not None:

@@ -1,0 +1,91 @@
+"""Connection lifecycle: server shutdown ends streams with a reason and close 1001; a consumer
+process that dies is detected and its resources freed; a consumer that merely idles is kept."""
+from __future__ import annotations
+
+import asyncio
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+from websockets.exceptions import ConnectionClosed
+
+from tests.conftest import ROOT, start_server
+from tests.stream.wsclient import Mirror, RawStream, write_docs
+
+pytestmark = pytest.mark.slow
+
+
+async def test_shutdown_ends_every_stream_then_closes_1001(tmp_path: Path) -> None:
+    srv = start_server(tmp_path / "srv", partitions=4)
+    try:
+        write_docs(srv.url, {f"k{i}": b"x" for i in range(100)})
+        stream = await RawStream.open(srv.url, name="until-shutdown")
+        mirror = Mirror()
+        await stream.stream(range(4), mirror)
+        await stream.send({"type": "barrier", "cookie": "ready"})
+        await stream.consume(mirror, until=lambda m: isinstance(m, dict) and m.get("cookie") == "ready")
+        srv.proc.send_signal(signal.SIGTERM)
+        ends = {}
+        with pytest.raises(ConnectionClosed) as info:
+            while True:
+                msg = await stream.recv(timeout=20)
+                if isinstance(msg, dict) and msg["type"] == "stream_end":
+                    ends[msg["partition"]] = msg
+        assert info.value.rcvd is not None and info.value.rcvd.code == 1001
+        assert set(ends) == {0, 1, 2, 3}
+        assert all(e["reason"] == "shutting_down" for e in ends.values())
+        assert all(e["last_seqno"] == mirror.positions[p].seqno for p, e in ends.items())
+        srv.proc.wait(timeout=20)
+    finally:
+        srv.kill()
+
+
+CONSUMER = textwrap.dedent("""
+    import asyncio, sys
+    sys.path.insert(0, {root!r})
+    from tests.stream.wsclient import RawStream
+    async def main():
+        s = await RawStream.open({url!r}, name="doomed", auto_ack=False)
+        await s.stream(range(2))
+        print("streaming", flush=True)
+        await asyncio.sleep(3600)
+    asyncio.run(main())
+""")
+
+
+def listed(url: str) -> set[str]:
+    return {s["name"] for s in httpx.get(f"{url}/streams").json()["streams"]}
+
+
+async def test_a_killed_consumer_is_detected_and_freed(tmp_path: Path) -> None:
+    srv = start_server(tmp_path / "srv", partitions=2)
+    try:
+        write_docs(srv.url, {f"k{i}": b"x" * 2000 for i in range(2000)})  # more than its window
+        proc = subprocess.Popen([sys.executable, "-c", CONSUMER.format(root=str(ROOT), url=srv.url)],
+                                stdout=subprocess.PIPE, cwd=ROOT)
+        assert proc.stdout is not None and proc.stdout.readline().strip() == b"streaming"
+        deadline = time.monotonic() + 10
+        while "doomed" not in listed(srv.url):
+            assert time.monotonic() < deadline
+            await asyncio.sleep(0.05)
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+        deadline = time.monotonic() + 10
+        while "doomed" in listed(srv.url):
+            assert time.monotonic() < deadline, "dead consumer still registered"
+            await asyncio.sleep(0.05)
+        # the server still serves others
+        stream = await RawStream.open(srv.url, name="survivor")
+        mirror = Mirror()
+        await stream.stream(range(2), mirror)
+        await stream.send({"type": "barrier", "cookie": "all"})
+        await stream.consume(mirror, until=lambda m: isinstance(m, dict) and m.get("cookie") == "all")
+        assert len(mirror.docs) == 2000
+        await stream.close()
+    finally:
+        srv.kill()
