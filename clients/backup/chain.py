@@ -49,7 +49,7 @@ def links(runs: Sequence[RunManifest], partition: int) -> list[Link]:
         if rec is None:
             raise ContinuityError(f"run {run.run_id} has no record for partition {partition}", partition=partition)
         floor = rec.merge_floor
-        if ceiling < floor:
+        if rec.start.seqno < ceiling < floor:  # some of its items would count, but not exactly
             raise ContinuityError(
                 f"partition {partition}: a later run rolled back to seqno {ceiling}, below what merged run "
                 f"{run.run_id} kept exactly (seqno {floor}); restore an earlier run or take a full backup",

@@ -20,6 +20,7 @@ from clients.backup.errors import CorruptArchive
 from clients.offset import StreamOffset
 
 FORMAT = 1
+MAX_BOUNDARIES = 64
 
 
 ZERO = StreamOffset()
@@ -66,6 +67,9 @@ class PartitionRecord:
     purge_seqno: int = 0
     #: merged runs only: versions at or above this seqno are exact for any later rollback point
     merge_floor: int = 0
+    #: the last complete-snapshot ends of this run (at most ``MAX_BOUNDARIES``): seqnos where the
+    #: archive holds an exact state, so a later rollback to one of them stays narrow
+    boundaries: tuple[int, ...] = ()
 
     @property
     def rolled_back(self) -> bool:
@@ -88,6 +92,7 @@ class PartitionRecord:
             "rollbacks": [r.to_json() for r in self.rollbacks],
             "purge_seqno": self.purge_seqno,
             "merge_floor": self.merge_floor,
+            "boundaries": list(self.boundaries),
         }
 
     @classmethod
@@ -108,6 +113,7 @@ class PartitionRecord:
             rollbacks=tuple(RollbackRecord.from_json(r) for r in d.get("rollbacks", [])),
             purge_seqno=int(d.get("purge_seqno", 0)),
             merge_floor=int(d.get("merge_floor", 0)),
+            boundaries=tuple(int(b) for b in d.get("boundaries", [])),
         )
 
 

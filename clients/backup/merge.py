@@ -91,7 +91,7 @@ def _merge_partition(archive: Archive, sources: list[RunManifest], p: int, out_d
     if not kept:
         return PartitionRecord(p, start, end, failover_log=last_rec.failover_log,
                                rollbacks=first_rec.rollbacks, purge_seqno=last_rec.purge_seqno,
-                               merge_floor=floor)
+                               merge_floor=floor, boundaries=tuple(b for b in last_rec.boundaries if b >= floor))
     path = out_dir / segment_name(p)
     writer = SegmentWriter(path, p)
     writer.snapshot(start.seqno + 1, end.seqno, "merged")
@@ -106,4 +106,5 @@ def _merge_partition(archive: Archive, sources: list[RunManifest], p: int, out_d
         segment=path.name, bytes=s.bytes, sha256=s.sha256, blocks=s.blocks,
         first_seqno=s.first_seqno, last_seqno=s.last_seqno, failover_log=last_rec.failover_log,
         rollbacks=first_rec.rollbacks, purge_seqno=last_rec.purge_seqno, merge_floor=floor,
+        boundaries=tuple(b for b in last_rec.boundaries if b >= floor),
     )

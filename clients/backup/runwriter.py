@@ -26,7 +26,7 @@ from pathlib import Path
 from clients.backup.archive import MANIFEST, PARTS, Archive, new_run_id, part_name, segment_name
 from clients.backup.errors import BackupError, CorruptArchive
 from clients.backup.fsutil import atomic_write, fsync_dir, fsync_files
-from clients.backup.manifest import PartitionRecord, RollbackRecord, RunManifest, read_sealed, seal
+from clients.backup.manifest import MAX_BOUNDARIES, PartitionRecord, RollbackRecord, RunManifest, read_sealed, seal
 from clients.backup.segment import DEFAULT_BLOCK_BYTES, DEFAULT_LEVEL, SegmentReader, SegmentWriter, SnapshotMarker
 from clients.offset import StreamOffset
 from engine.errors import InvalidInput
@@ -45,6 +45,9 @@ class PartitionWriter:
         self.rollbacks: list[RollbackRecord] = []
         self._seg: SegmentWriter | None = None
         self._last = start.seqno
+        #: seqnos at which this run holds an exact state: its start and every complete snapshot's end
+        #: (inside a deduplicated snapshot older versions are missing, so only these are safe cut points)
+        self.boundaries: list[int] = [start.seqno]
 
     @property
     def path(self) -> Path:
@@ -88,10 +91,19 @@ class PartitionWriter:
         if seqnos:
             self._last = seqnos[-1]
 
+    def snapshot_complete(self, end: int) -> None:
+        if end > self.boundaries[-1]:
+            self.boundaries.append(end)
+
+    def boundary_at_or_below(self, seqno: int) -> int:
+        return max(b for b in self.boundaries if b <= seqno)
+
     def truncate(self, seqno: int) -> None:
         """Keep only what this run took up to ``seqno`` (a rollback that stays inside this run's range:
-        the server resumes from ``seqno``, so later items of ours are on an abandoned branch)."""
-        if self._seg is None or seqno >= self._last:
+        the stream resumes from ``seqno``, so later items of ours are on an abandoned branch).
+        ``seqno`` must be one of ``boundaries`` for the result to be an exact state."""
+        self.boundaries = [b for b in self.boundaries if b <= seqno] or [self.start.seqno]
+        if self._seg is None:
             return
         self._seg.close(sync=False)
         old = self.path.with_name(self.path.name + ".old")
@@ -120,6 +132,7 @@ class PartitionWriter:
         self.rollbacks.append(RollbackRecord(requested, to_seqno, reason))
         self.start = new_start
         self._last = new_start.seqno
+        self.boundaries = [new_start.seqno]
 
     def abort(self) -> None:
         if self._seg is not None:
@@ -157,6 +170,7 @@ class PartitionWriter:
             failover_log=failover_log,
             rollbacks=tuple(self.rollbacks),
             purge_seqno=purge_seqno,
+            boundaries=tuple(b for b in self.boundaries if b <= end.seqno)[-MAX_BOUNDARIES:],
         )
         self.run.commit_partition(rec)
         return rec

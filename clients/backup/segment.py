@@ -114,7 +114,14 @@ class SegmentWriter:
 
     # ------------------------------------------------------------------ appending
     def snapshot(self, start: int, end: int, source: str) -> None:
+        """A snapshot marker.  One that replaces a marker which brought no items (a stream
+        re-announced after a reconnect) overwrites it rather than leaving an empty snapshot."""
         raw = source.encode()
+        if self._pending and self._pending[-1][0] == KIND_SNAPSHOT:
+            dropped = self._pending.pop()
+            self._pending_bytes -= len(dropped)
+            self._pending_count -= 1
+            self._snapshots -= 1
         self._append(_RECORD.pack(KIND_SNAPSHOT, start, end, 0, 0, len(raw)) + raw, None)
         self._snapshots += 1
 

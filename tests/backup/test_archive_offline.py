@@ -371,3 +371,42 @@ def test_info_reports_runs_counts_sizes(tmp_path: Path) -> None:
     assert sum(r["mutations"] + r["deletions"] for r in info["runs"]) <= total
     assert info["runs"][1]["partitions"]["0"]["start"] == runs[0].partitions[0].end.to_dict()
     assert info["disk_bytes"] >= sum(r.bytes for r in runs)
+
+
+# ------------------------------------------------------------------ writer details
+def test_resume_retakes_a_partition_whose_segment_does_not_match_its_record(tmp_path: Path) -> None:
+    archive = _archive(tmp_path)
+    h, _ = _history_with_runs(archive, runs=1)
+    h.random_writes(random.Random(5), 200)
+    run = write_run(archive, h, only={0, 1}, commit=False)
+    # power cut after the unsynced part record reached disk but before the segment's tail did
+    seg = run.dir / "p0001.seg"
+    seg.write_bytes(seg.read_bytes()[:-10])
+    resumed = RunWriter.begin(archive)
+    assert sorted(resumed.done) == [0]
+
+
+def test_truncate_keeps_this_runs_items_up_to_the_rollback_point(tmp_path: Path) -> None:
+    from .offline import dedup
+
+    archive = _archive(tmp_path)
+    h = History(1)
+    for i in range(40):
+        h.write(0, f"k{i % 9}", f"v{i}".encode())
+    a1 = Archive.open_or_create(tmp_path / "one", "n", 1)
+    run = RunWriter.begin(a1, block_bytes=64)
+    w = run.partition(0, StreamOffset())
+    for lo in range(1, 41, 10):
+        w.snapshot(lo, lo + 9, "memory")
+        w.add_many(dedup([i for i in h.changes[0] if lo <= i.seqno <= lo + 9]))
+    w.truncate(25)  # the server restarted mid-run and resumes from 25
+    h.truncate(0, 25)
+    for i in range(10):
+        h.write(0, f"k{i % 4}", f"new{i}".encode())
+    w.snapshot(26, 35, "memory")
+    w.add_many(dedup([i for i in h.changes[0] if i.seqno > 25]))
+    w.finish(StreamOffset.at(UUID, 35))
+    run.commit("n", 1)
+    assert verify(a1).ok
+    assert restored_state(a1, None) == {0: h.state(0)}
+    del archive

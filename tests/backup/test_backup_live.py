@@ -13,6 +13,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+import httpx
 import pytest
 
 from clients.backup.archive import Archive
@@ -208,3 +209,54 @@ def test_verify_and_restore_name_the_corrupt_segment_and_offset(upr_server: Call
     dst.kill()
     r = cli("create", "--archive", str(archive_dir), "--server", dst.url)
     assert r.returncode == 1 and "cannot reach" in r.stderr, r.stderr
+
+
+def test_server_crash_during_a_backup_cuts_back_to_an_exact_boundary(upr_server: Callable, tmp_path: Path) -> None:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    parts = 2
+    data = tmp_path / "src"
+    args = ["--flush-interval-ms", "60000", "--port", str(port)]
+    src = upr_server(partitions=parts, data_dir=data, args=args)
+    persisted = [f"a{i}" for i in range(3000)]
+    # more unpersisted data than the client's flow-control window (8 MiB): the kill lands mid-stream
+    volatile = [f"b{i}" for i in range(24000)]
+    bulk(src.url, [set_op(k, b"A" * 50) for k in persisted], durability="persist", chunk=1000)
+    bulk(src.url, [set_op(k, os.urandom(1000)) for k in volatile], durability="memory", chunk=2000)
+    servers = [src]
+
+    def crash_midway(done: int, total: int) -> None:
+        if done >= 3000 + 8000 and len(servers) == 1:  # well inside the unpersisted memory snapshot
+            servers[0].kill()
+            servers.append(upr_server(partitions=parts, data_dir=data, args=args))
+
+    result = create_backup(tmp_path / "archive", src.url, idle_timeout=60, progress=crash_midway)
+    assert len(servers) == 2, "the crash did not happen during the backup"
+    # at least one partition was mid-stream: it was cut back to an exact boundary and finished on
+    # the new branch (partitions already complete keep what the server had then)
+    assert result.in_run_rollbacks, "the restarted server should have rolled a stream back"
+    src = servers[1]
+    archive = Archive.open(tmp_path / "archive")
+    assert verify(archive).ok
+    highs = {i["partition"]: i for i in httpx.get(f"{src.url}/partitions").json()["partitions"]}
+    run1 = result.manifest
+    for p, _seqno in result.in_run_rollbacks:
+        rec = run1.partitions[p]
+        assert rec.end.seqno == highs[p]["high_seqno"] and rec.end.uuid == highs[p]["failover_log"][0]["uuid"]
+
+    bulk(src.url, [set_op(k, b"C" * 10) for k in volatile[:500]])
+    run2 = create_backup(tmp_path / "archive", src.url, idle_timeout=30).manifest
+    for p, rec in run2.partitions.items():
+        if run1.partitions[p].end.seqno > highs[p]["high_seqno"]:  # took data the crash then lost
+            assert rec.rollbacks, f"partition {p} should have been rolled back"
+            # narrow: the persisted point is the end of the disk snapshot run 1 completed
+            assert rec.start.seqno == rec.rollbacks[0].to_seqno == highs[p]["high_seqno"]
+    assert verify(archive).ok
+    keys = persisted[::10] + volatile[:600:2] + volatile[-50:]
+    want = read_state(src.url, keys)
+    dst = upr_server(partitions=parts, data_dir=tmp_path / "dst")
+    restore(archive, dst.url)
+    assert read_state(dst.url, keys) == want
