@@ -115,6 +115,63 @@ def engine_figures(path: Path, count: int, value: bytes, partitions: int) -> dic
     return out
 
 
+def layout_comparison(path: Path, count: int, value: bytes) -> None:
+    """Why the by-seqno tree carries the value: the chosen layout against the layout first
+    proposed (by-seqno: seqno -> key + meta; by-key: key -> meta + value), same items, in
+    flush-sized transactions of 50k, random key order (CPU time, one thread)."""
+    from engine.store import META
+
+    seq = struct.Struct(">Q").pack
+    keys = [b"key-%010d" % ((i * 7919) % count) for i in range(count)]
+    new = tuple.__new__
+
+    def env_for(name: str) -> tuple[lmdb.Environment, object, object]:
+        env = lmdb.open(str(path / name), map_size=1 << 36, max_dbs=4)
+        return env, env.open_db(b"s"), env.open_db(b"k")
+
+    def write(env: lmdb.Environment, sdb: object, kdb: object, chosen: bool) -> Timer:
+        with Timer() as t:
+            for b in range(0, count, 50_000):
+                with env.begin(write=True) as txn:
+                    replace = txn.cursor(kdb).replace
+                    records = []
+                    for i in range(b, min(b + 50_000, count)):
+                        meta = META.pack(i + 1, 1_795_000_000_000_000_000 + i, 1, False)
+                        if chosen:
+                            replace(keys[i], meta)
+                            records.append((meta + keys[i], value))
+                        else:
+                            replace(keys[i], meta + value)
+                            records.append((seq(i + 1), meta[8:] + keys[i]))
+                    txn.cursor(sdb).putmulti(records, append=True)
+        return t
+
+    def scan(env: lmdb.Environment, sdb: object, kdb: object, chosen: bool) -> Timer:
+        unpack = META.unpack_from
+        with Timer() as t:
+            with env.begin() as txn:
+                get = txn.get
+                for k, v in txn.cursor(sdb):
+                    if chosen:
+                        new(Item, (k[25:], *unpack(k), v))
+                    else:
+                        key = v[17:]
+                        rec = get(key, db=kdb)
+                        new(Item, (key, *unpack(rec), rec[25:]))
+        return t
+
+    print("layout (cpu, same items)          chosen: value in by-seqno   proposed: value in by-key")
+    envs = {True: env_for("chosen"), False: env_for("proposed")}
+    w = {c: write(*envs[c], c) for c in (True, False)}
+    r = {c: scan(*envs[c], c) for c in (True, False)}
+    print(f"  flush                            {count / w[True].cpu / 1e6:6.3f} M/s"
+          f"               {count / w[False].cpu / 1e6:6.3f} M/s")
+    print(f"  by-seqno scan to Items           {count / r[True].cpu / 1e6:6.3f} M/s"
+          f"               {count / r[False].cpu / 1e6:6.3f} M/s")
+    for env, _s, _k in envs.values():
+        env.close()
+
+
 def snapshot_memory(count: int) -> tuple[int, int]:
     """Bytes of one queue of ``count`` items vs 100 more live snapshots of it."""
     gc.collect()
@@ -152,6 +209,7 @@ def main() -> None:
     parser.add_argument("--queue-items", type=int, default=1_000_000)
     parser.add_argument("--partitions", type=int, default=64)
     parser.add_argument("--full", action="store_true", help="1M items for every figure")
+    parser.add_argument("--layout", action="store_true", help="also compare the two storage layouts")
     args = parser.parse_args()
     count = 1_000_000 if args.full else args.items
     count -= count % BATCH
@@ -180,6 +238,8 @@ def main() -> None:
         print(f"  raw lmdb cursor scan                 {rate(count, raw['scan'])}")
         print(f"  engine snapshot reader               {rate(count, e['scan'])}"
               f"  = {raw['scan'].wall / e['scan'].wall:.0%} of raw wall, {raw['scan'].cpu / e['scan'].cpu:.0%} cpu")
+        if args.layout:
+            layout_comparison(tmp, count, value)
         one, hundred = snapshot_memory(args.queue_items if not args.full else 1_000_000)
         print(f"memory of write-queue snapshots ({args.queue_items if not args.full else 1_000_000} items)")
         print(f"  one queue (items + vector)          {one / 1e6:8.1f} MB")
