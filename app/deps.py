@@ -1,7 +1,9 @@
 """Dependencies shared by the routers, as ``Annotated`` aliases (one place to override in tests).
 
 The app keeps its long-lived objects on ``app.state`` (set up by the factory and the
-lifespan); these functions hand them to routes and enforce roles.
+lifespan); these functions hand them to routes and enforce roles.  They are ``async def``
+on purpose: FastAPI runs plain ``def`` dependencies in a thread pool, which costs more
+than everything they do.
 """
 from __future__ import annotations
 
@@ -19,23 +21,23 @@ from app.settings import Settings
 from app.streams_registry import StreamRegistry
 
 
-def get_settings(conn: HTTPConnection) -> Settings:
+async def get_settings(conn: HTTPConnection) -> Settings:
     return conn.app.state.settings  # type: ignore[no-any-return]
 
 
-def get_tokens(conn: HTTPConnection) -> TokenTable:
+async def get_tokens(conn: HTTPConnection) -> TokenTable:
     return conn.app.state.tokens  # type: ignore[no-any-return]
 
 
-def get_metrics(conn: HTTPConnection) -> Metrics:
+async def get_metrics(conn: HTTPConnection) -> Metrics:
     return conn.app.state.metrics  # type: ignore[no-any-return]
 
 
-def get_streams(conn: HTTPConnection) -> StreamRegistry:
+async def get_streams(conn: HTTPConnection) -> StreamRegistry:
     return conn.app.state.streams  # type: ignore[no-any-return]
 
 
-def get_runner(conn: HTTPConnection) -> EngineRunner:
+async def get_runner(conn: HTTPConnection) -> EngineRunner:
     runner: EngineRunner | None = getattr(conn.app.state, "runner", None)
     if runner is None:
         raise Problem(ENGINE_CLOSED, "the engine is not open (starting or shutting down)", headers={"Retry-After": "1"})
@@ -47,7 +49,7 @@ bearer_scheme = HTTPBearer(auto_error=False, description="token from --tokens-fi
 
 
 def _require(role: Role):  # type: ignore[no-untyped-def]
-    def check(request: Request, _: Annotated[object, Depends(bearer_scheme)] = None) -> Principal:
+    async def check(request: Request, _: Annotated[object, Depends(bearer_scheme)] = None) -> Principal:
         return authorize_connection(request.app.state.tokens, request, role)
 
     check.__name__ = f"require_{role.name.lower()}"

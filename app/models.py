@@ -9,7 +9,8 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StringConstraints
+from annotated_types import Ge, Le
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, StringConstraints
 
 from engine.types import PartitionState
 
@@ -147,6 +148,19 @@ class StateChange(BaseModel):
 PartitionKey = Annotated[str, StringConstraints(pattern=r"^(0|[1-9][0-9]{0,3})$")]
 
 
+def _json_integer(value: object) -> object:
+    """JSON Schema's integer: 7 or 7.0, never true or "7" (pydantic's lax mode takes both)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ValueError("must be an integer")
+    if isinstance(value, float) and not value.is_integer():
+        raise ValueError("must be an integer")
+    return int(value)
+
+
+#: Bounded by 2**63 rather than 2**64 - 1: JSON tools compare in floats, where 2**64 - 1 rounds up.
+Seqno = Annotated[int, Ge(0), Le(1 << 63), BeforeValidator(_json_integer)]
+
+
 class CompactRequest(BaseModel):
     """At least one of the two; with both, a tombstone must satisfy both to be purged.
     (Fields are typed without ``None`` so the schema does not offer ``null``.)"""
@@ -155,14 +169,14 @@ class CompactRequest(BaseModel):
         extra="forbid",
         json_schema_extra={"anyOf": [{"required": ["purge_before_seqno"]}, {"required": ["older_than_s"]}]},
     )
-    purge_before_seqno: dict[PartitionKey, Annotated[int, Field(ge=0, strict=True)]] = Field(
+    purge_before_seqno: dict[PartitionKey, Seqno] = Field(
         None,  # type: ignore[assignment]
         description='per partition ("7": seqno): purge tombstones with seqno below this',
         json_schema_extra={"additionalProperties": False},
     )
     older_than_s: float = Field(
         None,  # type: ignore[assignment]
-        ge=0, strict=True, description="purge tombstones older than this many seconds",
+        ge=0, le=1e10, strict=True, description="purge tombstones older than this many seconds",
     )
 
 

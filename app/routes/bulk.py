@@ -24,7 +24,7 @@ _BULK_BODY: dict[str, Any] = {
         "description": "a JSON array of operations, or NDJSON with one operation per line",
         "content": {
             "application/json": {"schema": {"type": "array", "items": _ITEM_REF}},
-            "application/x-ndjson": {"schema": {"type": "string"}},
+            "application/x-ndjson": {"schema": {"type": "string", "pattern": "\\S"}},
         },
     }
 }

@@ -11,6 +11,7 @@ from typing import Annotated, Any
 
 import orjson
 from fastapi import APIRouter, Header, Query, Request
+from starlette.convertors import Convertor, register_url_convertor
 from starlette.responses import Response
 
 from app.deps import ReadUser, RunnerDep, SettingsDep, WriteUser
@@ -22,6 +23,22 @@ from app.routes.responses import problems
 from engine.types import Durability, Op, WriteOp
 
 router = APIRouter(prefix="/docs", tags=["documents"])
+
+
+class _KeyConvertor(Convertor[str]):
+    """Any text, newlines included (Starlette's ``path`` convertor stops at a newline, which
+    would turn a valid key into a 404 for the route); the engine validates the key."""
+
+    regex = r"[\s\S]*"
+
+    def convert(self, value: str) -> str:
+        return value
+
+    def to_string(self, value: str) -> str:
+        return value
+
+
+register_url_convertor("doc_key", _KeyConvertor())
 
 DurabilityQuery = Annotated[
     Durability, Query(description="memory: answer once queued; persist: answer once fsynced")
@@ -83,7 +100,7 @@ async def _apply(runner: RunnerDep, op: WriteOp, durability: Durability) -> Resp
 
 
 @router.put(
-    "/{key:path}",
+    "/{key:doc_key}",
     summary="Create or replace a document",
     response_model=WriteResultModel,
     openapi_extra=_VALUE_BODY,
@@ -106,7 +123,7 @@ async def put_doc(
 
 
 @router.delete(
-    "/{key:path}",
+    "/{key:doc_key}",
     summary="Delete a document",
     response_model=WriteResultModel,
     responses={200: {"headers": _VERSION_HEADERS}, **problems(401, 403, 404, 412, 422, 429, 503)},
@@ -124,7 +141,7 @@ async def delete_doc(
 
 
 @router.get(
-    "/{key:path}",
+    "/{key:doc_key}",
     summary="Read a document",
     response_class=Response,
     responses={

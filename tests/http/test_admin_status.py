@@ -73,7 +73,7 @@ def test_streams_empty_and_metrics(client: httpx.Client) -> None:
     for name in ("upr_http_requests_total", "upr_http_request_duration_seconds_bucket", "upr_partition_high_seqno",
                  "upr_partition_queue_depth", "upr_engine_flush_count", "upr_streams_connected", "upr_stream_rollbacks"):
         assert name in text, name
-    assert 'route="/docs/{key:path}"' in text  # templates, not raw paths
+    assert 'route="/docs/{key:doc_key}"' in text  # templates, not raw paths
 
 
 def test_ready_and_health(client: httpx.Client) -> None:

@@ -88,3 +88,13 @@ def test_persist_durability_reports_persisted(client: httpx.Client) -> None:
 
 def test_method_not_allowed_is_a_problem(client: httpx.Client) -> None:
     problem(client.patch("/docs/a", content=b"x"), 405, "method-not-allowed")
+
+
+@pytest.mark.parametrize("key", ["a/b/c", "line\nbreak", "ünï cödé", "with?question", "%41"])
+def test_any_utf8_key_roundtrips(client: httpx.Client, key: str) -> None:
+    from urllib.parse import quote
+
+    path = "/docs/" + quote(key, safe="")
+    w = client.put(path, content=key.encode())
+    assert w.status_code == 200 and w.json()["key"] == key
+    assert client.get(path).content == key.encode()

@@ -1,0 +1,265 @@
+"""HTTP write throughput of ``upr server``, beside trivial endpoints measured in the same run.
+
+    .venv/bin/python -m bench.bench_http               # ~1 minute
+    .venv/bin/python -m bench.bench_http --full        # longer phases
+
+Phases (each ``--seconds`` long after a short warm-up, same client, same concurrency):
+
+* ``fastapi trivial POST``: a bare FastAPI app (one ``POST`` returning a constant), under the
+  same uvicorn settings as upr (uvloop, httptools, no access log): the framework's ceiling.
+* ``upr GET /health``: upr's cheapest endpoint, through its middleware.
+* ``upr PUT /docs/{key}`` (memory, and persist): single-document writes, 200-byte values.
+* ``upr POST /docs/_bulk`` durability=persist, 1000-item batches, JSON-object values and
+  base64 values: mutations/s.
+
+Client: ``httpx.AsyncClient`` (HTTP/1.1 keep-alive) in this process, ``--concurrency``
+requests in flight (``--bulk-concurrency`` for bulk).  Everything runs on one machine, so
+the client competes with the server for the 2 cores: compare ratios from one run.  The
+server's CPU use per phase is shown to tell a saturated server from a client-bound run.
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import base64
+import os
+import random
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+import orjson
+import psutil
+
+ROOT = Path(__file__).resolve().parents[1]
+
+TRIVIAL_APP = """
+import sys, uvicorn
+from fastapi import FastAPI
+app = FastAPI()
+@app.post("/t")
+async def t():
+    return {"ok": True}
+uvicorn.run(app, host="127.0.0.1", port=int(sys.argv[1]), log_level="warning", access_log=False,
+            loop="uvloop", http="httptools")
+"""
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def wait_ready(url: str, proc: subprocess.Popen[bytes], timeout: float = 30) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"server exited with {proc.returncode}")
+        try:
+            httpx.get(url, timeout=1)
+            return
+        except httpx.HTTPError:
+            time.sleep(0.05)
+    raise RuntimeError(f"{url} not ready")
+
+
+def start_upr(data_dir: Path, partitions: int) -> tuple[subprocess.Popen[bytes], str]:
+    ready = data_dir.parent / "upr.url"
+    cmd = [sys.executable, "-m", "app.cli", "server", "--data-dir", str(data_dir), "--port", "0",
+           "--partitions", str(partitions), "--ready-file", str(ready), "--log-level", "warning"]
+    env = {k: v for k, v in os.environ.items() if not k.startswith("UPR_")}
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=env)
+    deadline = time.monotonic() + 30
+    while not ready.exists():
+        if proc.poll() is not None or time.monotonic() > deadline:
+            raise RuntimeError("upr server did not start")
+        time.sleep(0.05)
+    url = ready.read_text().strip()
+    wait_ready(f"{url}/ready", proc)
+    return proc, url
+
+
+@dataclass
+class Result:
+    name: str
+    requests: int
+    units: int
+    seconds: float
+    server_cpu: float
+    errors: int
+
+    @property
+    def req_rate(self) -> float:
+        return self.requests / self.seconds
+
+    @property
+    def unit_rate(self) -> float:
+        return self.units / self.seconds
+
+
+async def run_phase(
+    name: str,
+    client: httpx.AsyncClient,
+    make: Callable[[int], Awaitable[tuple[int, bool]]],
+    concurrency: int,
+    seconds: float,
+    server: psutil.Process,
+    warmup: float = 0.5,
+) -> Result:
+    """``make(i)`` sends request ``i`` and returns (units done, ok).  Counts only after warm-up."""
+    counter = iter(range(1 << 62))
+    state = {"measuring": False, "requests": 0, "units": 0, "errors": 0}
+    stop_at = time.monotonic() + warmup + seconds
+
+    async def worker() -> None:
+        while time.monotonic() < stop_at:
+            units, ok = await make(next(counter))
+            if state["measuring"]:
+                state["requests"] += 1
+                state["units"] += units if ok else 0
+                state["errors"] += 0 if ok else 1
+
+    tasks = [asyncio.create_task(worker()) for _ in range(concurrency)]
+    await asyncio.sleep(warmup)
+    cpu0 = sum(server.cpu_times()[:2])
+    t0 = time.monotonic()
+    state["measuring"] = True
+    await asyncio.gather(*tasks)
+    elapsed = time.monotonic() - t0
+    cpu = (sum(server.cpu_times()[:2]) - cpu0) / elapsed
+    return Result(name, state["requests"], state["units"], elapsed, cpu, state["errors"])
+
+
+def bulk_bodies(count: int, batch: int, binary: bool, seed: int) -> list[bytes]:
+    rnd = random.Random(seed)
+    bodies = []
+    for b in range(count):
+        items = []
+        for i in range(batch):
+            key = f"bulk-{seed}-{b}-{i}"
+            if binary:
+                items.append({"op": "set", "key": key, "value_b64": base64.b64encode(rnd.randbytes(75)).decode()})
+            else:
+                items.append({"op": "set", "key": key,
+                              "value": {"id": i, "name": f"user {b}-{i}", "score": rnd.random(), "tags": ["a", "b"]}})
+        bodies.append(orjson.dumps(items))
+    return bodies
+
+
+async def main_async(args: argparse.Namespace) -> list[Result]:
+    work = Path(tempfile.mkdtemp(prefix="upr-bench-http-"))
+    procs: list[subprocess.Popen[bytes]] = []
+    try:
+        port = free_port()
+        trivial = subprocess.Popen([sys.executable, "-c", TRIVIAL_APP, str(port)], cwd=ROOT)
+        procs.append(trivial)
+        trivial_url = f"http://127.0.0.1:{port}"
+        wait_ready(f"{trivial_url}/docs", trivial)
+        upr, url = start_upr(work / "data", args.partitions)
+        procs.append(upr)
+        results: list[Result] = []
+        limits = httpx.Limits(max_connections=args.concurrency, max_keepalive_connections=args.concurrency)
+        value = b"v" * 200
+        async with httpx.AsyncClient(limits=limits, timeout=30) as client:
+            async def trivial_post(i: int) -> tuple[int, bool]:
+                r = await client.post(f"{trivial_url}/t", content=b"{}")
+                return 1, r.status_code == 200
+
+            async def health(i: int) -> tuple[int, bool]:
+                r = await client.get(f"{url}/health")
+                return 1, r.status_code == 200
+
+            def put(durability: str) -> Callable[[int], Awaitable[tuple[int, bool]]]:
+                async def send(i: int) -> tuple[int, bool]:
+                    r = await client.put(f"{url}/docs/doc-{i % 100_000}?durability={durability}", content=value)
+                    return 1, r.status_code == 200
+                return send
+
+            def bulk(bodies: list[bytes]) -> Callable[[int], Awaitable[tuple[int, bool]]]:
+                async def send(i: int) -> tuple[int, bool]:
+                    r = await client.post(f"{url}/docs/_bulk?durability=persist", content=bodies[i % len(bodies)],
+                                          headers={"content-type": "application/json"})
+                    ok = r.status_code == 200
+                    return (r.json()["succeeded"] if ok else 0), ok
+                return send
+
+            fp = psutil.Process(trivial.pid)
+            up = psutil.Process(upr.pid)
+            c, s = args.concurrency, args.seconds
+            results.append(await run_phase("fastapi trivial POST", client, trivial_post, c, s, fp))
+            results.append(await run_phase("upr GET /health", client, health, c, s, up))
+            results.append(await run_phase("upr PUT /docs/{key} memory", client, put("memory"), c, s, up))
+            results.append(await run_phase("upr PUT /docs/{key} persist", client, put("persist"), c, s, up))
+            json_bodies = bulk_bodies(args.bodies, args.batch, binary=False, seed=1)
+            results.append(await run_phase(f"upr bulk {args.batch} persist, JSON values", client, bulk(json_bodies),
+                                           args.bulk_concurrency, s, up))
+            b64_bodies = bulk_bodies(args.bodies, args.batch, binary=True, seed=2)
+            results.append(await run_phase(f"upr bulk {args.batch} persist, value_b64", client, bulk(b64_bodies),
+                                           args.bulk_concurrency, s, up))
+        return results
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+                try:
+                    proc.wait(timeout=15)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+                    proc.wait()
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def report(results: list[Result], args: argparse.Namespace) -> str:
+    trivial = results[0].req_rate
+    lines = [
+        f"client: httpx.AsyncClient, concurrency {args.concurrency} (bulk: {args.bulk_concurrency}), "
+        f"{args.seconds:g} s per phase, {args.partitions} partitions, {os.cpu_count()} cores",
+        "",
+        "| phase | requests/s | mutations/s | vs trivial POST | server CPU | server CPU µs/request | errors |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for r in results:
+        muts = f"{r.unit_rate:,.0f}" if "PUT" in r.name or "bulk" in r.name else "-"
+        cpu_us = r.server_cpu * r.seconds / max(r.requests, 1) * 1e6
+        lines.append(f"| {r.name} | {r.req_rate:,.0f} | {muts} | {r.req_rate / trivial:.0%} | "
+                     f"{r.server_cpu:.0%} | {cpu_us:,.0f} | {r.errors} |")
+    put = next(r for r in results if r.name.endswith("memory"))
+    bulk = max((r for r in results if "bulk" in r.name), key=lambda r: r.unit_rate)
+    trivial_cpu = results[0].server_cpu / max(results[0].req_rate, 1e-9)
+    put_cpu = put.server_cpu / max(put.req_rate, 1e-9)
+    lines += ["",
+              f"single PUT (memory) / trivial POST: {put.req_rate / trivial:.0%} by rate, "
+              f"{trivial_cpu / put_cpu:.0%} by server CPU per request (goal >= 60%)",
+              f"bulk persist best: {bulk.unit_rate:,.0f} mutations/s (goal >= 150,000)"]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--seconds", type=float, default=5.0, help="measured seconds per phase")
+    p.add_argument("--concurrency", type=int, default=32, help="requests in flight (single-request phases)")
+    p.add_argument("--bulk-concurrency", type=int, default=4, help="bulk requests in flight")
+    p.add_argument("--batch", type=int, default=1000, help="items per bulk request")
+    p.add_argument("--bodies", type=int, default=40, help="distinct bulk bodies to cycle through")
+    p.add_argument("--partitions", type=int, default=64)
+    p.add_argument("--full", action="store_true", help="20 s phases")
+    args = p.parse_args(argv)
+    if args.full:
+        args.seconds = 20.0
+    results = asyncio.run(main_async(args))
+    print(report(results, args))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
