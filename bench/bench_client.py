@@ -104,7 +104,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--items", type=int, default=None)
     ap.add_argument("--value-bytes", type=int, default=200)
     ap.add_argument("--partitions", type=int, default=8)
-    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--rounds", type=int, default=5)
     args = ap.parse_args(argv)
     n = args.items or (1_000_000 if args.full else 200_000)
     with tempfile.TemporaryDirectory(prefix="bench-client-") as tmp, ProcessGroup() as group:
@@ -115,21 +115,26 @@ def main(argv: list[str] | None = None) -> int:
         print(f"loaded {n:,} mutations of {args.value_bytes} B in {time.perf_counter() - t0:.1f} s "
               f"({args.partitions} partitions); {args.rounds} rounds, readers alternate", flush=True)
         rates: dict[str, list[float]] = {name: [] for name in READERS}
+        cpu: dict[str, list[float]] = {name: [] for name in READERS}
         for r in range(args.rounds):
             order = list(READERS) if r % 2 == 0 else list(reversed(READERS))
             for name in order:
-                t = time.perf_counter()
+                t, c = time.perf_counter(), time.process_time()
                 got = asyncio.run(READERS[name](url))
-                secs = time.perf_counter() - t
+                secs, csecs = time.perf_counter() - t, time.process_time() - c
                 if got != n:
                     print(f"{name}: expected {n} items, got {got}", file=sys.stderr)
                     return 1
                 rates[name].append(n / secs)
+                cpu[name].append(csecs / n * 1e6)
         base = statistics.median(rates["raw"])
-        print(f"{'reader':<12} {'items/s (median)':>18} {'vs raw':>8}   rounds")
+        print(f"{'reader':<12} {'items/s (median)':>18} {'vs raw':>8} {'client CPU us/item':>19}   rounds (items/s)")
         for name, rs in rates.items():
             med = statistics.median(rs)
-            print(f"{name:<12} {med:>18,.0f} {med / base:>8.0%}   " + " ".join(f"{x:,.0f}" for x in rs))
+            print(f"{name:<12} {med:>18,.0f} {med / base:>8.0%} {statistics.median(cpu[name]):>19.2f}   "
+                  + " ".join(f"{x:,.0f}" for x in rs))
+        print("client CPU: this process's CPU time per item (the server runs in another process); on a "
+              "shared machine it is steadier than the rates")
     return 0
 
 

@@ -59,6 +59,7 @@ from .events import (
     SnapshotEnd,
     SnapshotStart,
     StreamEnd,
+    events_of,
 )
 from .flow import AckTracker
 from .http import AsyncHttpApi, default_server, default_token
@@ -196,14 +197,28 @@ class Consumer:
         return self._iterator("batches")
 
     async def run(self, handler: Handler | None = None) -> None:
-        """Hand every event to ``handler`` (sync or async) until the streams end or ``close()``."""
+        """Hand every event to ``handler`` (sync or async) until the streams end or ``close()``.
+
+        Items are handed over straight from each decoded batch, without a generator switch per
+        item (the cheapest way to consume per item); an event counts as processed once the
+        handler returned (or its awaitable finished)."""
         handler = handler or self.handler
         if handler is None:
             raise UsageError("run() needs a handler")
-        async for event in self:
-            result = handler(event)
-            if inspect.isawaitable(result):
-                await result
+        isawaitable = inspect.isawaitable
+        async for x in self._iterator("batches"):
+            if type(x) is not ItemBatch:
+                result = handler(x)
+                if isawaitable(result):
+                    await result
+                continue
+            i = 0
+            for event in events_of(x):
+                self._b_i = i
+                result = handler(event)
+                if result is not None and isawaitable(result):
+                    await result
+                i += 1
 
     def request_barrier(self) -> str:
         """Send a barrier cookie now and return it; a ``BarrierReached`` with it comes later."""
@@ -457,22 +472,18 @@ class Consumer:
                             if n:
                                 if ring is not None:
                                     ring.append_batch(p, seqnos, batch.keys)  # before anyone applies them
+                                self._b_pos, self._b_seqnos, self._b_done = pos, seqnos, 0
                                 if per_item:
-                                    self._b_pos, self._b_seqnos, self._b_done = pos, seqnos, 0
                                     i = 0
-                                    for key, seqno, cas, rev, deleted, value in batch.rows():
+                                    for event in events_of(batch):
                                         self._b_i = i
-                                        if deleted:
-                                            yield Deletion(p, seqno, key.decode(), cas, rev)
-                                        else:
-                                            yield Mutation(p, seqno, key.decode(), value, cas, rev)
+                                        yield event
                                         i += 1
-                                    self._apply_batch_progress(n)
-                                    self._b_pos, self._b_i = None, -1
                                 else:
+                                    self._b_i = n - 1  # the whole batch is handed over at once
                                     yield batch
-                                    pos.items(seqnos[0], seqnos[-1])
-                                    self.items_processed += n
+                                self._apply_batch_progress(n)
+                                self._b_pos, self._b_i = None, -1
                             if batch.last:
                                 pos.snapshot_end()
                                 yield SnapshotEnd(p, pos.snap_start, pos.snap_end)

@@ -1,8 +1,8 @@
 """``upr backup create|info|verify|restore|merge``: the command line of the backup client.
 
-Hooked into ``upr`` by calling ``register(subparsers)`` from the top-level CLI.  Each command
-returns an exit status: 0 ok, 1 failure (the message names partition, seqno, file or offset),
-2 usage errors (argparse).
+Hooked into ``upr`` by calling ``register(subparsers)`` from the top-level CLI.  Exit statuses
+follow ``clients.cli``: 0 ok, 1 failure (the message names partition, seqno, file or offset; for
+verify: problems found), 2 bad arguments, 3 server unreachable, 4 bad or insufficient token.
 """
 from __future__ import annotations
 
@@ -14,31 +14,17 @@ import sys
 from collections.abc import Callable, Iterator
 from typing import Any
 
+from clients.errors import AuthFailed, ConnectionFailed
 from engine.errors import UprError
 
 __all__ = ["register", "main", "parse_partitions"]
 
 
 def parse_partitions(text: str) -> list[int]:
-    """``"0,3,5-7"`` -> ``[0, 3, 5, 6, 7]``."""
-    out: set[int] = set()
-    for part in text.split(","):
-        part = part.strip()
-        if not part:
-            continue
-        try:
-            if "-" in part:
-                lo, hi = (int(x) for x in part.split("-", 1))
-                if lo > hi:
-                    raise ValueError
-                out.update(range(lo, hi + 1))
-            else:
-                out.add(int(part))
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"bad partition list {text!r}: use e.g. 0,3,5-9") from None
-    if any(p < 0 for p in out):
-        raise argparse.ArgumentTypeError("partitions are non-negative")
-    return sorted(out)
+    """``"0,3,5-7"`` -> ``[0, 3, 5, 6, 7]`` (the client CLI's parser, imported late: it registers us)."""
+    from clients.cli import parse_partitions as parse
+
+    return parse(text)
 
 
 def _regex(text: str) -> str:
@@ -253,7 +239,9 @@ def _guarded(cmd: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Nam
             return int(cmd(args))
         except UprError as exc:
             print(f"upr backup {args.backup_command}: error: {exc}", file=sys.stderr)
-            return 1
+            if isinstance(exc, ConnectionFailed):
+                return 3
+            return 4 if isinstance(exc, AuthFailed) else 1
         except KeyboardInterrupt:
             print("upr backup: interrupted; the archive is still valid (a partial run resumes next time)",
                   file=sys.stderr)

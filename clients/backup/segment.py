@@ -201,7 +201,7 @@ class SegmentWriter:
         if not self._pending:
             return
         raw = b"".join(self._pending)
-        packed = zlib.compress(raw, self._level)
+        packed = zlib.compress(raw, self._level) if self._level else raw  # level 0: store, no zlib pass
         stored = packed if len(packed) < len(raw) else raw
         head = _BLOCK_HEADER.pack(
             BLOCK_MAGIC, len(stored), len(raw), self._pending_count,
