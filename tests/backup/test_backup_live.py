@@ -208,7 +208,7 @@ def test_verify_and_restore_name_the_corrupt_segment_and_offset(upr_server: Call
     assert r.returncode == 1 and "was made from keyspace" in r.stderr
     dst.kill()
     r = cli("create", "--archive", str(archive_dir), "--server", dst.url)
-    assert r.returncode == 1 and "cannot reach" in r.stderr, r.stderr
+    assert r.returncode == 3 and "cannot reach" in r.stderr, r.stderr
 
 
 def test_server_crash_during_a_backup_cuts_back_to_an_exact_boundary(upr_server: Callable, tmp_path: Path) -> None:
