@@ -62,7 +62,7 @@ class NatsSystem(System):
         self._nc = await nats.connect(f"nats://127.0.0.1:{self.port}")
         self._js = self._nc.jetstream()
 
-    async def reset(self, *, backfill: bool = False) -> None:
+    async def reset(self, *, empty: bool = True) -> None:
         from nats.js.api import StorageType, StreamConfig
         from nats.js.errors import NotFoundError
 

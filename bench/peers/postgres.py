@@ -122,7 +122,7 @@ class PostgresSystem(System):
         else:
             raise Skip(f"postgres did not accept connections: {log_tail(log)}")
 
-    async def reset(self, *, backfill: bool = False) -> None:
+    async def reset(self, *, empty: bool = True) -> None:
         a = self._admin
         await a.execute("SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE slot_name = %s",
                         (SLOT,))

@@ -60,7 +60,7 @@ class RedisSystem(System):
         self._client = aioredis.Redis(host="127.0.0.1", port=self.port)
         await self._client.ping()
 
-    async def reset(self, *, backfill: bool = False) -> None:
+    async def reset(self, *, empty: bool = True) -> None:
         await self._client.delete(STREAM)
 
     async def writer(self) -> _Writer:

@@ -62,8 +62,11 @@ class System(ABC):
         """Start the server(s) through ``procs`` on 127.0.0.1 with ephemeral ports."""
 
     @abstractmethod
-    async def reset(self, *, backfill: bool = False) -> None:
-        """Empty the feed; ``backfill=True`` also positions whatever the backfill reader needs."""
+    async def reset(self, *, empty: bool = True) -> None:
+        """Empty the feed (ingest and backfill need exactly their own documents).
+
+        ``empty=False`` (tail, fan-out: readers start at "now") lets a system whose emptying is
+        expensive (upr: a server restart) keep what is stored; cheap ones empty anyway."""
 
     @abstractmethod
     async def writer(self) -> Writer: ...

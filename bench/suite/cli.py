@@ -7,6 +7,7 @@ runs); ``--full`` is the size the figures in docs/benchmarks.md come from (``mak
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import asyncio
 import signal
 import sys
@@ -14,7 +15,7 @@ from pathlib import Path
 
 from bench.suite.install import InstallLog
 from bench.suite.runner import FEED_WORKLOADS, Runner, all_systems
-from bench.suite.sizes import FAST, FULL
+from bench.suite.sizes import FAST, FULL, Sizes
 
 DEFAULT_JSON = Path(__file__).resolve().parent.parent / "results.json"
 
@@ -22,16 +23,35 @@ DEFAULT_JSON = Path(__file__).resolve().parent.parent / "results.json"
 def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m bench", description=__doc__)
     p.add_argument("--full", action="store_true", help="full sizes (1e6 backfill, 20 s tails, 50 consumers)")
-    p.add_argument("--systems", default="upr,upr-clients,redis,nats,postgres",
-                   help="comma-separated subset of upr,upr-clients,redis,nats,postgres (default all)")
+    p.add_argument("--systems", default="upr,upr-memory,upr-clients,redis,nats,postgres",
+                   help="comma-separated subset of upr,upr-memory,upr-clients,redis,nats,postgres (default all)")
     p.add_argument("--workloads", default=",".join([*FEED_WORKLOADS, "limits"]),
                    help="comma-separated subset of ingest,backfill,tail,fanout,limits (default all)")
     p.add_argument("--json", type=Path, default=DEFAULT_JSON, help=f"results file (default {DEFAULT_JSON})")
     p.add_argument("--no-install", action="store_true", help="never apt-get/pip install; missing peers are skipped")
     p.add_argument("--budget", type=float, default=None,
                    help="seconds after which remaining workloads are skipped (default 100 fast, 3600 full)")
+    p.add_argument("--set", action="append", default=[], metavar="SIZE=VALUE",
+                   help="override one size of the chosen mode, e.g. --set backfill_n=200000 (see bench/suite/sizes.py)")
     p.add_argument("--keep-logs", action="store_true", help="copy peer and consumer logs to a kept temp dir")
     return p.parse_args(argv)
+
+
+def override(sizes: Sizes, assignments: list[str]) -> Sizes:
+    """``sizes`` with ``name=value`` assignments applied (tuples as comma-separated values)."""
+    changes: dict[str, object] = {}
+    for item in assignments:
+        name, sep, raw = item.partition("=")
+        current = getattr(sizes, name, None) if sep else None
+        if current is None or name == "mode":
+            raise ValueError(f"{item!r}: expected NAME=VALUE with NAME one of {sorted(sizes.as_dict())}")
+        if isinstance(current, tuple):
+            if current and isinstance(current[0], tuple):
+                raise ValueError(f"{name} cannot be set from the command line")
+            changes[name] = tuple(int(v) for v in raw.split(","))
+        else:
+            changes[name] = type(current)(raw)
+    return dataclasses.replace(sizes, **changes) if changes else sizes
 
 
 def _sigterm(_signum: int, _frame: object) -> None:
@@ -41,6 +61,11 @@ def _sigterm(_signum: int, _frame: object) -> None:
 def main(argv: list[str] | None = None) -> int:
     args = parse(argv)
     sizes = FULL if args.full else FAST
+    try:
+        sizes = override(sizes, args.set)
+    except (ValueError, TypeError) as exc:
+        print(f"--set: {exc}", file=sys.stderr)
+        return 2
     wanted = [s.strip() for s in args.systems.split(",") if s.strip()]
     workloads = [w.strip() for w in args.workloads.split(",") if w.strip()]
     unknown = set(workloads) - {*FEED_WORKLOADS, "limits"}

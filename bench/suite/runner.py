@@ -33,10 +33,10 @@ def all_systems() -> list[System]:
     from bench.peers.nats import NatsSystem
     from bench.peers.postgres import PostgresSystem
     from bench.peers.redis import RedisSystem
-    from bench.suite.upr import UprSystem
+    from bench.suite.upr import UprMemorySystem, UprSystem
     from bench.suite.upr_client import UprClientSystem
 
-    return [UprSystem(), UprClientSystem(), RedisSystem(), NatsSystem(), PostgresSystem()]
+    return [UprSystem(), UprMemorySystem(), UprClientSystem(), RedisSystem(), NatsSystem(), PostgresSystem()]
 
 
 def row_names(workload: str, sizes: Sizes) -> list[str]:
@@ -88,9 +88,10 @@ class Runner:
         }
         with tempfile.TemporaryDirectory(prefix="upr-bench-") as tmp:
             root = Path(tmp)
+            steps = [len(self._feed_steps(s)) for s in systems]
             for n, system in enumerate(systems):
-                # an equal share of what is left, so one slow system cannot starve the ones after it
-                share = max(0.0, self.deadline - time.monotonic()) / (len(systems) - n)
+                # its share of what is left (by number of steps), so one slow system cannot starve the rest
+                share = max(0.0, self.deadline - time.monotonic()) * steps[n] / max(1, sum(steps[n:]))
                 await self._run_system(system, root / system.name, share)
             if "limits" in self.workloads:
                 from bench.suite.limits import limits
@@ -118,8 +119,14 @@ class Runner:
                                      order.get(row.system, len(order))))
         return r
 
+    def _feed(self, system: System) -> list[str]:
+        return [w for w in self.workloads if w in FEED_WORKLOADS and (system.only is None or w in system.only)]
+
+    def _feed_steps(self, system: System) -> list[object]:
+        return [step for w in self._feed(system) for step in _steps(w, self.sizes)]
+
     async def _run_system(self, system: System, workdir: Path, share_s: float) -> None:
-        feed = [w for w in self.workloads if w in FEED_WORKLOADS and (system.only is None or w in system.only)]
+        feed = self._feed(system)
         if not feed:
             return
         all_names = [n for w in feed for n in row_names(w, self.sizes)]

@@ -41,6 +41,8 @@ class UprSystem(System):
         "fanout": "one WebSocket connection per consumer",
     }
 
+    write_durability = "persist"
+
     def __init__(self) -> None:
         self.url = ""
         self._procs: ProcessGroup | None = None
@@ -90,7 +92,9 @@ class UprSystem(System):
         self.url = ready.read_text().strip()
         self._http = httpx.AsyncClient(base_url=self.url, timeout=120)
 
-    async def reset(self, *, backfill: bool = False) -> None:
+    async def reset(self, *, empty: bool = True) -> None:
+        if not empty and self._proc is not None and self._proc.poll() is None:
+            return
         if self._http is not None:
             await self._http.aclose()
         if self._proc is not None and self._procs is not None:
@@ -100,7 +104,7 @@ class UprSystem(System):
         await self._boot()
 
     async def writer(self) -> _Writer:
-        return _Writer(self._http)
+        return _Writer(self._http, self.write_durability)
 
     def consumer_conn(self) -> dict[str, Any]:
         return {"ws_url": self.url.replace("http://", "ws://", 1) + "/stream"}
@@ -111,15 +115,31 @@ class UprSystem(System):
             self._http = None
 
 
+class UprMemorySystem(UprSystem):
+    """The same server written with ``durability=memory``: the ack class of Redis everysec and
+    JetStream (acknowledged before fsync; upr's flusher persists within ``flush_interval_ms``)."""
+
+    name = "upr-memory"
+    label = "upr, durability=memory"
+    durability = "durability=memory (ack once queued in memory; the flusher fsyncs within flush_interval_ms)"
+    method = {
+        "ingest": "POST /docs/_bulk?durability=memory, 1000 items per request",
+        "tail": "GET /stream, binary codec, every partition from its high seqno",
+    }
+    only = ("ingest", "tail")
+    write_durability = "memory"
+
+
 class _Writer:
-    def __init__(self, http: Any) -> None:
+    def __init__(self, http: Any, durability: str) -> None:
         self._http = http
+        self._params = {"durability": durability}
 
     async def write(self, docs: Sequence[Doc]) -> None:
         import orjson
 
         body = b"[" + b",".join(b'{"op":"set","key":"%s","value":%s}' % (k.encode(), d) for k, d in docs) + b"]"
-        resp = await self._http.post("/docs/_bulk", params={"durability": "persist"}, content=body,
+        resp = await self._http.post("/docs/_bulk", params=self._params, content=body,
                                      headers={"content-type": "application/json"})
         if resp.status_code != 200:
             raise RuntimeError(f"bulk answered {resp.status_code}: {resp.text[:200]}")

@@ -53,7 +53,7 @@ async def ingest(system: System, ctx: Ctx) -> list[Row]:
 
 async def backfill(system: System, ctx: Ctx) -> list[Row]:
     n, size = ctx.sizes.backfill_n, ctx.sizes.batch
-    await system.reset(backfill=True)
+    await system.reset()
     w = await system.writer()
     try:
         t0 = time.monotonic()
@@ -120,7 +120,7 @@ async def tail(system: System, ctx: Ctx, per_s: int) -> list[Row]:
     s = ctx.sizes
     capacity = int(per_s * s.tail_seconds)
     out = ctx.workdir / f"{system.name}-tail-{per_s}.recv"
-    await system.reset()
+    await system.reset(empty=False)
     cp = ConsumerProcess(ctx.procs, system.stream_module, system.consumer_conn(), "tail",
                          ctx.workdir / f"{system.name}-tail-{per_s}.log", capacity=capacity, out=str(out),
                          grace_s=s.drain_grace_s, timeout_s=s.workload_timeout_s)
@@ -165,7 +165,7 @@ async def tail(system: System, ctx: Ctx, per_s: int) -> list[Row]:
 async def fanout(system: System, ctx: Ctx) -> list[Row]:
     s = ctx.sizes
     k, nproc = s.fanout_consumers, max(1, min(s.fanout_processes, s.fanout_consumers))
-    await system.reset()
+    await system.reset(empty=False)
     cps = []
     first = 1
     for j in range(nproc):
