@@ -20,7 +20,7 @@ import os
 import time
 import uuid as uuidlib
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -134,15 +134,25 @@ class IndexJob:
             if self.checkpoint.exists():
                 import shutil
                 shutil.rmtree(self.checkpoint)
-            manifest = Manifest(0, -1, self.spec, self.server)
+            manifest = Manifest(0, -1, self.spec, self.server, node_id=self._node_id())
             commit(self.root, manifest)
             return manifest
         if manifest.spec != self.spec:
             raise IndexError_(f"{self.root} was built with {manifest.spec}, not {self.spec}; "
                               "use another directory for another index")
-        if manifest.server != self.server:
-            raise IndexError_(f"{self.root} follows {manifest.server}, not {self.server}")
+        node_id = self._node_id()
+        if manifest.node_id and node_id != manifest.node_id:
+            raise IndexError_(f"{self.root} follows the keyspace of node {manifest.node_id} "
+                              f"({manifest.server}); {self.server} serves node {node_id}")
+        if manifest.server != self.server:      # same keyspace at a new address
+            manifest = replace(manifest, server=self.server)
+            commit(self.root, manifest)
         return manifest
+
+    def _node_id(self) -> str:
+        from clients.http import HttpApi
+        with HttpApi(self.server, self.token) as api:
+            return str(api.status().get("node_id", ""))
 
     def _batch_offset(self, batch_id: int) -> dict[str, Any] | None:
         path = self.checkpoint / "offsets" / str(batch_id)
@@ -210,8 +220,7 @@ class IndexJob:
         frame = runs_frame(self.spark, self.root, manifest, markers=True)
         frame.write.mode("errorifexists").parquet(str(self.root / path))
         rows = self.spark.read.parquet(str(self.root / path)).count()
-        return Manifest(manifest.generation, manifest.batch_id, manifest.spec, manifest.server,
-                        (Run(path, (), rows),), manifest.offset, rows, manifest.created, manifest.stats)
+        return replace(manifest, runs=(Run(path, (), rows),), rows=rows)
 
     def compact(self) -> Manifest:
         """Compact now (e.g. after a full build with several batches)."""

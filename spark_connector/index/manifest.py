@@ -50,6 +50,7 @@ class Manifest:
     rows: int = 0                              # index entries (value IS NOT NULL) at last compaction/estimate
     created: float = field(default_factory=time.time)
     stats: dict[str, Any] = field(default_factory=dict)
+    node_id: str = ""                          # the server's data-dir id: the index follows that keyspace
 
     def to_json(self) -> dict[str, Any]:
         out = asdict(self)
@@ -63,7 +64,7 @@ class Manifest:
         runs = tuple(Run(r["path"], tuple(r.get("resets", ())), int(r.get("rows", 0))) for r in raw["runs"])
         return cls(int(raw["generation"]), int(raw["batch_id"]), dict(raw["spec"]), str(raw["server"]), runs,
                    raw.get("offset"), int(raw.get("rows", 0)), float(raw.get("created", 0)),
-                   dict(raw.get("stats", {})))
+                   dict(raw.get("stats", {})), str(raw.get("node_id", "")))
 
     def next(self, **changes: Any) -> Manifest:
         return replace(self, generation=self.generation + 1, created=time.time(), **changes)
