@@ -106,6 +106,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--partitions", type=int, default=64)
     ap.add_argument("--full", action="store_true", help="1M docs")
     ap.add_argument("--no-restore", action="store_true", help="skip the restore step")
+    ap.add_argument("--level", type=int, default=1, help="zlib level of the segments (0 = store)")
     args = ap.parse_args(argv)
     n = 1_000_000 if args.full else args.docs
     work = Path(tempfile.mkdtemp(prefix="bench-backup-"))
@@ -118,13 +119,15 @@ def main(argv: list[str] | None = None) -> int:
             print(f"loaded {n:,} docs ({logical / 1e6:.1f} MB of keys+values) in {time.perf_counter() - t:.1f} s, "
                   f"{args.partitions} partitions")
 
+            cpu = time.process_time()
             items, nbytes, secs = asyncio.run(raw_stream(url))
-            print(row("raw stream (batches)", items, nbytes, secs))
+            cpu = time.process_time() - cpu
+            print(row("raw stream (batches)", items, nbytes, secs, f"client CPU {cpu:.1f} s"))
             raw_rate = items / secs
 
             archive_dir = work / "archive"
             cpu = time.process_time()
-            res = create_backup(archive_dir, url)
+            res = create_backup(archive_dir, url, level=args.level)
             cpu = time.process_time() - cpu
             full_items = res.mutations + res.deletions
             print(row("backup create (full)", full_items, nbytes, res.seconds,
@@ -133,9 +136,11 @@ def main(argv: list[str] | None = None) -> int:
 
             upd = keys[:: 10]
             upd_bytes = load(url, upd, args.value_bytes)
-            res2 = create_backup(archive_dir, url)
+            cpu = time.process_time()
+            res2 = create_backup(archive_dir, url, level=args.level)
+            cpu = time.process_time() - cpu
             print(row("backup create (incr 10%)", res2.mutations + res2.deletions, upd_bytes, res2.seconds,
-                      f"archive +{res2.bytes / 1e6:.1f} MB"))
+                      f"archive +{res2.bytes / 1e6:.1f} MB, client CPU {cpu:.1f} s"))
 
             archive = Archive.open(archive_dir)
             t = time.perf_counter()

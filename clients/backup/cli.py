@@ -55,7 +55,7 @@ def register(subparsers: Any) -> None:
 
     p = sub.add_parser("create", help="take a backup run (full the first time, then incremental)")
     common(p, server=True)
-    p.add_argument("--block-kib", type=int, default=1024, help="segment block size before compression (KiB)")
+    p.add_argument("--block-kib", type=int, default=256, help="segment block size before compression (KiB, default 256)")
     p.add_argument("--level", type=int, default=1, choices=range(0, 10), metavar="0-9", help="zlib level (default 1)")
     p.add_argument("--timeout", type=float, default=60.0,
                    help="seconds without stream progress before giving up (default 60)")

@@ -56,7 +56,7 @@ class PartitionWriter:
     def _segment(self) -> SegmentWriter:
         if self._seg is None:
             self._seg = SegmentWriter(self.path, self.partition, block_bytes=self.run.block_bytes,
-                                      level=self.run.level)
+                                      level=self.run.level, background=True)
         return self._seg
 
     def snapshot(self, start: int, end: int, source: str) -> None:

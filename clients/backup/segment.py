@@ -22,8 +22,10 @@ from __future__ import annotations
 import hashlib
 import os
 import struct
+import threading
 import zlib
 from collections.abc import Iterable, Iterator, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -45,7 +47,7 @@ KIND_DELETION = 1
 KIND_SNAPSHOT = 2
 
 #: Upper bound on one block's raw size; a block holds at least one record even if larger.
-DEFAULT_BLOCK_BYTES = 1 << 20
+DEFAULT_BLOCK_BYTES = 256 << 10
 #: zlib level 1: most of the ratio of level 6 at several times the speed, which is what a
 #: backup window cares about.
 DEFAULT_LEVEL = 1
@@ -90,8 +92,11 @@ class SegmentWriter:
         *,
         block_bytes: int = DEFAULT_BLOCK_BYTES,
         level: int = DEFAULT_LEVEL,
+        background: bool = False,
     ) -> None:
         self.path = path
+        self._background = background
+        self._inflight: Future[None] | None = None
         self.partition = partition
         self._block_bytes = block_bytes
         self._level = level
@@ -197,20 +202,28 @@ class SegmentWriter:
             self.flush_block()
 
     def flush_block(self) -> None:
-        """Seal the pending records into one block (called on size, and at close)."""
+        """Seal the pending records into one block (called on size, and at close).
+
+        With ``background=True`` the compression runs on a worker thread (zlib releases the GIL)
+        while the caller goes on receiving; at most one block per writer is in flight, and blocks
+        reach the file in order."""
         if not self._pending:
             return
         raw = b"".join(self._pending)
-        packed = zlib.compress(raw, self._level) if self._level else raw  # level 0: store, no zlib pass
-        stored = packed if len(packed) < len(raw) else raw
-        head = _BLOCK_HEADER.pack(
-            BLOCK_MAGIC, len(stored), len(raw), self._pending_count,
-            self._pending_first, self._pending_last, zlib.crc32(stored),
-        )
-        self._write(head + struct.pack("<I", zlib.crc32(head)) + stored)
-        self._blocks += 1
+        args = (raw, self._level, self._pending_count, self._pending_first, self._pending_last)
         self._pending = []
         self._pending_bytes = self._pending_count = self._pending_first = self._pending_last = 0
+        self._blocks += 1
+        if self._inflight is not None:
+            self._inflight.result()
+            self._inflight = None
+        if self._background:
+            self._inflight = _pool().submit(self._seal_and_write, *args)
+        else:
+            self._seal_and_write(*args)
+
+    def _seal_and_write(self, raw: bytes, level: int, count: int, first: int, last: int) -> None:
+        self._write(_seal_block(raw, level, count, first, last))
 
     def _write(self, data: bytes) -> None:
         self._fh.write(data)
@@ -221,6 +234,9 @@ class SegmentWriter:
     def close(self, *, sync: bool = True) -> SegmentSummary:
         """Seal the last block; ``sync=False`` leaves the fsync to the caller (batched at commit)."""
         self.flush_block()
+        if self._inflight is not None:
+            self._inflight.result()
+            self._inflight = None
         self._fh.flush()
         if sync:
             os.fsync(self._fh.fileno())
@@ -233,12 +249,37 @@ class SegmentWriter:
 
     def abort(self) -> None:
         """Drop the file (used when a partition must be retaken from another point)."""
+        if self._inflight is not None:
+            try:
+                self._inflight.result()
+            except Exception:  # noqa: BLE001 - the file is deleted anyway
+                pass
+            self._inflight = None
         self._fh.close()
         self.path.unlink(missing_ok=True)
 
     @property
     def last_seqno(self) -> int:
         return self._last_seqno
+
+
+def _seal_block(raw: bytes, level: int, count: int, first: int, last: int) -> bytes:
+    packed = zlib.compress(raw, level) if level else raw  # level 0: store, no zlib pass
+    stored = packed if len(packed) < len(raw) else raw
+    head = _BLOCK_HEADER.pack(BLOCK_MAGIC, len(stored), len(raw), count, first, last, zlib.crc32(stored))
+    return head + struct.pack("<I", zlib.crc32(head)) + stored
+
+
+_POOL: ThreadPoolExecutor | None = None
+_POOL_LOCK = threading.Lock()
+
+
+def _pool() -> ThreadPoolExecutor:
+    global _POOL
+    with _POOL_LOCK:
+        if _POOL is None:
+            _POOL = ThreadPoolExecutor(max_workers=2, thread_name_prefix="upr-backup-zlib")
+        return _POOL
 
 
 @dataclass(frozen=True, slots=True)

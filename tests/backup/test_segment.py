@@ -140,10 +140,10 @@ def test_blocks_before_the_damage_stay_readable(tmp_path: Path) -> None:
     assert got and got == items[: len(got)]
 
 
-@pytest.mark.parametrize("level", [0, 1, 9])
-def test_every_level_round_trips(tmp_path: Path, level: int) -> None:
+@pytest.mark.parametrize(("level", "background"), [(0, False), (1, False), (9, False), (1, True)])
+def test_every_level_round_trips(tmp_path: Path, level: int, background: bool) -> None:
     items = _items(200)
-    w = SegmentWriter(tmp_path / "s", 3, block_bytes=1024, level=level)
+    w = SegmentWriter(tmp_path / "s", 3, block_bytes=1024, level=level, background=background)
     w.add_many(items)
     s = w.close()
     assert list(SegmentReader(tmp_path / "s").items()) == items
