@@ -14,6 +14,7 @@ import sys
 from pathlib import Path
 
 from bench.suite.install import InstallLog
+from bench.suite.procs import stop_everything
 from bench.suite.runner import FEED_WORKLOADS, Runner, all_systems
 from bench.suite.sizes import FAST, FULL, Sizes
 
@@ -54,8 +55,12 @@ def override(sizes: Sizes, assignments: list[str]) -> Sizes:
     return dataclasses.replace(sizes, **changes) if changes else sizes
 
 
-def _sigterm(_signum: int, _frame: object) -> None:
-    raise KeyboardInterrupt  # unwinds through every ProcessGroup, which stops what it started
+def _interrupted(_signum: int, _frame: object) -> None:
+    """SIGINT/SIGTERM: stop every process we started right here, then unwind."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second ^C must not cut the cleanup short
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    stop_everything()
+    raise KeyboardInterrupt
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -73,11 +78,17 @@ def main(argv: list[str] | None = None) -> int:
     if unknown or len(systems) != len(set(wanted)):
         print(f"unknown workloads {sorted(unknown)} or systems in {wanted}", file=sys.stderr)
         return 2
-    signal.signal(signal.SIGTERM, _sigterm)
+    signal.signal(signal.SIGTERM, _interrupted)
+    signal.signal(signal.SIGINT, _interrupted)  # also when started with SIGINT ignored (`&` in a script)
     budget = args.budget if args.budget is not None else (100.0 if sizes is FAST else 3600.0)
     runner = Runner(sizes, InstallLog(allow=not args.no_install), workloads, budget, keep_dir=args.keep_logs,
                     say=lambda m: print(m, file=sys.stderr, flush=True))
-    report = asyncio.run(runner.run(systems))
+    try:
+        report = asyncio.run(runner.run(systems))
+    except KeyboardInterrupt:
+        stop_everything()
+        print("interrupted: every process the suite started has been stopped", file=sys.stderr)
+        return 130
     print(report.table())
     report.write_json(args.json)
     print(f"\nresults written to {args.json}", file=sys.stderr)

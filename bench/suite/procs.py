@@ -15,6 +15,7 @@ import signal
 import socket
 import subprocess
 import time
+import weakref
 from collections.abc import Sequence
 from pathlib import Path
 from typing import IO, Any
@@ -39,6 +40,14 @@ def free_port() -> int:
 #: every process started in this run, as (pid, name): kept in results.json so a test can check that
 #: none of them outlived the run
 SPAWNED: list[tuple[int, str]] = []
+_LIVE_GROUPS: weakref.WeakSet[ProcessGroup] = weakref.WeakSet()
+
+
+def stop_everything() -> None:
+    """Stop every process of every live group now (from a signal handler: the event loop may be
+    stuck in a task that swallows cancellation, so cleanup must not wait for the tasks to unwind)."""
+    for group in list(_LIVE_GROUPS):
+        group.stop_all()
 
 
 class StartError(RuntimeError):
@@ -50,6 +59,7 @@ class ProcessGroup:
 
     def __init__(self) -> None:
         self._procs: list[tuple[subprocess.Popen[Any], int, str]] = []
+        _LIVE_GROUPS.add(self)
 
     def __enter__(self) -> ProcessGroup:
         return self
@@ -104,6 +114,7 @@ class ProcessGroup:
         while self._procs:  # newest first: consumers before the servers they read from
             proc, sig, _name = self._procs.pop()
             _stop(proc, sig, 15.0)
+        _LIVE_GROUPS.discard(self)
 
     @property
     def pids(self) -> list[int]:
