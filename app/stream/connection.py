@@ -105,6 +105,8 @@ class StreamConnection:
         self._stopped = False
         self._visiting: int | None = None
         self._job: asyncio.Future[Any] | None = None
+        self._cursor_lock = asyncio.Lock()  # one reader-thread job per connection at a time
+        self._progress_at = time.monotonic()  # last frame handed to the socket
 
     @property
     def name(self) -> str:
@@ -130,6 +132,7 @@ class StreamConnection:
         self.hub.subscribe(self)
         sender = asyncio.create_task(self._send_loop(), name=f"stream-send-{self.remote}")
         reader = asyncio.create_task(self._read_loop(), name=f"stream-read-{self.remote}")
+        watchdog = asyncio.create_task(self._watchdog(), name=f"stream-watchdog-{self.remote}")
         try:
             await asyncio.wait({sender, reader}, return_when=asyncio.FIRST_COMPLETED)
             if reader.done() and not sender.done() and not self._peer_closed:
@@ -147,6 +150,7 @@ class StreamConnection:
         finally:
             self._stopped = True
             self.hub.unsubscribe(self)
+            watchdog.cancel()
             for task in (sender, reader):
                 task.cancel()
             for task in (sender, reader):
@@ -170,9 +174,10 @@ class StreamConnection:
     async def _on_reader(self, fn: Callable[..., Any], *args: Any) -> Any:
         """Run a cursor operation on a reader thread.  Shielded: if this task is cancelled the
         job still finishes before anything else touches the cursor (``_release_all`` waits)."""
-        job = asyncio.ensure_future(self._read(fn, *args))
-        self._job = job
-        return await asyncio.shield(job)
+        async with self._cursor_lock:
+            job = asyncio.ensure_future(self._read(fn, *args))
+            self._job = job
+            return await asyncio.shield(job)
 
     async def _release_all(self) -> None:
         if self._job is not None and not self._job.done():
@@ -292,6 +297,7 @@ class StreamConnection:
         else:
             await self.ws.send_bytes(data)
         size = len(data)
+        self._progress_at = time.monotonic()
         self.session.sent(size)
         self.bytes_sent += size
         self._on_bytes(size)
@@ -337,7 +343,7 @@ class StreamConnection:
                                                                  item.purge_seqno))
         else:
             data = item.data
-        await self._transmit_watched(data, cursor)
+        await self._transmit(data)
         if isinstance(item, Batch):
             self._carry_out(session.items_sent(p, item.last_seqno, item.last))
             await self._flush_control()
@@ -346,7 +352,6 @@ class StreamConnection:
 
     async def _wait_for_credit(self, cursor: PartitionCursor) -> bool:
         """Wait until the window has room (control replies still go out meanwhile)."""
-        blocked_since = time.monotonic()
         while not self.session.can_send:
             if self._close is not None or self._peer_closed:
                 return False
@@ -354,37 +359,26 @@ class StreamConnection:
                 await self._flush_control()
                 continue
             self._wake.clear()
-            if self.session.can_send:
-                break
-            left = blocked_since + self.limits.drop_after_s - time.monotonic()
-            if left <= 0 or not cursor.holding:
-                if cursor.holding:
-                    await self._maybe_drop(cursor)
+            if not self.session.can_send:
                 await self._wake.wait()
-                continue
-            try:
-                await asyncio.wait_for(self._wake.wait(), timeout=left)
-            except asyncio.TimeoutError:
-                await self._maybe_drop(cursor)
         return self._close is None and not self._peer_closed
 
-    async def _transmit_watched(self, data: str | bytes, cursor: PartitionCursor) -> None:
-        """Send; if the socket does not drain within ``drop_after_s`` while a snapshot is pinned,
-        release the snapshot meanwhile."""
-        if not cursor.holding:
-            await self._transmit(data)
-            return
-        task = asyncio.ensure_future(self._transmit(data))
-        done, _ = await asyncio.wait({task}, timeout=self.limits.drop_after_s)
-        if not done:
-            await self._maybe_drop(cursor)
-        await task
-
-    async def _maybe_drop(self, cursor: PartitionCursor) -> None:
-        if cursor.holding and await self._on_reader(cursor.drop):
-            self.cursor_drops += 1
-            log.info("stream %s: consumer slow, released the snapshot of partition %d at seqno %d "
-                     "(re-read from disk when it moves again)", self.name, cursor.partition, cursor.last_seqno)
+    async def _watchdog(self) -> None:
+        """Cursor dropping: while a visit pins a snapshot and no frame has reached the socket for
+        ``drop_after_s`` (window full or socket not draining), release the snapshot.  The visit
+        re-reads after its last encoded seqno when the consumer moves again."""
+        period = self.limits.drop_after_s / 2
+        while True:
+            await asyncio.sleep(period)
+            p = self._visiting
+            cursor = self.cursors.get(p) if p is not None else None
+            if (cursor is None or not cursor.holding or self._cursor_lock.locked()
+                    or time.monotonic() - self._progress_at < self.limits.drop_after_s):
+                continue
+            if await self._on_reader(cursor.drop):
+                self.cursor_drops += 1
+                log.info("stream %s: consumer slow, released the snapshot of partition %d at seqno %d "
+                         "(re-read from disk when it moves again)", self.name, cursor.partition, cursor.last_seqno)
 
     def _snapshot_of(self, partition: int, after_seqno: int) -> Any:
         """Executor side: the partition must still be in the state the stream expected."""
