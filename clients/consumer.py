@@ -354,7 +354,7 @@ class Consumer:
             ws, self._ws = self._ws, None
             await ws.close()
         attempt = 0
-        while True:
+        while not self._closed:
             attempt += 1
             delay = self.backoff.next_delay()
             log.info("consumer %s reconnecting in %.3fs (attempt %d): %s", self.name, delay, attempt, why)
@@ -434,9 +434,11 @@ class Consumer:
         try:
             if self._ws is None and not self._done:
                 await self._open()
-            while not self._done:
+            while not self._done and not self._closed:
                 try:
                     while True:
+                        if self._closed:
+                            return
                         if session.all_finished:
                             self._done = True
                             self._save()
@@ -446,6 +448,8 @@ class Consumer:
                         try:
                             frame = await ws.recv()
                         except ConnectionClosed as exc:
+                            if self._closed:  # close() from another task: stop, do not reconnect
+                                return
                             code = exc.rcvd.code if exc.rcvd is not None else None
                             if code in _PROTOCOL_CLOSE_CODES:
                                 raise ProtocolViolation(f"server closed the stream with code {code}: "

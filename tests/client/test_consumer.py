@@ -209,3 +209,21 @@ async def test_auth_and_not_my_partition(upr_server):
     assert info.value.status == "not_my_partition" and info.value.partition == 2
     ok = await collect(Consumer(srv.url, token="read-token", partitions=[1], until_now=True))
     assert [e.reason for e in ok if isinstance(e, StreamEnd)] == ["end_seqno_reached"]
+
+
+async def test_close_from_another_task_stops_the_iteration(server):
+    bulk(server.url, sets("z", 10))
+    consumer = Consumer(server.url, start="beginning", ring_size=0, backoff=Backoff(0.01, 0.02))
+    seen = []
+
+    async def consume() -> None:
+        async for ev in consumer:
+            seen.append(ev)
+
+    await consumer.connect()
+    task = asyncio.create_task(consume())
+    while len([e for e in seen if isinstance(e, Mutation)]) < 10:
+        await asyncio.sleep(0.01)
+    await consumer.close()
+    await asyncio.wait_for(task, 5)  # ends, does not reconnect
+    assert consumer.reconnects == 0
