@@ -129,8 +129,13 @@ class Engine:
                 return
             self._closed = True
         self._flusher.stop()
-        self._store.mark_clean()
-        self._store.close()
+        try:
+            if all(p.queue.persisted == p.queue.root.high for p in self._parts):
+                self._store.mark_clean()
+            else:  # a failed final flush: the next open must treat this stop as unclean
+                log.error("engine closed with unpersisted writes; the next open adds failover entries")
+        finally:
+            self._store.close()
 
     def __enter__(self) -> "Engine":
         return self

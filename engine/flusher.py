@@ -28,6 +28,7 @@ from engine.types import Item
 log = logging.getLogger(__name__)
 
 _Work = tuple[Partition, list[Item], int]
+_ERROR_BACKOFF_S = 0.1
 
 
 class Flusher:
@@ -107,8 +108,10 @@ class Flusher:
                 self.errors += 1
                 log.exception("flush failed")
                 self._fail_waiters(exc)
+                if self._stopping:
+                    return  # close() must not hang on a broken disk; it will not mark the store clean
                 more = False
-                time.sleep(self._interval)
+                time.sleep(min(self._interval, _ERROR_BACKOFF_S))  # retry soon, but do not spin
                 continue
             self._resolve_waiters()
             if self._stopping and not more:

@@ -129,3 +129,36 @@ def test_compaction_purges_tombstones_and_moves_purge_seqno(make_engine) -> None
     again = make_engine(partitions=1)
     assert again.stats(0).purge_seqno == 15
     assert again.compact() == {0: 16}
+
+
+def test_failed_flush_fails_waiters_then_recovers(make_engine, monkeypatch) -> None:
+    engine = make_engine(**SLOW_FLUSH)
+    real = engine._store.flush_items
+
+    def broken(*args, **kwargs):
+        raise OSError("disk on fire")
+
+    monkeypatch.setattr(engine._store, "flush_items", broken)
+    r = engine.write(put("a"))
+    with pytest.raises(OSError):
+        engine.persist_future({r.partition: r.seqno}).result(timeout=10)
+    assert engine.persisted_seqno(r.partition) == 0 and engine.engine_stats()["flush_errors_total"] >= 1
+    monkeypatch.setattr(engine._store, "flush_items", real)
+    engine.persist_future({r.partition: r.seqno}).result(timeout=10)
+    assert engine.persisted_seqno(r.partition) == r.seqno
+
+
+def test_close_with_a_failing_flush_is_recorded_as_unclean(make_engine, monkeypatch) -> None:
+    engine = make_engine(**SLOW_FLUSH)
+    engine.write(put("a"))
+    engine.flush_now()
+    logs = [engine.failover_log(p) for p in range(4)]
+    r = engine.write(put("b"))
+    monkeypatch.setattr(engine._store, "flush_items", lambda *a, **k: (_ for _ in ()).throw(OSError("io")))
+    engine.close()
+    again = make_engine(**SLOW_FLUSH)
+    assert not again.opened_clean
+    assert [len(again.failover_log(p)) for p in range(4)] == [len(log) + 1 for log in logs]
+    with pytest.raises(KeyNotFound):
+        again.get("b")
+    assert again.high_seqno(r.partition) == r.seqno - 1
