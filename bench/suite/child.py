@@ -107,6 +107,7 @@ def _log(message: str) -> None:
 
 
 async def run_backfill(open_stream: Any, conn: dict[str, Any], n: int, timeout_s: float) -> dict[str, Any]:
+    cpu0 = time.process_time()
     t0 = time.monotonic()
     stream = open_stream(conn, "beginning", 0)
     await _first_ready(stream)
@@ -130,6 +131,7 @@ async def run_backfill(open_stream: Any, conn: dict[str, Any], n: int, timeout_s
         "seconds": t_end - t0,
         "subscribe_seconds": t_ready - t0,
         "timed_out": count < n,
+        "cpu_s": time.process_time() - cpu0,
     }
 
 
@@ -140,6 +142,7 @@ async def run_tail(open_stream: Any, conn: dict[str, Any], capacity: int, out: s
     recv = array("q", [-1]) * capacity
     stream = open_stream(conn, "now", 0)
     await _first_ready(stream)
+    cpu0 = time.process_time()
     _emit("READY")
 
     state: dict[str, Any] = {"count": 0, "dups": 0, "outside": 0}
@@ -174,6 +177,7 @@ async def run_tail(open_stream: Any, conn: dict[str, Any], capacity: int, out: s
     task.cancel()
     await _bounded(asyncio.gather(task, return_exceptions=True))
     await _bounded(stream.aclose())
+    state["cpu_s"] = time.process_time() - cpu0
     Path(out).write_bytes(recv.tobytes())
     return state
 
@@ -184,6 +188,7 @@ async def run_fanout(open_stream: Any, conn: dict[str, Any], consumers: int, fir
     ctl = _Control(loop)
     streams = [open_stream(conn, "now", first_ident + k) for k in range(consumers)]
     await asyncio.gather(*(_first_ready(s) for s in streams))
+    cpu0 = time.process_time()
     _emit("READY")
     lags = [array("q") for _ in range(consumers)]
     last_recv = [0] * consumers
@@ -219,7 +224,7 @@ async def run_fanout(open_stream: Any, conn: dict[str, Any], consumers: int, fir
     for k in range(consumers):
         p = percentiles([v / 1e6 for v in lags[k]], (50, 99, 100)) if lags[k] else {}
         per.append({"received": len(lags[k]), "last_recv_ns": last_recv[k], "lag_ms": p})
-    res = {"consumers": per, "written": ctl.written, "t_start_ns": ctl.t_start_ns, "t_end_ns": ctl.t_end_ns}
+    res = {"consumers": per, "cpu_s": time.process_time() - cpu0, "written": ctl.written, "t_start_ns": ctl.t_start_ns, "t_end_ns": ctl.t_end_ns}
     if errors:
         res["error"] = "; ".join(errors[:3])
     return res

@@ -120,6 +120,24 @@ class ProcessGroup:
     def pids(self) -> list[int]:
         return [p.pid for p, _s, _n in self._procs if p.poll() is None]
 
+    def cpu_seconds(self, exclude_prefix: str = "consumer") -> float:
+        """CPU time (user+system, plus reaped children: postgres backends) of the live servers."""
+        import psutil
+
+        total = 0.0
+        for p, _s, name in self._procs:
+            if name.startswith(exclude_prefix) or p.poll() is not None:
+                continue
+            try:
+                t = psutil.Process(p.pid).cpu_times()
+                total += t.user + t.system + t.children_user + t.children_system
+                for child in psutil.Process(p.pid).children(recursive=True):  # live backends
+                    ct = child.cpu_times()
+                    total += ct.user + ct.system
+            except psutil.Error:
+                continue
+        return total
+
 
 def _stop(proc: subprocess.Popen[Any], sig: int, timeout: float) -> int | None:
     if proc.poll() is None:

@@ -28,6 +28,21 @@ from bench.suite.stats import percentiles, rate
 LATENCY_PS = (50, 90, 99, 99.9)
 
 
+def _cpu(metrics: dict[str, float], wall: float, server: float, writer: float | None = None,
+         consumer: float | None = None) -> str:
+    """Record CPU seconds per wall second of each side; return the detail text for them.
+
+    A side near 1.0 was CPU-bound on one core: that is where the time went."""
+    parts = [("server", server), ("writer", writer), ("consumer", consumer)]
+    out = []
+    for name, cpu in parts:
+        if cpu is None:
+            continue
+        metrics[f"{name}_cpu_per_s"] = cpu / wall if wall > 0 else 0.0
+        out.append(f"{name} {cpu / wall:.2f}" if wall > 0 else f"{name} ?")
+    return "CPU/wall " + ", ".join(out)
+
+
 @dataclass
 class Ctx:
     procs: ProcessGroup
@@ -41,14 +56,18 @@ async def ingest(system: System, ctx: Ctx) -> list[Row]:
     await system.reset()
     w = await system.writer()
     try:
+        srv0, me0 = ctx.procs.cpu_seconds(), time.process_time()
         t0 = time.monotonic()
         for b in batches:
             await w.write(b)
         elapsed = time.monotonic() - t0
+        srv, me = ctx.procs.cpu_seconds() - srv0, time.process_time() - me0
     finally:
         await w.close()
-    return [Row("ingest", system.name, rate(n, elapsed), "mut/s", metrics={"n": n, "seconds": elapsed},
-                detail=f"{system.method['ingest']}; {n:,} docs")]
+    metrics: dict[str, float] = {"n": n, "seconds": elapsed}
+    cpu = _cpu(metrics, elapsed, srv, writer=me)
+    return [Row("ingest", system.name, rate(n, elapsed), "mut/s", metrics=metrics,
+                detail=f"{system.method['ingest']}; {n:,} docs; {cpu}")]
 
 
 async def backfill(system: System, ctx: Ctx) -> list[Row]:
@@ -62,15 +81,18 @@ async def backfill(system: System, ctx: Ctx) -> list[Row]:
         preload_s = time.monotonic() - t0
     finally:
         await w.close()
+    srv0 = ctx.procs.cpu_seconds()
     cp = ConsumerProcess(ctx.procs, system.stream_module, system.consumer_conn(), "backfill",
                          ctx.workdir / f"{system.name}-backfill.log", n=n, timeout_s=ctx.sizes.workload_timeout_s)
     res = await cp.result(ctx.sizes.workload_timeout_s + 30)
+    srv = ctx.procs.cpu_seconds() - srv0
     if res["received"] < n:
         raise ConsumerError(f"backfill received {res['received']:,} of {n:,} in {res['seconds']:.1f}s")
-    return [Row("backfill", system.name, rate(n, res["seconds"]), "mut/s",
-                metrics={"n": n, "seconds": res["seconds"], "subscribe_seconds": res["subscribe_seconds"],
-                         "preload_seconds": preload_s},
-                detail=f"{system.method['backfill']}; {n:,} docs, one consumer process")]
+    metrics = {"n": n, "seconds": res["seconds"], "subscribe_seconds": res["subscribe_seconds"],
+               "preload_seconds": preload_s}
+    cpu = _cpu(metrics, res["seconds"], srv, consumer=res["cpu_s"])
+    return [Row("backfill", system.name, rate(n, res["seconds"]), "mut/s", metrics=metrics,
+                detail=f"{system.method['backfill']}; {n:,} docs, one consumer process; {cpu}")]
 
 
 @dataclass
@@ -126,12 +148,14 @@ async def tail(system: System, ctx: Ctx, per_s: int) -> list[Row]:
                          grace_s=s.drain_grace_s, timeout_s=s.workload_timeout_s)
     await cp.ready(60)
     w = await system.writer()
+    srv0, me0, t0 = ctx.procs.cpu_seconds(), time.process_time(), time.monotonic()
     try:
         p = await paced_write(w, per_s, s.tail_seconds)
     finally:
         await w.close()
     cp.end(p.written, p.t_start_ns, p.t_end_ns)
     res = await cp.result(s.drain_grace_s + 60)
+    wall, srv, me = time.monotonic() - t0, ctx.procs.cpu_seconds() - srv0, time.process_time() - me0
     recv = array("q")
     recv.frombytes(out.read_bytes())
     ack_lat, send_lat, early = [], [], 0
@@ -158,6 +182,7 @@ async def tail(system: System, ctx: Ctx, per_s: int) -> list[Row]:
               f"achieved {p.achieved:,.0f}/s; received {received:,}/{p.written:,}")
     if early:
         detail += f"; {100 * early / received:.0f}% received before the ack (counted as 0)"
+    detail += "; " + _cpu(metrics, wall, srv, writer=me, consumer=res["cpu_s"])
     return [Row(f"tail {per_s:,}/s", system.name, lat["p99"], "ms p99", better="lower", metrics=metrics,
                 detail=detail)]
 
@@ -177,15 +202,19 @@ async def fanout(system: System, ctx: Ctx) -> list[Row]:
     for cp in cps:
         await cp.ready(120)
     w = await system.writer()
+    srv0, me0, t0 = ctx.procs.cpu_seconds(), time.process_time(), time.monotonic()
     try:
         p = await paced_write(w, s.fanout_rate, s.fanout_seconds)
     finally:
         await w.close()
     for cp in cps:
         cp.end(p.written, p.t_start_ns, p.t_end_ns)
-    consumers = []
+    consumers, consumer_cpu = [], 0.0
     for cp in cps:
-        consumers += (await cp.result(s.drain_grace_s + 60))["consumers"]
+        res = await cp.result(s.drain_grace_s + 60)
+        consumers += res["consumers"]
+        consumer_cpu += res["cpu_s"]
+    wall, srv, me = time.monotonic() - t0, ctx.procs.cpu_seconds() - srv0, time.process_time() - me0
     delivered = sum(c["received"] for c in consumers)
     last = max(c["last_recv_ns"] for c in consumers)
     if delivered == 0 or last <= p.t_start_ns:
@@ -201,7 +230,8 @@ async def fanout(system: System, ctx: Ctx) -> list[Row]:
     short = f"; {len(behind)} consumers short of {p.written:,}" if behind else ""
     return [
         Row(tag, system.name, rate(delivered, window), "deliveries/s", metrics=metrics,
-            detail=f"{system.method['fanout']}; delivered {delivered:,}/{p.written * k:,} in {window:.1f}s{short}"),
+            detail=f"{system.method['fanout']}; delivered {delivered:,}/{p.written * k:,} in {window:.1f}s{short}; "
+                   + _cpu(metrics, wall, srv, writer=me, consumer=consumer_cpu)),
         Row(tag + " lag", system.name, worst_p99, "ms p99 worst", better="lower", metrics=metrics,
             detail=f"send→receipt lag of the worst consumer: p99 {worst_p99:.2f} ms, max {worst_max:.2f} ms"),
     ]
