@@ -224,7 +224,8 @@ async def run_fanout(open_stream: Any, conn: dict[str, Any], consumers: int, fir
     for k in range(consumers):
         p = percentiles([v / 1e6 for v in lags[k]], (50, 99, 100)) if lags[k] else {}
         per.append({"received": len(lags[k]), "last_recv_ns": last_recv[k], "lag_ms": p})
-    res = {"consumers": per, "cpu_s": time.process_time() - cpu0, "written": ctl.written, "t_start_ns": ctl.t_start_ns, "t_end_ns": ctl.t_end_ns}
+    res = {"consumers": per, "cpu_s": time.process_time() - cpu0, "written": ctl.written,
+           "t_start_ns": ctl.t_start_ns, "t_end_ns": ctl.t_end_ns}
     if errors:
         res["error"] = "; ".join(errors[:3])
     return res

@@ -84,8 +84,7 @@ async def ws_rows(ctx: Ctx) -> list[Row]:
                 raise RuntimeError(f"received {got} of {count} frames")
             fps = rate(count, elapsed)
             mbps = fps * size / 1e6
-            versions = (f"fastapi {importlib.metadata.version('fastapi')}, uvicorn "
-                        f"{importlib.metadata.version('uvicorn')}, websockets {importlib.metadata.version('websockets')}")
+            versions = ", ".join(f"{d} {importlib.metadata.version(d)}" for d in ("fastapi", "uvicorn", "websockets"))
             if size >= 65536:
                 rows.append(Row(f"limit: WebSocket {size // 1024} KiB frames", "limit", fps * size / DOC_SIZE,
                                 "200-B docs/s", compare_to="backfill",

@@ -38,7 +38,7 @@ class Row:
             return
         floor_ok = self.value is not None and (self.value > 0 or (self.better == "lower" and self.value == 0))
         if self.value is None or not math.isfinite(self.value) or not floor_ok:
-            raise ValueError(f"{self.workload}/{self.system}: an ok row needs a finite positive value, got {self.value}")
+            raise ValueError(f"{self.workload}/{self.system}: an ok row needs a finite positive value: {self.value}")
 
 
 def advantage(ours: Row, other: Row) -> float | None:

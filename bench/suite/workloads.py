@@ -197,7 +197,8 @@ async def fanout(system: System, ctx: Ctx) -> list[Row]:
         count = k // nproc + (1 if j < k % nproc else 0)
         cps.append(ConsumerProcess(ctx.procs, system.stream_module, system.consumer_conn(), "fanout",
                                    ctx.workdir / f"{system.name}-fanout-{j}.log", consumers=count, first_ident=first,
-                                   planned=int(s.fanout_rate * s.fanout_seconds), grace_s=s.drain_grace_s, timeout_s=s.workload_timeout_s))
+                                   planned=int(s.fanout_rate * s.fanout_seconds), grace_s=s.drain_grace_s,
+                                   timeout_s=s.workload_timeout_s))
         first += count
     for cp in cps:
         await cp.ready(120)

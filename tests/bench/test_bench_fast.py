@@ -30,7 +30,9 @@ from bench.suite.sizes import FAST, FULL
 from bench.suite.stats import percentiles
 
 REPO = Path(__file__).resolve().parents[2]
-SYSTEMS = {"upr": None, "upr-memory": ("ingest", "tail"), "upr-clients": ("backfill",), "redis": None, "nats": None, "postgres": None}
+# system -> the workloads it is measured on (None: all)
+SYSTEMS = {"upr": None, "upr-memory": ("ingest", "tail"), "upr-clients": ("backfill",),
+           "redis": None, "nats": None, "postgres": None}
 
 
 # ----------------------------------------------------------------------------- pure parts
