@@ -61,6 +61,8 @@ class StreamLimits:
     #: item batch frame target size and item count
     frame_bytes: int = 64 * 1024
     frame_items: int = 4096
+    #: most stream visits begun together and produced in one reader-thread job
+    max_visits_per_job: int = 64
     #: release a pinned snapshot when the consumer made no progress for this long
     drop_after_s: float = 2.0
     #: how long a closing connection may take to flush its last messages
@@ -264,9 +266,10 @@ class StreamConnection:
     def _forget(self, partition: int) -> None:
         cursor = self.cursors.pop(partition, None)
         if cursor is not None and cursor.holding and partition != self._visiting:
-            # released on a reader thread (a disk part closes an LMDB transaction); a cursor
-            # being visited is released by the visit itself, never concurrently with its job
-            asyncio.ensure_future(self._read(cursor.close))
+            # released on a reader thread (a disk part closes an LMDB transaction), under the
+            # cursor lock so never concurrently with a job on it; a cursor being sent is
+            # released by its visit
+            asyncio.ensure_future(self._on_reader(cursor.close))
 
     # ------------------------------------------------------------------ sender
     async def _send_loop(self) -> None:
@@ -278,9 +281,8 @@ class StreamConnection:
             if self._close is not None:
                 await self._close_socket(int(self._close.code), self._close.reason)
                 return
-            p = session.next_visit()
-            if p is not None:
-                await self._visit(p)
+            if session.next_visit() is not None:
+                await self._visit_batch()
                 continue
             self._wake.clear()
             if self._control or self._close is not None or self._peer_closed or session.next_visit() is not None:
@@ -302,29 +304,54 @@ class StreamConnection:
         self.bytes_sent += size
         self._on_bytes(size)
 
-    async def _visit(self, p: int) -> None:
-        """One visit: snapshot the partition after its position and send all of it (or nothing)."""
+    async def _visit_batch(self) -> None:
+        """Visit the due streams of this pass, in id order: their visits begin together (each draws
+        its barrier token before its snapshot is taken), one reader-thread job takes the snapshots
+        and encodes them up to the chunk budget, then each visit is sent and ended in order.  A busy
+        tail with many partitions thus costs one executor hop per wake-up, not one per partition."""
         session = self.session
-        cursor = self.cursors[p]
-        visit = session.begin_visit(p)
-        cursor.last_seqno = visit.after_seqno
+        visits = []
+        while len(visits) < self.limits.max_visits_per_job:
+            p = session.next_visit()
+            if p is None or (visits and p <= visits[-1].partition):
+                break  # nothing due, window full, or the pass would wrap around
+            visits.append(session.begin_visit(p))
+        if not visits:
+            return
+        cursors = [self.cursors[v.partition] for v in visits]
+        for v, cursor in zip(visits, cursors):
+            cursor.last_seqno = v.after_seqno
         encode = ENCODERS[self.codec]
-        complete = False
+        produced = await self._on_reader(_produce_many, cursors, self._snapshot_of, encode, self.limits.chunk_bytes)
+        for i, (visit, cursor) in enumerate(zip(visits, cursors)):
+            outs, complete, changed = produced[i] if i < len(produced) else ([], False, None)
+            await self._send_visit(visit, cursor, outs, complete, changed)
+
+    async def _send_visit(self, visit: Any, cursor: PartitionCursor, out: list[Marker | Batch], complete: bool,
+                          changed: "StateChanged | None") -> None:
+        session = self.session
+        p = visit.partition
+        encode = ENCODERS[self.codec]
         self._visiting = p
         try:
-            while not complete:
-                out: list[Marker | Batch] = []
-                try:
-                    complete = await self._on_reader(cursor.produce, self._snapshot_of, encode,
-                                                     self.limits.chunk_bytes, out)
-                except StateChanged as changed:
+            while True:
+                if changed is not None:
                     log.info("stream %s: partition %d %s; stream ended", self.name, p, changed)
                     self._carry_out(session.end_stream(p, M.StreamEndReason.STATE_CHANGED))
                     break
+                stopped = False
                 for item in out:
                     if not await self._send_item(p, item, cursor):
-                        complete = True  # the stream ended (bounded, closed) or the connection is closing
+                        stopped = True  # the stream ended (bounded, closed) or the connection is closing
                         break
+                if stopped or complete:
+                    break
+                out = []
+                try:
+                    complete = await self._on_reader(cursor.produce, self._snapshot_of, encode,
+                                                     self.limits.chunk_bytes, out)
+                except StateChanged as exc:
+                    changed = exc
         finally:
             self._visiting = None
         if self.cursors.get(p) is not cursor and cursor.holding:
@@ -416,6 +443,26 @@ def _partition_infos(engine: Any, partitions: tuple[int, ...]) -> dict[int, M.Pa
         out[p] = M.PartitionInfo(state=s.state.value, high_seqno=s.high_seqno, purge_seqno=s.purge_seqno,
                                  log=tuple(s.failover_log))
     return out
+
+
+def _produce_many(cursors: list[PartitionCursor], snapshot_of: Callable[[int, int], Any], encode: ItemEncoder,
+                  budget: int) -> list[tuple[list[Marker | Batch], bool, StateChanged | None]]:
+    """Reader thread: produce for each cursor in order until the budget is used; a cursor left
+    incomplete ends the job (the ones after it get nothing yet and produce on their own later)."""
+    results: list[tuple[list[Marker | Batch], bool, StateChanged | None]] = []
+    used = 0
+    for cursor in cursors:
+        out: list[Marker | Batch] = []
+        try:
+            complete = cursor.produce(snapshot_of, encode, budget - used, out)
+        except StateChanged as changed:
+            results.append((out, True, changed))
+            continue
+        results.append((out, complete, None))
+        used += sum(len(x.data) for x in out if isinstance(x, Batch))
+        if not complete or used >= budget:
+            break
+    return results
 
 
 def _close_cursors(cursors: list[PartitionCursor]) -> None:
