@@ -165,3 +165,61 @@ def test_fast_mode_runs_every_installable_system(tmp_path: Path) -> None:
     if res["systems"]["upr"]["status"] == "ok":
         peer_ok = [r for r in rows if r["system"] in ("redis", "nats", "postgres") and r["status"] == "ok"]
         assert all(r["upr_advantage"].endswith("×") for r in peer_ok)
+
+
+# ----------------------------------------------------------------------------- processes, installs, options
+
+
+def test_process_group_stops_its_processes_by_pid_even_on_error(tmp_path: Path) -> None:
+    from bench.suite.procs import ProcessGroup
+
+    with pytest.raises(RuntimeError), ProcessGroup() as group:
+        procs = [group.spawn(["sleep", "60"], name=f"sleeper-{n}", log=tmp_path / f"{n}.log") for n in range(3)]
+        assert all(_alive(p.pid) for p in procs)
+        raise RuntimeError("workload failed")
+    assert [p.returncode for p in procs] == [-15, -15, -15]  # SIGTERM, each by its PID
+    assert not any(_alive(p.pid) for p in procs)
+
+
+def test_a_process_ignoring_its_stop_signal_is_killed(tmp_path: Path) -> None:
+    from bench.suite.procs import ProcessGroup
+
+    group = ProcessGroup()
+    stubborn = group.spawn([sys.executable, "-c", "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
+                            "print('ready', flush=True); time.sleep(60)"], name="stubborn",
+                           stdout=subprocess.PIPE)
+    assert stubborn.stdout is not None and stubborn.stdout.readline().strip() == b"ready"
+    assert group.stop(stubborn, timeout=0.5) == -9
+
+
+def test_a_missing_peer_is_skipped_with_its_reason_when_installing_is_off() -> None:
+    from bench.suite.install import InstallLog, Skip, ensure_debian_package
+
+    with pytest.raises(Skip, match="not installed and installing was disabled"):
+        ensure_debian_package(InstallLog(allow=False), "no-such-peer", lambda: None)
+    log = InstallLog(allow=False)
+    assert ensure_debian_package(log, "sh", lambda: "/bin/sh") == "/bin/sh"
+    assert log.steps == [{"what": "sh", "action": "present", "seconds": 0.0, "detail": "/bin/sh"}]
+
+
+@pytest.mark.parametrize(
+    "assignments,expected",
+    [
+        ([], {}),
+        (["backfill_n=2000"], {"backfill_n": 2000}),
+        (["tail_rates=100,200", "tail_seconds=0.5"], {"tail_rates": (100, 200), "tail_seconds": 0.5}),
+    ],
+)
+def test_size_overrides(assignments: list[str], expected: dict[str, object]) -> None:
+    from bench.suite.cli import override
+
+    sizes = override(FAST, assignments)
+    assert {k: v for k, v in sizes.as_dict().items() if v != FAST.as_dict()[k]} == expected
+
+
+@pytest.mark.parametrize("bad", ["nope=1", "backfill_n", "mode=full", "ws_frames=1", "backfill_n=many"])
+def test_bad_size_overrides_are_refused(bad: str) -> None:
+    from bench.suite.cli import override
+
+    with pytest.raises(ValueError):
+        override(FAST, [bad])
