@@ -1,7 +1,8 @@
 """NATS JetStream: one stream with file storage.
 
 Writer: ``publish_async`` for every document of a batch, then wait for all PubAcks (the server
-acks once the message is in its file store; it fsyncs on its own sync interval, not per message).
+acks once the message is written to its file store; it fsyncs on ``sync_interval``, 2 minutes by
+default, not per message: the NATS docs, "Syncing data to disk").
 Reader: an ordered push consumer (ephemeral, flow-controlled, redelivery-free) with deliver
 policy ALL (backfill) or NEW (tail); messages are collected by a callback and handed out in lists.
 """
@@ -27,7 +28,8 @@ class NatsSystem(System):
     name = "nats"
     label = "NATS JetStream"
     stream_module = "bench.peers.nats"
-    durability = "JetStream file storage (ack = PubAck once stored; fsync on the server's sync interval)"
+    durability = ("JetStream file storage, default sync_interval (ack = PubAck once written to the file store; "
+                  "fsync within 2 min)")
     method = {
         "ingest": "publish_async ×1000, then wait for the 1000 PubAcks",
         "backfill": "ordered push consumer, deliver all",
