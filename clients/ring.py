@@ -38,11 +38,12 @@ import struct
 import sys
 from array import array
 import zlib
+from bisect import bisect_right
 from collections import deque
-from collections.abc import Sequence
-from itertools import accumulate, repeat
+from collections.abc import Iterator, Sequence
+from itertools import accumulate
 from pathlib import Path
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 from .errors import StateCorrupt, UsageError
 
@@ -55,7 +56,6 @@ _BATCH = struct.Struct("<BHI")
 _BIG_ENDIAN = sys.byteorder == "big"
 ENTRY, DROP_ABOVE, FLOOR, BATCH = 0, 1, 2, 3
 FILE_NAME = "ring.log"
-_new = tuple.__new__
 
 
 class RingEntry(NamedTuple):
@@ -71,7 +71,11 @@ class RollbackRing:
         if capacity < 1:
             raise UsageError(f"ring capacity must be >= 1, got {capacity}", field="ring_size")
         self.capacity = capacity
-        self._entries: deque[RingEntry] = deque()
+        # Chunks of entries as appended, oldest first: [partition, seqnos, keys, start]; the live
+        # entries of a chunk are seqnos[start:] / keys[start:], ascending seqnos.  A streamed batch is
+        # one chunk, so appending and evicting cost per batch, not per item.
+        self._chunks: deque[list[Any]] = deque()
+        self._len = 0
         self._floors: dict[int, int] = {}
         self._path = Path(directory) / FILE_NAME if directory is not None else None
         self._fd: int | None = None
@@ -84,7 +88,13 @@ class RollbackRing:
 
     # ------------------------------------------------------------------ queries
     def __len__(self) -> int:
-        return len(self._entries)
+        return self._len
+
+    def _iter(self, partition: int | None = None) -> Iterator[RingEntry]:
+        for p, seqnos, keys, start in self._chunks:
+            if partition is None or p == partition:
+                for i in range(start, len(seqnos)):
+                    yield RingEntry(p, seqnos[i], keys[i])
 
     @property
     def path(self) -> Path | None:
@@ -100,18 +110,18 @@ class RollbackRing:
 
     def oldest_seqno(self, partition: int) -> int | None:
         """Smallest seqno of ``partition`` still held, or None when it holds none."""
-        seqnos = [e.seqno for e in self._entries if e.partition == partition]
+        seqnos = [e.seqno for e in self._iter(partition)]
         return min(seqnos) if seqnos else None
 
     def entries(self, partition: int | None = None) -> list[RingEntry]:
-        return [e for e in self._entries if partition is None or e.partition == partition]
+        return list(self._iter(partition))
 
     def entries_above(self, partition: int, seqno: int) -> list[RingEntry]:
-        return [e for e in self._entries if e.partition == partition and e.seqno > seqno]
+        return [e for e in self._iter(partition) if e.seqno > seqno]
 
     def keys_above(self, partition: int, seqno: int) -> list[bytes]:
         """Distinct keys of ``partition`` applied above ``seqno``, in the order first applied."""
-        return list(dict.fromkeys(e.key for e in self._entries if e.partition == partition and e.seqno > seqno))
+        return list(dict.fromkeys(e.key for e in self._iter(partition) if e.seqno > seqno))
 
     # ------------------------------------------------------------------ updates
     def set_floor(self, partition: int, seqno: int) -> None:
@@ -125,27 +135,22 @@ class RollbackRing:
         """Record a batch of items about to be applied; one write for the whole batch."""
         self._add(partition, seqnos, keys)  # memory first, so a compaction triggered by _log includes it
         if self._path is not None and len(seqnos):
-            n = len(seqnos)
-            cols = array("Q", seqnos)
-            ends = array("I", accumulate(map(len, keys)))
-            if _BIG_ENDIAN:  # pragma: no cover
-                cols.byteswap()
-                ends.byteswap()
-            self._log(b"".join((_BATCH.pack(BATCH, partition, n), cols.tobytes(), ends.tobytes(), b"".join(keys))), n)
+            self._log(_batch_record(partition, seqnos, keys), len(seqnos))
 
     def drop_above(self, partition: int, seqno: int) -> int:
         """Forget entries of ``partition`` above ``seqno`` (after their corrections were applied)."""
-        before = len(self._entries)
-        self._entries = deque(e for e in self._entries if not (e.partition == partition and e.seqno > seqno))
+        before = self._len
+        self._truncate(partition, seqno)
         self._log(_RECORD.pack(DROP_ABOVE, partition, seqno, 0))
-        return before - len(self._entries)
+        return before - self._len
 
     def replace_above(self, partition: int, seqno: int, entries: Sequence[tuple[bytes, int]] = ()) -> None:
         """``drop_above`` and re-add ``entries`` (key, seqno) in one atomic log chunk.
 
         Used after rollback corrections: a corrected key whose current version is above the
         rollback seqno must stay covered, since that version may be rolled back in turn."""
-        self._entries = deque(e for e in self._entries if not (e.partition == partition and e.seqno > seqno))
+        self._truncate(partition, seqno)
+        entries = sorted(entries, key=lambda e: e[1])
         records = [_RECORD.pack(DROP_ABOVE, partition, seqno, 0)]
         for key, s in entries:
             records.append(_RECORD.pack(ENTRY, partition, s, len(key)))
@@ -155,7 +160,7 @@ class RollbackRing:
 
     def reset(self, partition: int) -> None:
         """The partition is streamed again from 0: nothing of it is applied any more."""
-        self._entries = deque(e for e in self._entries if e.partition != partition)
+        self._truncate(partition, -1)
         self._floors[partition] = 0
         self._log(_RECORD.pack(DROP_ABOVE, partition, 0, 0) + _RECORD.pack(FLOOR, partition, 0, 0))
 
@@ -179,22 +184,49 @@ class RollbackRing:
 
     # ------------------------------------------------------------------ internals
     def _add(self, partition: int, seqnos: Sequence[int], keys: Sequence[bytes]) -> None:
-        if not len(seqnos):
+        n = len(seqnos)
+        if not n:
             return
         floors = self._floors
         if partition not in floors:
             # Nobody declared a floor: items applied before these are unknown, and they all have
             # smaller seqnos, so the ring covers from just below the first one.
-            floors[partition] = max(min(seqnos) - 1, 0)
-        entries = self._entries
-        entries.extend(map(_new, repeat(RingEntry), zip(repeat(partition), seqnos, keys)))  # C-level, per batch
-        over = len(entries) - self.capacity
-        if over > 0:
-            popleft = entries.popleft
-            for _ in range(over):
-                old = popleft()
-                if old.seqno > floors.get(old.partition, 0):
-                    floors[old.partition] = old.seqno
+            floors[partition] = max(seqnos[0] - 1, 0)
+        # copies (C-level) so that a caller mutating its batch cannot change the ring
+        self._chunks.append([partition, array("Q", seqnos), list(keys), 0])
+        self._len += n
+        over = self._len - self.capacity
+        chunks = self._chunks
+        while over > 0:
+            chunk = chunks[0]
+            p, cseqnos, _, start = chunk
+            live = len(cseqnos) - start
+            if live <= over:
+                chunks.popleft()
+                evicted = cseqnos[-1]
+                over -= live
+                self._len -= live
+            else:
+                chunk[3] = start + over
+                evicted = cseqnos[start + over - 1]
+                self._len -= over
+                over = 0
+            if evicted > floors.get(p, 0):
+                floors[p] = evicted
+
+    def _truncate(self, partition: int, seqno: int) -> None:
+        """Drop entries of ``partition`` with seqno > ``seqno`` (all of them for -1)."""
+        kept: deque[list[Any]] = deque()
+        for chunk in self._chunks:
+            p, seqnos, keys, start = chunk
+            if p != partition or seqnos[-1] <= seqno:
+                kept.append(chunk)
+                continue
+            cut = bisect_right(seqnos, seqno, start)
+            self._len -= len(seqnos) - cut
+            if cut > start:
+                kept.append([p, seqnos[:cut], keys[:cut], start])
+        self._chunks = kept
 
     def _log(self, payload: bytes, records: int = 1) -> None:
         if self._fd is None:
@@ -210,9 +242,8 @@ class RollbackRing:
         if self._path is None:
             return
         records = [_RECORD.pack(FLOOR, p, s, 0) for p, s in sorted(self._floors.items())]
-        for e in self._entries:
-            records.append(_RECORD.pack(ENTRY, e.partition, e.seqno, len(e.key)))
-            records.append(e.key)
+        for p, seqnos, keys, start in self._chunks:
+            records.append(_batch_record(p, seqnos[start:], keys[start:]))
         payload = b"".join(records)
         tmp = self._path.with_name(FILE_NAME + ".tmp")
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
@@ -289,8 +320,7 @@ class RollbackRing:
                     self._add(partition, (seqno,), (data[i:i + klen],))
                     i += klen
                 elif kind == DROP_ABOVE:
-                    self._entries = deque(e for e in self._entries
-                                          if not (e.partition == partition and e.seqno > seqno))
+                    self._truncate(partition, seqno)
                 elif kind == FLOOR:
                     self._floors[partition] = seqno
                 else:
@@ -298,6 +328,16 @@ class RollbackRing:
                 self._records_since_compaction += 1
             pos = body_end
         return pos
+
+
+def _batch_record(partition: int, seqnos: Sequence[int], keys: Sequence[bytes]) -> bytes:
+    """One columnar BATCH record: a few C-level calls however many entries."""
+    cols = array("Q", seqnos)
+    ends = array("I", accumulate(map(len, keys)))
+    if _BIG_ENDIAN:  # pragma: no cover
+        cols.byteswap()
+        ends.byteswap()
+    return b"".join((_BATCH.pack(BATCH, partition, len(cols)), cols.tobytes(), ends.tobytes(), b"".join(keys)))
 
 
 def _fsync_dir(directory: Path) -> None:
