@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
 import asyncio
 import signal
 import sys
@@ -15,6 +16,7 @@ from pathlib import Path
 
 from bench.suite.install import InstallLog
 from bench.suite.procs import stop_everything
+from bench.suite.results import Report
 from bench.suite.runner import FEED_WORKLOADS, Runner, all_systems
 from bench.suite.sizes import FAST, FULL, Sizes
 
@@ -34,6 +36,9 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
                    help="seconds after which remaining workloads are skipped (default 100 fast, 3600 full)")
     p.add_argument("--set", action="append", default=[], metavar="SIZE=VALUE",
                    help="override one size of the chosen mode, e.g. --set backfill_n=200000 (see bench/suite/sizes.py)")
+    p.add_argument("--table-from", type=Path, metavar="RESULTS.json",
+                   help="only print the table of an earlier run's results file (runs nothing)")
+    p.add_argument("--no-notes", action="store_true", help="leave the notes column out of the table")
     p.add_argument("--keep-logs", action="store_true", help="copy peer and consumer logs to a kept temp dir")
     return p.parse_args(argv)
 
@@ -65,6 +70,9 @@ def _interrupted(_signum: int, _frame: object) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse(argv)
+    if args.table_from is not None:
+        print(Report.from_json(json.loads(args.table_from.read_text())).table(notes=not args.no_notes))
+        return 0
     sizes = FULL if args.full else FAST
     try:
         sizes = override(sizes, args.set)
@@ -89,7 +97,7 @@ def main(argv: list[str] | None = None) -> int:
         stop_everything()
         print("interrupted: every process the suite started has been stopped", file=sys.stderr)
         return 130
-    print(report.table())
+    print(report.table(notes=not args.no_notes))
     report.write_json(args.json)
     print(f"\nresults written to {args.json}", file=sys.stderr)
     return 0

@@ -89,20 +89,25 @@ class Report:
         adv = advantage(ours, row) if ours is not None else None
         return "—" if adv is None else f"{adv:.2f}×"
 
-    def table(self) -> str:
+    def table(self, notes: bool = True) -> str:
+        """The pipe table (Markdown); ``notes=False`` leaves out the long notes column."""
         head = ["workload", "system", "result", "unit", "upr advantage", "notes"]
         lines = [head]
         for r in self.rows:
             result = fmt_value(r.value) if r.status == "ok" else r.status
-            notes = r.detail if r.status == "ok" else r.reason
-            lines.append([r.workload, r.system, result, r.unit, self.ratio_text(r), notes])
-        widths = [max(len(line[i]) for line in lines) for i in range(len(head) - 1)]
+            note = r.detail if r.status == "ok" else r.reason
+            lines.append([r.workload, r.system, result, r.unit, self.ratio_text(r), note])
+        if not notes:
+            lines = [line[:-1] for line in lines]
+        # every column but a last notes column is padded, so the table also reads as plain text
+        padded = len(lines[0]) - 1 if notes else len(lines[0])
+        widths = [max(len(line[i]) for line in lines) for i in range(padded)]
         out = []
         for n, line in enumerate(lines):
-            cells = [c.ljust(w) for c, w in zip(line[:-1], widths, strict=True)] + [line[-1]]
+            cells = [c.ljust(w) for c, w in zip(line, widths, strict=False)] + line[padded:]
             out.append("| " + " | ".join(cells) + " |")
             if n == 0:
-                out.append("|" + "|".join("-" * (w + 2) for w in widths) + "|---|")
+                out.append("|" + "|".join("-" * (w + 2) for w in widths) + ("|---|" if notes else "|"))
         return "\n".join(out)
 
     def to_json(self) -> dict[str, Any]:
@@ -112,6 +117,12 @@ class Report:
             d["upr_advantage"] = self.ratio_text(r)
             rows.append(d)
         return {"meta": self.meta, "systems": self.systems, "installs": self.installs, "rows": rows}
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> Report:
+        fields = set(Row.__dataclass_fields__)
+        rows = [Row(**{k: v for k, v in r.items() if k in fields}) for r in data["rows"]]
+        return cls(meta=data["meta"], systems=data["systems"], installs=data.get("installs", []), rows=rows)
 
     def write_json(self, path: Path) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
