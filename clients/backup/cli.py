@@ -140,7 +140,8 @@ def _cmd_create(args: argparse.Namespace) -> int:
         _console().print(
             f"run {m.run_id} ({m.kind}{', resumed' if result.resumed else ''}): {result.mutations} mutations, "
             f"{result.deletions} deletions, {result.bytes / 1e6:.1f} MB in {result.seconds:.1f}s "
-            f"({result.partitions_taken} partitions streamed, {result.partitions_reused} kept from the interrupted run)")
+            f"({result.partitions_taken} partitions streamed, {result.partitions_reused} kept from the interrupted run"
+            + (f", {len(result.resumed_at)} continued from its checkpoints" if result.resumed_at else "") + ")")
         for p, r in rollbacks:
             _console().print(f"[yellow]rollback[/] partition {p}: server refused seqno {r.requested.seqno}, "
                              f"retaken from seqno {r.to_seqno}{' (full)' if r.to_seqno == 0 else ''}")

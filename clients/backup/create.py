@@ -58,6 +58,8 @@ class CreateResult:
     stream_bytes: int = 0
     seconds: float = 0.0
     in_run_rollbacks: list[tuple[int, int]] = field(default_factory=list)
+    #: partitions a killed run had partly streamed, and the checkpoint seqno they continued from
+    resumed_at: dict[int, int] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
         from clients.backup.info import run_info
@@ -68,6 +70,7 @@ class CreateResult:
             "mutations": self.mutations, "deletions": self.deletions, "bytes": self.bytes,
             "seconds": round(self.seconds, 3),
             "in_run_rollbacks": [{"partition": p, "seqno": s} for p, s in self.in_run_rollbacks],
+            "resumed_at": {str(p): s for p, s in sorted(self.resumed_at.items())},
         }
 
 
@@ -100,17 +103,20 @@ def create_backup(
         todo = [p for p in range(count) if p not in run.done]
         reused = count - len(todo)
         result_rollbacks: list[tuple[int, int]] = []
+        resumed_at: dict[int, int] = {}
         if todo:
             offsets = {p: starts.get(p, StreamOffset()) for p in todo}
-            total = sum(max(0, int(infos.get(p, {}).get("high_seqno", 0)) - offsets[p].seqno) for p in todo)
-            driver = _Driver(run, server, token, offsets, idle_timeout, progress, total, f"{name}-{run.run_id}")
+            driver = _Driver(run, server, token, offsets, idle_timeout, progress, 0, f"{name}-{run.run_id}")
+            driver.total = sum(max(0, int(infos.get(p, {}).get("high_seqno", 0)) - off.seqno)
+                               for p, off in driver.offsets.items())
             asyncio.run(driver.run())
             result_rollbacks = driver.in_run_rollbacks
+            resumed_at = driver.resumed_at
         manifest = run.commit(node_id, count)
     return CreateResult(
         manifest=manifest, resumed=run.resumed, partitions_taken=len(todo), partitions_reused=reused,
         mutations=manifest.mutations, deletions=manifest.deletions, bytes=manifest.bytes,
-        seconds=time.perf_counter() - t0, in_run_rollbacks=result_rollbacks,
+        seconds=time.perf_counter() - t0, in_run_rollbacks=result_rollbacks, resumed_at=resumed_at,
     )
 
 
@@ -151,13 +157,15 @@ class _Driver:
         self.run_writer = run
         self.server = server
         self.token = token
-        self.offsets = offsets
         self.idle_timeout = idle_timeout
         self.progress = progress
         self.total = total
         self.done_seqnos = 0
         self.name = name
         self.writers: dict[int, PartitionWriter] = {p: run.partition(p, off) for p, off in offsets.items()}
+        # partitions a killed run had partly streamed continue from their last checkpoint
+        self.resumed_at = {p: w.resume_offset.seqno for p, w in self.writers.items() if w.resume_offset}
+        self.offsets = {p: self.writers[p].resume_offset or off for p, off in offsets.items()}
         self.pending_rollback: dict[int, tuple[StreamOffset, int, str]] = {}
         self.in_run_rollbacks: list[tuple[int, int]] = []
         self.handoffs: list[tuple[int, int, int]] = []  # (partition, server point, boundary used)
@@ -280,7 +288,9 @@ class _Driver:
         consumer = self.consumers[sid]
         if type(ev) is ItemBatch:
             self._settle(consumer, p)
-            self.writers[p].add_columns(ev.keys, ev.seqnos, ev.cas, ev.revs, ev.deleted, ev.values)
+            w = self.writers[p]
+            w.add_columns(ev.keys, ev.seqnos, ev.cas, ev.revs, ev.deleted, ev.values)
+            w.checkpoint(consumer.position(p).uuid)
             if self.progress and len(ev.seqnos):
                 self.done_seqnos += len(ev.seqnos)
                 self.progress(min(self.done_seqnos, self.total), self.total)
@@ -288,7 +298,7 @@ class _Driver:
             self._settle(consumer, p)
             self.writers[p].snapshot(ev.start, ev.end, ev.source)
         elif isinstance(ev, SnapshotEnd):
-            self.writers[p].snapshot_complete(ev.end)
+            self.writers[p].snapshot_complete(ev.end, consumer.position(p).uuid, ev.start)
         elif isinstance(ev, (Mutation, Deletion)):
             if not ev.correction:  # batches() yields items only as batches
                 raise BackupError(f"unexpected single item for partition {p}", partition=p, seqno=ev.seqno)

@@ -9,7 +9,10 @@ Layout (all integers little-endian)::
     record        31 bytes   u8 kind | u64 seqno | u64 cas | u64 rev | u16 key_len | u32 value_len
                              then key, value
                   kind 0 = mutation, 1 = deletion,
-                  kind 2 = snapshot marker (seqno = start, cas = end, value = source)
+                  kind 2 = snapshot marker (seqno = start, cas = end, value = source),
+                  kind 3 = checkpoint: the stream position after the records before it
+                           (seqno, cas = uuid, rev = snap_start, value = u64 snap_end);
+                           seqno == snap_end means the snapshot is complete
 
 Why blocks: a damaged byte is then located to one block (file + offset) and everything before it
 stays readable; the block header repeats the seqno range so verify can check ordering without
@@ -39,12 +42,14 @@ BLOCK_MAGIC = b"BLK1"
 _FILE_HEADER = struct.Struct("<6sHI")  # + u32 crc
 _BLOCK_HEADER = struct.Struct("<4sIIIQQI")  # + u32 crc
 _RECORD = struct.Struct("<BQQQHI")
+_U64 = struct.Struct("<Q")
 FILE_HEADER_SIZE = _FILE_HEADER.size + 4
 BLOCK_HEADER_SIZE = _BLOCK_HEADER.size + 4
 
 KIND_MUTATION = 0
 KIND_DELETION = 1
 KIND_SNAPSHOT = 2
+KIND_CHECKPOINT = 3
 
 #: Upper bound on one block's raw size; a block holds at least one record even if larger.
 DEFAULT_BLOCK_BYTES = 256 << 10
@@ -62,6 +67,24 @@ class SnapshotMarker:
     start: int
     end: int
     source: str
+
+
+@dataclass(frozen=True, slots=True)
+class Checkpoint:
+    """The stream position once the records before it were written: a killed run resumes here.
+
+    ``seqno == snap_end`` marks a complete snapshot (an exact state); otherwise the position is
+    inside a snapshot, which DCP resumes from as well (the server rolls back to ``snap_start`` if
+    the history changed meanwhile)."""
+
+    seqno: int
+    uuid: int
+    snap_start: int
+    snap_end: int
+
+    @property
+    def complete(self) -> bool:
+        return self.seqno == self.snap_end
 
 
 @dataclass(frozen=True, slots=True)
@@ -129,6 +152,9 @@ class SegmentWriter:
             self._snapshots -= 1
         self._append(_RECORD.pack(KIND_SNAPSHOT, start, end, 0, 0, len(raw)) + raw, None)
         self._snapshots += 1
+
+    def checkpoint(self, seqno: int, uuid: int, snap_start: int, snap_end: int) -> None:
+        self._append(_RECORD.pack(KIND_CHECKPOINT, seqno, uuid, snap_start, 0, 8) + _U64.pack(snap_end), None)
 
     def add(self, item: Item) -> None:
         seqno = item.seqno
@@ -362,8 +388,9 @@ class SegmentReader:
                 yield BlockInfo(offset, stored_len, raw_len, records, first, last), raw
                 offset += BLOCK_HEADER_SIZE + stored_len
 
-    def records(self, sha: "hashlib._Hash | None" = None) -> Iterator[Item | SnapshotMarker]:
-        """Every record in file order: ``Item`` for changes, ``SnapshotMarker`` for boundaries."""
+    def records(self, sha: "hashlib._Hash | None" = None) -> Iterator[Item | SnapshotMarker | Checkpoint]:
+        """Every record in file order: ``Item`` for changes, ``SnapshotMarker`` and ``Checkpoint``
+        for snapshot starts and completed snapshot ends."""
         unpack = _RECORD.unpack_from
         size = _RECORD.size
         for info, raw in self.blocks(sha):
@@ -388,6 +415,10 @@ class SegmentReader:
                     yield Item(key, seqno, cas, rev, True, b"")
                 elif kind == KIND_SNAPSHOT:
                     yield SnapshotMarker(seqno, cas, value.decode("ascii", "replace"))
+                elif kind == KIND_CHECKPOINT:
+                    if vlen != 8:
+                        raise self._corrupt("checkpoint record of the wrong size", info.offset, seqno)
+                    yield Checkpoint(seqno, cas, rev, _U64.unpack(value)[0])
                 else:
                     raise self._corrupt(f"unknown record kind {kind}", info.offset, seqno)
             if count != info.records:
@@ -397,3 +428,11 @@ class SegmentReader:
         for rec in self.records():
             if isinstance(rec, Item):
                 yield rec
+
+    def salvage(self) -> Iterator[Item | SnapshotMarker | Checkpoint]:
+        """The records of an unfinished file up to its first damage (a torn tail after a kill),
+        without raising: what a resumed run can still use."""
+        try:
+            yield from self.records()
+        except CorruptArchive:
+            return

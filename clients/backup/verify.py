@@ -17,7 +17,7 @@ from clients.backup.archive import Archive
 from clients.backup.chain import continuity_problems
 from clients.backup.errors import BackupError, CorruptArchive
 from clients.backup.manifest import PartitionRecord
-from clients.backup.segment import SegmentReader, SnapshotMarker
+from clients.backup.segment import Checkpoint, SegmentReader, SnapshotMarker
 
 
 @dataclass(slots=True)
@@ -59,6 +59,11 @@ def verify_segment(archive: Archive, run_id: str, rec: PartitionRecord) -> tuple
                 raise CorruptArchive(f"snapshot {r.start}..{r.end} does not follow seqno {last}",
                                      path=display, partition=p, seqno=r.start)
             snap_start, snap_end = r.start, r.end
+            continue
+        if isinstance(r, Checkpoint):
+            if r.seqno < last or r.seqno > rec.end.seqno or not r.snap_start <= r.seqno <= r.snap_end:
+                raise CorruptArchive(f"checkpoint at seqno {r.seqno} outside {last}..{rec.end.seqno}",
+                                     path=display, partition=p, seqno=r.seqno)
             continue
         if r.seqno <= last:
             raise CorruptArchive(f"seqno {r.seqno} does not follow {last}", path=display, partition=p, seqno=r.seqno)

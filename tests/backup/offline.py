@@ -75,6 +75,7 @@ def take_partition(run: RunWriter, h: History, p: int, start: StreamOffset, *, s
         hi = min(lo + snapshot_size - 1, end)
         w.snapshot(lo, hi, "memory")
         w.add_many(dedup([i for i in pending if lo <= i.seqno <= hi]))
+        w.snapshot_complete(hi, UUID, lo)
         lo = hi + 1
     w.finish(StreamOffset.at(UUID, max(end, start.seqno)), failover_log=((UUID, 0),))
 

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from clients.backup.archive import MANIFEST, Archive, merged_run_id, new_run_id
+from clients.backup.create import archived_boundaries
 from clients.backup.errors import ArchiveNotFound, ContinuityError, CorruptArchive, KeyspaceMismatch, RunNotFound
 from clients.backup.fsutil import atomic_write
 from clients.backup.info import archive_info
@@ -135,8 +136,9 @@ def test_interrupted_run_is_invisible_and_resumes_only_missing_partitions(tmp_pa
 
     resumed = RunWriter.begin(archive, server="offline")
     assert resumed.resumed and sorted(resumed.done) == [0, 2]
-    assert not (resumed.dir / "p0003.seg").exists()  # uncommitted data is never trusted
     ends = previous_ends(archive)
+    w3 = resumed.partition(3, ends[3])  # no checkpoint survived in its segment: nothing is adopted
+    assert w3.resume_offset is None and not w3.path.exists()
     for p in (1, 3):
         take_partition(resumed, h, p, ends[p])
     manifest = resumed.commit("node-a", P)
@@ -206,7 +208,10 @@ def test_rollback_never_mixes_histories(tmp_path: Path, to_seqno: str) -> None:
     h, runs = _history_with_runs(archive, runs=2)
     p = 1
     end = run_ends(runs[-1])[p]
-    point = end // 2 if to_seqno == "middle" else 0
+    # the server's point moved down to a seqno where the archive is exact (what create's decide() does)
+    exact = archived_boundaries(archive.runs(), [p])[p]
+    point = max(b for b in exact if b <= end // 2) if to_seqno == "middle" else 0
+    assert to_seqno == "zero" or point > 0
     h.truncate(p, point)  # lost branch: seqnos (point, end] are gone on the server
     for _ in range(40):  # the new branch reuses those seqnos with other content
         h.write(p, f"k{p}-{rng.randrange(50)}", None if rng.random() < 0.3 else b"new-branch")
@@ -311,7 +316,7 @@ def test_rollback_below_a_merge_floor_is_refused_loudly(tmp_path: Path) -> None:
     p = 0
     floor = merged.partitions[p].merge_floor
     assert floor > 0
-    h.truncate(p, floor - 1)
+    h.truncate(p, floor - 1)  # (not an exact point either way: the merge keeps none below its floor)
     h.write(p, "k0-1", b"after")
     _rolled_back_run(archive, h, p, floor - 1)
     with pytest.raises(ContinuityError, match=f"rolled back to seqno {floor - 1}, below what merged run"):
@@ -326,7 +331,7 @@ def test_rollback_into_the_last_merged_run_is_exact(tmp_path: Path) -> None:
     merged = merge(archive, "1", "3")
     p = 2
     floor, end = merged.partitions[p].merge_floor, merged.partitions[p].end.seqno
-    point = (floor + end) // 2
+    point = max(b for b in merged.partitions[p].boundaries if b < end)
     assert floor < point < end
     h.truncate(p, point)
     h.write(p, "k2-7", b"after")
@@ -410,3 +415,128 @@ def test_truncate_keeps_this_runs_items_up_to_the_rollback_point(tmp_path: Path)
     assert verify(a1).ok
     assert restored_state(a1, None) == {0: h.state(0)}
     del archive
+
+
+def _partial_with_checkpoints(archive: Archive, h: History, p: int, *, tail: bool,
+                              tail_checkpoint: bool = False) -> tuple[RunWriter, int]:
+    """A killed run that had streamed partition p in snapshots of 7 with checkpoints, plus (tail)
+    items of an unfinished snapshot and a torn block after the last checkpoint."""
+    from .offline import dedup
+
+    run = RunWriter.begin(archive, block_bytes=256)
+    start = previous_ends(archive).get(p, StreamOffset())
+    w = run.partition(p, start)
+    items = [i for i in h.changes[p] if i.seqno > start.seqno]
+    lo, last_ck = start.seqno + 1, start.seqno
+    while lo + 6 <= items[-1].seqno - 10:
+        w.snapshot(lo, lo + 6, "memory")
+        w.add_many(dedup([i for i in items if lo <= i.seqno <= lo + 6]))
+        w.snapshot_complete(lo + 6, UUID, lo)
+        last_ck = lo + 6
+        lo += 7
+    if tail:
+        w.snapshot(lo, lo + 6, "memory")
+        # what the server sends of snapshot lo..lo+6 (deduplicated over all of it), cut after lo+3
+        w.add_many([i for i in dedup([i for i in items if lo <= i.seqno <= lo + 6]) if i.seqno <= lo + 3])
+        if tail_checkpoint:
+            w.checkpoint(UUID)
+    w._segment().flush_block()
+    w._segment()._inflight and w._segment()._inflight.result()
+    w._segment()._fh.flush()
+    if tail:
+        with open(w.path, "ab") as fh:
+            fh.write(b"BLK1" + b"\x00" * 11)  # a block header cut short by the kill
+    return run, last_ck
+
+
+def test_a_killed_run_continues_each_partition_from_its_last_checkpoint(tmp_path: Path) -> None:
+    archive = _archive(tmp_path)
+    h, _ = _history_with_runs(archive, runs=1)
+    h.random_writes(random.Random(21), 400)
+    _, last_ck = _partial_with_checkpoints(archive, h, 2, tail=True)
+    assert last_ck > previous_ends(archive)[2].seqno
+
+    resumed = RunWriter.begin(archive)
+    ends = previous_ends(archive)
+    w = resumed.partition(2, ends[2])
+    assert w.resume_offset == StreamOffset(UUID, last_ck, last_ck - 6, last_ck)
+    assert w.start == ends[2] and w.boundaries[0] == ends[2].seqno and w.boundaries[-1] == last_ck
+    from .offline import dedup
+
+    rest = [i for i in h.changes[2] if i.seqno > last_ck]
+    w.snapshot(last_ck + 1, h.high(2), "memory")
+    w.add_many(dedup(rest))
+    w.finish(StreamOffset.at(UUID, h.high(2)))
+    for q in (0, 1, 3):
+        take_partition(resumed, h, q, ends[q])
+    manifest = resumed.commit("node-a", P)
+    report = verify(archive)
+    assert report.ok, report.problems
+    assert restored_state(archive, None) == expected_state(h, run_ends(manifest))
+
+
+def test_a_killed_runs_rollback_is_remembered_when_its_work_is_adopted(tmp_path: Path) -> None:
+    archive = _archive(tmp_path)
+    h, runs = _history_with_runs(archive, runs=2)
+    p = 1
+    end = run_ends(runs[-1])[p]
+    point = archived_boundaries(archive.runs(), [p])[p][-2]  # an exact point inside the last run
+    assert runs[-1].partitions[p].start.seqno < point < end
+    h.truncate(p, point)
+    for i in range(60):
+        h.write(p, f"k1-{i % 13}", b"branch2")
+    run = RunWriter.begin(archive)
+    ends = previous_ends(archive)
+    w = run.partition(p, ends[p])
+    w.rollback(ends[p], point, StreamOffset.at(UUID, point), "diverged")
+    from .offline import dedup
+
+    lo = point + 1
+    items = [i for i in h.changes[p] if i.seqno > point]
+    w.snapshot(lo, lo + 29, "memory")
+    w.add_many(dedup([i for i in items if i.seqno <= lo + 29]))
+    w.snapshot_complete(lo + 29, UUID, lo)
+    w._segment().flush_block()
+    w._segment()._inflight and w._segment()._inflight.result()
+    w._segment()._fh.flush()
+    del run, w  # killed
+
+    resumed = RunWriter.begin(archive)
+    w = resumed.partition(p, ends[p])
+    assert w.start.seqno == point and w.rollbacks[0].to_seqno == point
+    assert w.resume_offset is not None and w.resume_offset.seqno == lo + 29
+    w.snapshot(lo + 30, h.high(p), "memory")
+    w.add_many(dedup([i for i in items if i.seqno > lo + 29]))
+    w.finish(StreamOffset.at(UUID, h.high(p)))
+    for q in range(P):
+        if q != p:
+            take_partition(resumed, h, q, ends[q])
+    manifest = resumed.commit("node-a", P)
+    assert verify(archive).ok
+    assert restored_state(archive, None) == expected_state(h, run_ends(manifest))
+
+
+def test_a_killed_run_continues_from_inside_a_snapshot(tmp_path: Path) -> None:
+    """A checkpoint after a batch is a partial-snapshot position: the resumed stream continues
+    there (DCP allows it) and the keys whose versions the cut snapshot had deduplicated arrive
+    with their later versions, so the run still ends in the exact state."""
+    from .offline import dedup
+
+    archive = _archive(tmp_path)
+    h, _ = _history_with_runs(archive, runs=1)
+    h.random_writes(random.Random(23), 400)
+    _, last_complete = _partial_with_checkpoints(archive, h, 3, tail=True, tail_checkpoint=True)
+    resumed = RunWriter.begin(archive)
+    ends = previous_ends(archive)
+    w = resumed.partition(3, ends[3])
+    off = w.resume_offset
+    assert off is not None and off.snap_start == last_complete + 1 and off.snap_end == last_complete + 7
+    assert last_complete < off.seqno < off.snap_end and w.boundaries[-1] == last_complete
+    w.snapshot(off.seqno + 1, h.high(3), "memory")
+    w.add_many(dedup([i for i in h.changes[3] if i.seqno > off.seqno]))
+    w.finish(StreamOffset.at(UUID, h.high(3)))
+    for q in (0, 1, 2):
+        take_partition(resumed, h, q, ends[q])
+    manifest = resumed.commit("node-a", P)
+    assert verify(archive).ok
+    assert restored_state(archive, None) == expected_state(h, run_ends(manifest))

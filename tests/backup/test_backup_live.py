@@ -102,7 +102,12 @@ def test_sigkilled_backup_and_restore_resume_where_they_stopped(upr_server: Call
     archive_dir = tmp_path / "archive"
 
     proc = cli_popen("create", "--archive", str(archive_dir), "--server", src.url)
-    _wait_for(lambda: _parts_committed(archive_dir) >= 1, proc)
+
+    def big_partition_half_streamed() -> bool:
+        seg = list(archive_dir.glob("runs/*/p0003.seg"))
+        return _parts_committed(archive_dir) >= 1 and bool(seg) and seg[0].stat().st_size > 8_000_000
+
+    _wait_for(big_partition_half_streamed, proc)
     proc.send_signal(signal.SIGKILL)
     proc.wait()
     archive = Archive.open(archive_dir)
@@ -114,6 +119,8 @@ def test_sigkilled_backup_and_restore_resume_where_they_stopped(upr_server: Call
     result = create_backup(archive_dir, src.url, idle_timeout=30)
     assert result.resumed and result.partitions_reused == committed
     assert result.partitions_taken == parts - committed
+    # the big partition continued from the last checkpoint the killed run had written, not from 0
+    assert result.resumed_at.get(3, 0) > 0, result.resumed_at
     assert result.manifest.resumed == 1 and verify(archive).ok
     source = read_state(src.url, big + small)
 
