@@ -1,0 +1,170 @@
+"""Spark connector figures: source throughput beside the raw client stream, full vs incremental index.
+
+    .venv/bin/python -m bench.bench_spark            # 100k documents (about a minute and a half)
+    .venv/bin/python -m bench.bench_spark --full     # 1e6 documents (the issue's size)
+
+Prints, from one run against one server process (127.0.0.1, ephemeral port):
+* SparkSession start (reported apart: a service keeps one session alive);
+* rows/s of the raw client stream (``clients.SyncConsumer.batches()``, until now, no ring) and of the
+  connector's task reader alone (no Spark), beside rows/s through ``spark.read.format("upr")``
+  into the ``noop`` sink (cold = first query in the JVM, warm = second) -- same data, same run;
+* the full index build (``IndexJob``, field ``city``) and the incremental run after 1% of the
+  documents changed, and their ratio.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import httpx
+
+ROOT = Path(__file__).resolve().parents[1]
+CITIES = [f"city-{i:03d}" for i in range(200)]
+
+
+def start_server(work: Path, partitions: int) -> tuple[subprocess.Popen[bytes], str]:
+    ready = work / "url"
+    log = open(work / "server.log", "wb")
+    proc = subprocess.Popen([sys.executable, "-m", "app.cli", "server", "--data-dir", str(work / "data"),
+                             "--host", "127.0.0.1", "--port", "0", "--partitions", str(partitions),
+                             "--ready-file", str(ready), "--log-level", "warning"],
+                            cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise SystemExit(f"server exited: {(work / 'server.log').read_text()[-2000:]}")
+        if ready.exists() and ready.read_text().strip():
+            url = ready.read_text().strip()
+            try:
+                if httpx.get(url + "/ready", timeout=2).status_code == 200:
+                    return proc, url
+            except httpx.HTTPError:
+                pass
+        time.sleep(0.05)
+    proc.kill()
+    raise SystemExit("server not ready")
+
+
+def load(url: str, keys: range, rng: random.Random, pad: str) -> None:
+    with httpx.Client(timeout=120) as http:
+        batch = []
+        for i in keys:
+            batch.append({"op": "set", "key": f"doc-{i:08d}",
+                          "value": {"city": rng.choice(CITIES), "n": i, "pad": pad}})
+            if len(batch) == 5000:
+                http.post(url + "/docs/_bulk", params={"durability": "persist"}, json=batch).raise_for_status()
+                batch = []
+        if batch:
+            http.post(url + "/docs/_bulk", params={"durability": "persist"}, json=batch).raise_for_status()
+
+
+def raw_client_rate(url: str) -> tuple[int, float]:
+    from clients.sync import SyncConsumer
+    from engine.protocol.frames import ItemBatch
+    n = 0
+    t = time.perf_counter()
+    with SyncConsumer(url, name="bench-raw", start="beginning", until_now=True, ring_size=0) as c:
+        for x in c.batches():
+            if isinstance(x, ItemBatch):
+                n += len(x)
+    return n, time.perf_counter() - t
+
+
+def task_reader_rate(url: str) -> tuple[int, float]:
+    """The connector's ``read()`` for one task holding every partition, without Spark."""
+    from spark_connector.meta import fetch_meta
+    from spark_connector.offsets import PartitionOffset, SourceOffset
+    from spark_connector.options import parse_options
+    from spark_connector.source import _input_partitions
+    from spark_connector.task import read_task
+    opts = parse_options({"server": url, "minPartitions": "1"})
+    meta = fetch_meta(opts)
+    start = SourceOffset({p: PartitionOffset() for p in meta.partitions}, meta.num_partitions)
+    end = SourceOffset({p: PartitionOffset(s.uuid, s.high_seqno, s.high_seqno, s.high_seqno)
+                        for p, s in meta.partitions.items()}, meta.num_partitions)
+    parts = _input_partitions(opts, start, end)
+    n = 0
+    t = time.perf_counter()
+    for part in parts:
+        for rb in read_task(part):
+            n += rb.num_rows
+    return n, time.perf_counter() - t
+
+
+def source_rate(spark, url: str) -> tuple[int, float]:  # type: ignore[no-untyped-def]
+    t = time.perf_counter()
+    df = spark.read.format("upr").option("server", url).load()
+    df.write.format("noop").mode("overwrite").save()
+    elapsed = time.perf_counter() - t
+    return spark.read.format("upr").option("server", url).load().count(), elapsed
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--full", action="store_true", help="1e6 documents instead of 1e5")
+    ap.add_argument("--docs", type=int, default=None)
+    ap.add_argument("--partitions", type=int, default=16)
+    ap.add_argument("--master", default="local[*,4]")
+    args = ap.parse_args()
+    docs = args.docs or (1_000_000 if args.full else 100_000)
+    rng = random.Random(1)
+    pad = "x" * 120          # ~200-byte documents
+    work = Path(tempfile.mkdtemp(prefix="bench-spark-"))
+    proc, url = start_server(work, args.partitions)
+    try:
+        t = time.perf_counter()
+        load(url, range(docs), rng, pad)
+        print(f"loaded {docs} documents ({args.partitions} partitions) in {time.perf_counter() - t:.1f}s")
+
+        n, s = raw_client_rate(url)
+        print(f"raw client stream (SyncConsumer.batches, until now): {n} rows in {s:.2f}s = {n / s:,.0f} rows/s")
+        raw = n / s
+        n, s = task_reader_rate(url)
+        print(f"connector task reader, no Spark (Arrow batches):   {n} rows in {s:.2f}s = {n / s:,.0f} rows/s")
+
+        from spark_connector.session import local_session
+        t = time.perf_counter()
+        spark = local_session(args.master, app_name="bench-spark")
+        print(f"SparkSession start: {time.perf_counter() - t:.1f}s")
+        for label in ("cold", "warm", "warm"):
+            n, s = source_rate(spark, url)
+            print(f"spark.read.format('upr') -> noop ({label}): {n} rows in {s:.2f}s = {n / s:,.0f} rows/s "
+                  f"({n / s / raw:.0%} of the raw client rate)")
+
+        from spark_connector.index.functions import FieldIndex
+        from spark_connector.index.job import IndexJob
+        idx = work / "index"
+        full = IndexJob(spark, idx, url, FieldIndex("city")).run()
+        print(f"full index build: {full.rows_read} changes in {full.seconds:.1f}s "
+              f"({full.rows_read / full.seconds:,.0f} rows/s)")
+        changed = rng.sample(range(docs), docs // 100)
+        with httpx.Client(timeout=120) as http:
+            for i in range(0, len(changed), 5000):
+                ops = [{"op": "set", "key": f"doc-{k:08d}", "value": {"city": "changed", "n": k, "pad": pad}}
+                       for k in changed[i:i + 5000]]
+                http.post(url + "/docs/_bulk", params={"durability": "persist"}, json=ops).raise_for_status()
+        inc = IndexJob(spark, idx, url, FieldIndex("city")).run()
+        print(f"incremental after 1% changed: {inc.rows_read} changes in {inc.seconds:.1f}s = "
+              f"{inc.seconds / full.seconds:.0%} of the full build")
+        from pyspark.sql import functions as F
+
+        from spark_connector.index.view import load_index
+        got = load_index(spark, idx).filter(F.col("value") == "changed").count()
+        print(f"check: {got} index rows with the new value (expected {len(changed)})")
+        spark.stop()
+    finally:
+        proc.kill()
+        proc.wait()
+        shutil.rmtree(work, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
