@@ -21,6 +21,7 @@ can call it before accepting the upgrade.
 from __future__ import annotations
 
 import enum
+import functools
 import hmac
 import ipaddress
 import json
@@ -157,6 +158,7 @@ def _entries_from(data: Any, source: str) -> list[tuple[str, Role, str]]:
     return out
 
 
+@functools.lru_cache(maxsize=1024)
 def is_loopback(host: str) -> bool:
     if host == "localhost":
         return True

@@ -10,7 +10,7 @@ from typing import Any
 
 from fastapi import APIRouter
 
-from app.deps import AdminUser, RunnerDep
+from app.deps import AdminCtx
 from app.models import CompactRequest, CompactResult, FlushResult, PartitionInfo, StateChange
 from app.problems import INVALID_INPUT, UNKNOWN_PARTITION, Problem
 from app.routes.partitions import PartitionId, check_partition, partition_info
@@ -31,11 +31,12 @@ def _set_state(engine: Any, partition: int, change: StateChange) -> Any:
     responses=problems(401, 403, 404, 422, 503),
 )
 async def set_partition_state(
-    partition: PartitionId, change: StateChange, runner: RunnerDep, _user: AdminUser
+    partition: PartitionId, change: StateChange, ctx: AdminCtx
 ) -> PartitionInfo:
     """active/replica/pending/dead.  Only active partitions accept writes; promoting a
     replica or pending partition to active starts a new failover branch.  Streams on a
     partition that leaves active end with `state_changed`."""
+    runner = ctx.runner
     check_partition(runner.engine, partition)
     return partition_info(await runner.read(_set_state, runner.engine, partition, change))
 
@@ -48,20 +49,21 @@ def _flush(engine: Any) -> FlushResult:
 
 
 @router.post("/flush", summary="Flush now and wait", response_model=FlushResult, responses=problems(401, 403, 503))
-async def flush(runner: RunnerDep, _user: AdminUser) -> FlushResult:
+async def flush(ctx: AdminCtx) -> FlushResult:
     """Persists everything queued at the time of the call, then answers with the persisted seqnos."""
-    return await runner.read(_flush, runner.engine)
+    return await ctx.runner.read(_flush, ctx.runner.engine)
 
 
 @router.post(
     "/compact", summary="Purge old tombstones", response_model=CompactResult,
     responses=problems(401, 403, 404, 422, 503),
 )
-async def compact(request: CompactRequest, runner: RunnerDep, _user: AdminUser) -> CompactResult:
+async def compact(request: CompactRequest, ctx: AdminCtx) -> CompactResult:
     """Removes tombstones below a seqno per partition and/or older than an age, moving each
     partition's purge seqno: consumers resuming from below it must roll back to 0."""
     if request.purge_before_seqno is None and request.older_than_s is None:
         raise Problem(INVALID_INPUT, "give purge_before_seqno and/or older_than_s", field="body")
+    runner = ctx.runner
     purge = {int(p): seqno for p, seqno in request.purge_before_seqno.items()} if request.purge_before_seqno else None
     for p in purge or {}:
         if not 0 <= p < runner.engine.num_partitions:

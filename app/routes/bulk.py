@@ -5,12 +5,13 @@ import asyncio
 from typing import Any
 
 import orjson
-from fastapi import APIRouter, Query, Request
+from fastapi import APIRouter, Request
 from starlette.responses import Response
 
 from app import bulk
-from app.deps import MetricsDep, RunnerDep, SettingsDep, WriteUser
+from app.deps import WriteCtx
 from app.limits import read_body
+from app.params import DURABILITY_PARAM, durability_of
 from app.models import BulkItem, BulkResult
 from app.routes.responses import problems
 from engine.types import Durability
@@ -19,6 +20,7 @@ router = APIRouter(prefix="/docs", tags=["documents"])
 
 _ITEM_REF = {"$ref": "#/components/schemas/BulkItem"}
 _BULK_BODY: dict[str, Any] = {
+    "parameters": [{**DURABILITY_PARAM, "description": "memory, or persist: one wait for the whole batch"}],
     "requestBody": {
         "required": True,
         "description": "a JSON array of operations, or NDJSON with one operation per line",
@@ -47,16 +49,14 @@ def _run(engine: Any, body: bytes, ndjson: bool, max_items: int, durability: Dur
 )
 async def post_bulk(
     request: Request,
-    runner: RunnerDep,
-    settings: SettingsDep,
-    metrics: MetricsDep,
-    _user: WriteUser,
-    durability: Durability = Query(Durability.MEMORY, description="one wait for the whole batch"),
+    ctx: WriteCtx,
 ) -> Response:
     """Items are `{"op": "set"|"delete", "key": K, "value": <JSON> | "value_b64": <base64>, "cas": N?}`.
     Each gets its own result (`status` 200, or the status and problem of its error); a bad
     item does not stop the others.  With `durability=persist` the answer waits until every
     successful item is fsynced."""
+    settings, runner, metrics = ctx.settings, ctx.runner, ctx.metrics
+    durability = durability_of(request)
     body = await read_body(request, settings.max_bulk_bytes, "the bulk body")
     ndjson = bulk.is_ndjson(request.headers.get("content-type"), body)
     out, future, ok, failed = await runner.write(_run, runner.engine, body, ndjson, settings.max_bulk_items, durability)

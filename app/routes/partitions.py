@@ -5,7 +5,7 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, Path
 
-from app.deps import ReadUser, RunnerDep
+from app.deps import ReadCtx
 from app.models import FailoverEntry, PartitionInfo, PartitionList
 from app.problems import UNKNOWN_PARTITION, Problem
 from app.routes.responses import problems
@@ -34,8 +34,9 @@ def check_partition(engine: Any, partition: int) -> None:
 
 
 @router.get("", summary="All partitions", response_model=PartitionList, responses=problems(401, 403, 503))
-async def list_partitions(runner: RunnerDep, _user: ReadUser) -> PartitionList:
+async def list_partitions(ctx: ReadCtx) -> PartitionList:
     """State, high/persisted/purge seqnos, item count, queue depth and failover log of every partition."""
+    runner = ctx.runner
     stats = await runner.read(runner.engine.all_stats)
     return PartitionList(partitions=[partition_info(s) for s in stats])
 
@@ -43,7 +44,8 @@ async def list_partitions(runner: RunnerDep, _user: ReadUser) -> PartitionList:
 @router.get(
     "/{partition}", summary="One partition", response_model=PartitionInfo, responses=problems(401, 403, 404, 422, 503)
 )
-async def get_partition(partition: PartitionId, runner: RunnerDep, _user: ReadUser) -> PartitionInfo:
+async def get_partition(partition: PartitionId, ctx: ReadCtx) -> PartitionInfo:
     """State, seqnos, item count, queue depth and failover log (newest first) of one partition."""
+    runner = ctx.runner
     check_partition(runner.engine, partition)
     return partition_info(await runner.read(runner.engine.stats, partition))

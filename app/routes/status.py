@@ -8,7 +8,7 @@ from fastapi import APIRouter, Request
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.responses import Response
 
-from app.deps import MetricsDep, ReadUser, RunnerDep, StreamsDep, TokensDep
+from app.deps import ReadCtx
 from app.models import Status, Totals
 from app.routes.responses import problems
 
@@ -41,10 +41,9 @@ def _totals(engine: Any) -> tuple[list[Any], dict[str, float]]:
 
 
 @router.get("/status", summary="Node status and totals", response_model=Status, responses=problems(401, 403, 503))
-async def status(
-    request: Request, runner: RunnerDep, streams: StreamsDep, tokens: TokensDep, _user: ReadUser
-) -> Status:
+async def status(request: Request, ctx: ReadCtx) -> Status:
     """Node id, uptime, partition count and totals over all partitions."""
+    runner, streams, tokens = ctx.runner, ctx.streams, ctx.tokens
     stats, counters = await runner.read(_totals, runner.engine)
     engine = runner.engine
     sampler = getattr(request.app.state, "flush_rate", None)
@@ -76,8 +75,8 @@ async def status(
     response_class=Response,
     responses={200: {"content": {"text/plain": {"schema": {"type": "string"}}}}, **problems(401, 403, 503)},
 )
-async def metrics(runner: RunnerDep, metrics: MetricsDep, _user: ReadUser) -> Response:
+async def metrics(ctx: ReadCtx) -> Response:
     """Request counts and latencies, per-partition seqnos and queue depth, flush figures,
     stream lag and rollbacks, in the Prometheus text format."""
-    text = await runner.read(generate_latest, metrics.registry)
+    text = await ctx.runner.read(generate_latest, ctx.metrics.registry)
     return Response(text, media_type=CONTENT_TYPE_LATEST)

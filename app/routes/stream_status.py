@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from fastapi import APIRouter
 
-from app.deps import ReadUser, StreamsDep
+from app.deps import ReadCtx
 from app.models import PartitionStreamStatus, StreamInfo, StreamList
 from app.routes.responses import problems
 
@@ -11,7 +11,7 @@ router = APIRouter(tags=["streams"])
 
 
 @router.get("/streams", summary="Open stream connections", response_model=StreamList, responses=problems(401, 403))
-async def list_streams(streams: StreamsDep, _user: ReadUser) -> StreamList:
+async def list_streams(ctx: ReadCtx) -> StreamList:
     """Every open connection: name, remote address, partitions with last sent seqno and lag
     behind the high seqno, bytes buffered (unacknowledged), barriers pending."""
     return StreamList(
@@ -24,6 +24,6 @@ async def list_streams(streams: StreamsDep, _user: ReadUser) -> StreamList:
                 ],
                 bytes_buffered=s.bytes_buffered, barriers_pending=s.barriers_pending,
             )
-            for s in streams.statuses()
+            for s in ctx.streams.statuses()
         ]
     )

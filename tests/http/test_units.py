@@ -11,7 +11,7 @@ import pytest
 from app import bulk
 from app.auth import AuthError, Role, TokenConfigError, TokenTable, authorize, check_bind, is_loopback
 from app.problems import ENGINE_PROBLEMS, Problem, problem_type_of
-from app.routes.docs import parse_if_match
+from app.params import parse_if_match
 from app.routes.status import RateSampler
 from app.settings import ConfigFileError, Settings
 from engine import errors as E
@@ -131,7 +131,7 @@ def test_if_match(header: str | None, cas: int | None) -> None:
     assert parse_if_match(header) == cas
 
 
-@pytest.mark.parametrize("header", ["*", "W/\"1\"", "abc", '""', "-1", str(1 << 64), "١٢"])
+@pytest.mark.parametrize("header", ["*", "W/\"1\"", "abc", '""', "-1", str(1 << 64), "١٢", "0", '"0"', "007", '"12'])
 def test_if_match_rejects(header: str) -> None:
     with pytest.raises(Problem) as info:
         parse_if_match(header)
