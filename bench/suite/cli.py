@@ -99,5 +99,7 @@ def main(argv: list[str] | None = None) -> int:
         return 130
     print(report.table(notes=not args.no_notes))
     report.write_json(args.json)
-    print(f"\nresults written to {args.json}", file=sys.stderr)
+    m = report.meta
+    print(f"\n{m['started']} .. {m['finished']}, load average {m['loadavg_start']} .. {m['loadavg_end']} "
+          f"on {m['host']['cpus']} CPUs; results written to {args.json}", file=sys.stderr)
     return 0

@@ -83,6 +83,7 @@ class Runner:
             "command": " ".join([os.path.basename(sys.executable), "-m", "bench", *sys.argv[1:]]),
             "started": datetime.now(UTC).isoformat(timespec="seconds"),
             "sizes": self.sizes.as_dict(),
+            "loadavg_start": [round(x, 2) for x in os.getloadavg()],
             "host": {"cpus": os.cpu_count(), "python": platform.python_version(), "platform": platform.platform(),
                      "mem_gb": round(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30, 1)},
         }
@@ -111,6 +112,7 @@ class Runner:
                 shutil.copytree(root, kept, dirs_exist_ok=True, ignore=shutil.ignore_patterns("*.mdb", "*.recv"))
                 r.meta["kept_dir"] = str(kept)
         r.meta["finished"] = datetime.now(UTC).isoformat(timespec="seconds")
+        r.meta["loadavg_end"] = [round(x, 2) for x in os.getloadavg()]
         r.meta["processes"] = [{"pid": pid, "name": name} for pid, name in SPAWNED]
         r.installs = self.install.steps
         order = {s.name: i for i, s in enumerate(systems)}
