@@ -275,6 +275,7 @@ class _Driver:
                 w = self.writers[p]
                 boundary = w.boundary_at_or_below(consumer.position(p).seqno)
                 w.truncate(boundary)
+                w.restarts.append((highs.get(p, 0), boundary))
                 start = await self._offset_at(consumer, p, boundary)
                 if start.seqno != boundary:
                     w.rollback(w.start, 0, start, f"history after a server restart has no branch at {boundary}")
@@ -324,6 +325,7 @@ class _Driver:
                    archived_boundaries=self.archived.get(p, [0]), reset=reset, reconnected=consumer.reconnects > 0)
         if d.in_run:
             w.truncate(d.boundary)
+            w.restarts.append((seqno, d.boundary))
             self.in_run_rollbacks.append((p, seqno))
             if d.handoff:
                 start = await self._offset_at(consumer, p, d.boundary)

@@ -28,6 +28,10 @@ def run_info(run: RunManifest, *, partitions: bool = True) -> dict[str, Any]:
             {"partition": p, "from": rb.requested.to_dict(), "to_seqno": rb.to_seqno, "reason": rb.reason}
             for p, rec in sorted(run.partitions.items()) for rb in rec.rollbacks
         ],
+        "restarts": [
+            {"partition": p, "server_point": point, "restarted_at": at}
+            for p, rec in sorted(run.partitions.items()) for point, at in rec.restarts
+        ],
     }
     if partitions:
         out["partitions"] = {
@@ -84,6 +88,10 @@ def render(info: dict[str, Any], console: Any, *, detail: bool = False) -> None:
                           f"seqno {rb['from']['seqno']} (uuid {rb['from']['uuid']}), retaken from seqno "
                           f"{rb['to_seqno']}{' (full)' if rb['to_seqno'] == 0 else ''}"
                           f"{' - ' + rb['reason'] if rb['reason'] else ''}")
+        for rs in run["restarts"]:
+            console.print(f"[yellow]restart[/] run {run['run_id']} partition {rs['partition']}: the server restarted "
+                          f"mid-run (server point {rs['server_point']}); cut back to seqno "
+                          f"{rs['restarted_at']} and streamed again")
     for rid in info["partial_runs"]:
         console.print(f"[yellow]partial run[/] {rid}: interrupted; the next `upr backup create` resumes it")
     if detail:

@@ -70,6 +70,8 @@ class PartitionRecord:
     #: the last complete-snapshot ends of this run (at most ``MAX_BOUNDARIES``): seqnos where the
     #: archive holds an exact state, so a later rollback to one of them stays narrow
     boundaries: tuple[int, ...] = ()
+    #: rollbacks inside this run's own range (the server restarted mid-run): (server point, restarted at)
+    restarts: tuple[tuple[int, int], ...] = ()
 
     @property
     def rolled_back(self) -> bool:
@@ -93,6 +95,7 @@ class PartitionRecord:
             "purge_seqno": self.purge_seqno,
             "merge_floor": self.merge_floor,
             "boundaries": list(self.boundaries),
+            "restarts": [list(r) for r in self.restarts],
         }
 
     @classmethod
@@ -114,6 +117,7 @@ class PartitionRecord:
             purge_seqno=int(d.get("purge_seqno", 0)),
             merge_floor=int(d.get("merge_floor", 0)),
             boundaries=tuple(int(b) for b in d.get("boundaries", [])),
+            restarts=tuple((int(a), int(b)) for a, b in d.get("restarts", [])),
         )
 
 

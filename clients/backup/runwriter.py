@@ -60,6 +60,7 @@ class PartitionWriter:
         #: where the stream must continue when a killed run's work was adopted (``adopt``)
         self.resume_offset: StreamOffset | None = None
         self._snap: tuple[int, int] | None = None  # the snapshot being received
+        self.restarts: list[tuple[int, int]] = []  # in-run rollbacks: (server point, cut back to)
 
     @property
     def path(self) -> Path:
@@ -256,6 +257,7 @@ class PartitionWriter:
             rollbacks=tuple(self.rollbacks),
             purge_seqno=purge_seqno,
             boundaries=tuple(b for b in self.boundaries if b <= end.seqno)[-MAX_BOUNDARIES:],
+            restarts=tuple(self.restarts),
         )
         self.run.commit_partition(rec)
         self._start_file.unlink(missing_ok=True)

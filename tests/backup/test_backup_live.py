@@ -252,8 +252,11 @@ def test_server_crash_during_a_backup_cuts_back_to_an_exact_boundary(upr_server:
     run1 = result.manifest
     for p, _seqno in result.in_run_rollbacks:
         rec = run1.partitions[p]
+        assert rec.restarts and rec.restarts[0][1] <= rec.restarts[0][0]  # cut back at or below the point
         assert rec.end.seqno == highs[p]["high_seqno"] and rec.end.uuid == highs[p]["failover_log"][0]["uuid"]
 
+    doc = json.loads(cli("info", "--archive", str(tmp_path / "archive"), "--json", check=True).stdout)
+    assert {r["partition"] for r in doc["runs"][0]["restarts"]} == {p for p, _ in result.in_run_rollbacks}
     bulk(src.url, [set_op(k, b"C" * 10) for k in volatile[:500]])
     run2 = create_backup(tmp_path / "archive", src.url, idle_timeout=30).manifest
     for p, rec in run2.partitions.items():
