@@ -313,7 +313,7 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--seconds", type=float, default=5.0, help="measured seconds per phase")
     p.add_argument("--concurrency", type=int, default=32, help="requests in flight (single-request phases)")
-    p.add_argument("--bulk-concurrency", type=int, default=4, help="bulk requests in flight")
+    p.add_argument("--bulk-concurrency", type=int, default=8, help="bulk requests in flight")
     p.add_argument("--batch", type=int, default=1000, help="items per bulk request")
     p.add_argument("--bodies", type=int, default=40, help="distinct bulk bodies to cycle through")
     p.add_argument("--partitions", type=int, default=64)

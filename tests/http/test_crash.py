@@ -65,3 +65,17 @@ def test_persisted_writes_survive_sigkill(upr_server) -> None:  # type: ignore[n
         assert not missing, f"{len(missing)} of {len(acked)} acknowledged writes lost, e.g. {missing[:5]}"
         # unclean restart opened a new failover branch on every partition
         assert all(len(p["failover_log"]) >= 2 for p in parts.values())
+
+
+def test_sigterm_is_a_clean_shutdown(upr_server) -> None:  # type: ignore[no-untyped-def]
+    srv = upr_server(partitions=2)
+    with httpx.Client(base_url=srv.url, timeout=10) as client:
+        acked = client.put("/docs/clean", content=b"bye").json()   # memory durability only
+        logs = {p["partition"]: p["failover_log"] for p in client.get("/partitions").json()["partitions"]}
+    srv.stop()
+    again = upr_server(partitions=2, data_dir=srv.data_dir)
+    with httpx.Client(base_url=again.url, timeout=10) as client:
+        assert client.get("/docs/clean").content == b"bye"            # flushed on the way down
+        after = {p["partition"]: p["failover_log"] for p in client.get("/partitions").json()["partitions"]}
+        assert after == logs                                             # clean: no new branch
+        assert client.get(f"/partitions/{acked['partition']}").json()["high_seqno"] == acked["seqno"]

@@ -85,3 +85,21 @@ def test_bulk_limits(small: ServerProcess) -> None:
         assert [r["status"] for r in res] == [413, 200]
         long_key = c.put("/docs/" + "k" * 21, content=b"1")
         problem(long_key, 422, "invalid-key")
+
+
+def test_backpressure_is_429_with_retry_after_and_clears_after_flush(upr_server) -> None:  # type: ignore[no-untyped-def]
+    srv = upr_server(args=["--queue-memory-limit-mb", "1", "--flush-interval-ms", "60000"])
+    with httpx.Client(base_url=srv.url, timeout=10) as c:
+        statuses = []
+        for i in range(40):   # 40 x 64 KiB = 2.5 MiB > 1 MiB, never flushed by the timer
+            statuses.append(c.put(f"/docs/bp-{i}", content=b"b" * 65536).status_code)
+            if statuses[-1] != 200:
+                break
+        assert statuses[-1] == 429, statuses
+        r = c.put("/docs/bp-more", content=b"x")
+        body = problem(r, 429, "backpressure")
+        assert r.headers["retry-after"] == "1" and body["code"] == "backpressure"
+        bulk = c.post("/docs/_bulk", content=orjson.dumps([{"op": "set", "key": "bp-b", "value": 1}]))
+        problem(bulk, 429, "backpressure")
+        assert c.post("/admin/flush").status_code == 200
+        assert c.put("/docs/bp-more", content=b"x").status_code == 200
