@@ -71,12 +71,13 @@ async def _consumer(url: str, mode: str, connections: int, seconds: float, out_p
         if mode == "backfill":
             await ws.send(json.dumps({"type": "barrier", "cookie": "all"}))
         receipts: dict[str, int] = {}
+        frames: list[tuple[str, int, int]] = []
         deadline = time.monotonic() + seconds
         while True:
             try:
                 data = await asyncio.wait_for(ws.recv(), timeout=max(0.01, deadline - time.monotonic()))
             except asyncio.TimeoutError:
-                if mode == "tail":
+                if mode != "backfill":
                     break
                 raise
             unacked += len(data)
@@ -91,12 +92,16 @@ async def _consumer(url: str, mode: str, connections: int, seconds: float, out_p
                     for key in batch.keys:
                         if key.startswith(b"lat-"):
                             receipts[key.decode()] = now
+                elif mode == "fan" and len(batch):
+                    # per frame only: its oldest write bounds the delay of every item in it
+                    frames.append((batch.keys[0].decode(), len(batch), time.monotonic_ns()))
             elif mode == "backfill" and '"barrier"' in data:
                 break
         elapsed = time.perf_counter() - t0
         cpu = time.process_time() - c0
         await ws.close()
-        results.append({"items": items, "seconds": elapsed, "cpu_seconds": cpu, "receipts": receipts})
+        results.append({"items": items, "seconds": elapsed, "cpu_seconds": cpu, "receipts": receipts,
+                        "frames": frames})
 
     await asyncio.gather(*(one(i) for i in range(connections)))
     Path(out_path).write_text(json.dumps(results))
@@ -267,7 +272,7 @@ def _paced_writer(url: str, rate: int, seconds: float, prefix: str, tick_s: floa
             elapsed = time.monotonic() - start
             if elapsed >= seconds:
                 break
-            due = int(elapsed * rate) + 1 - n
+            due = min(2000, int(elapsed * rate) + 1 - n)
             if due <= 0:
                 time.sleep(tick_s)
                 continue
@@ -307,26 +312,32 @@ def bench_fanout(workdir: Path, consumers: int, rate: int, seconds: float) -> di
     data_dir = workdir / "fanout-data"
     proc, url = start_server(workdir, data_dir)
     try:
-        procs = [spawn_consumers(url, "tail", consumers // 5, seconds + 6, workdir, f"fan-{i}") for i in range(5)]
+        import psutil
+
+        procs = [spawn_consumers(url, "fan", consumers // 5, seconds + 6, workdir, f"fan-{i}") for i in range(5)]
         time.sleep(3.0)
+        server = psutil.Process(proc.pid)
+        c0, w0 = server.cpu_times(), time.monotonic()
         acks = _paced_writer(url, rate, seconds, "lat-fan")
+        c1, w1 = server.cpu_times(), time.monotonic()
+        server_util = ((c1.user + c1.system) - (c0.user + c0.system)) / (w1 - w0)
         worst: list[float] = []
         total = 0
         complete = 0
         for consumer, path in procs:
             consumer.wait(timeout=300)
             for r in json.loads(path.read_text()):
-                got = r["receipts"]
-                total += len(got)
-                complete += len(got) == len(acks)
-                lags = [(got[k] - t) / 1e9 for k, t in acks.items() if k in got]
+                got = sum(n for _, n, _ in r["frames"])
+                total += got
+                complete += got == len(acks)
+                lags = [(t - acks[k]) / 1e9 for k, _, t in r["frames"] if k in acks]
                 worst.append(max(lags) if lags else float("inf"))
     finally:
         stop_server(proc)
     return {
         "consumers": consumers, "rate": rate, "writes": len(acks), "achieved_rate": len(acks) / seconds,
         "consumers_complete": complete, "worst_delay_s_max": max(worst), "worst_delay_s_median": percentile(worst, 0.5),
-        "aggregate_delivery_rate": total / seconds,
+        "aggregate_delivery_rate": total / seconds, "server_cpu_util": server_util,
     }
 
 
@@ -378,7 +389,7 @@ def main() -> int:
                   f"{r['achieved_rate']:,.0f}/s): {r['consumers_complete']}/{r['consumers']} got every write; "
                   f"worst delay behind the writer: max {r['worst_delay_s_max']:.2f} s, median "
                   f"{r['worst_delay_s_median']:.2f} s; aggregate delivery {r['aggregate_delivery_rate'] / 1e3:,.0f} "
-                  f"k items/s")
+                  f"k items/s; server process CPU {r['server_cpu_util'] * 100:.0f} % of one core")
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
     return 0

@@ -310,19 +310,20 @@ class StreamConnection:
         and encodes them up to the chunk budget, then each visit is sent and ended in order.  A busy
         tail with many partitions thus costs one executor hop per wake-up, not one per partition."""
         session = self.session
-        visits = []
-        while len(visits) < self.limits.max_visits_per_job:
-            p = session.next_visit()
-            if p is None or (visits and p <= visits[-1].partition):
-                break  # nothing due, window full, or the pass would wrap around
-            visits.append(session.begin_visit(p))
-        if not visits:
+        first = session.next_visit()
+        if first is None:
             return
+        # The session's next_visit() would return, one call each, the due streams after ``first``
+        # in id order; one scan of the public stream fields gives the same list (a superset while
+        # cookies are pending: an extra visit is merely idle) without an O(streams) call per visit.
+        cookies = bool(session.pending_cookies)
+        due = sorted(p for p, st in session.streams.items()
+                     if p > first and st.visiting is None and (st.dirty or cookies))
+        visits = [session.begin_visit(p) for p in [first, *due][: self.limits.max_visits_per_job]]
         cursors = [self.cursors[v.partition] for v in visits]
         for v, cursor in zip(visits, cursors):
             cursor.last_seqno = v.after_seqno
-        encode = ENCODERS[self.codec]
-        produced = await self._on_reader(_produce_many, cursors, self._snapshot_of, encode, self.limits.chunk_bytes)
+        produced = await self._on_reader(_produce_many, cursors, self._produce_args(), self.limits.chunk_bytes)
         for i, (visit, cursor) in enumerate(zip(visits, cursors)):
             outs, complete, changed = produced[i] if i < len(produced) else ([], False, None)
             await self._send_visit(visit, cursor, outs, complete, changed)
@@ -331,7 +332,6 @@ class StreamConnection:
                           changed: "StateChanged | None") -> None:
         session = self.session
         p = visit.partition
-        encode = ENCODERS[self.codec]
         self._visiting = p
         try:
             while True:
@@ -348,8 +348,9 @@ class StreamConnection:
                     break
                 out = []
                 try:
-                    complete = await self._on_reader(cursor.produce, self._snapshot_of, encode,
-                                                     self.limits.chunk_bytes, out)
+                    snapshot_of, encode, cache, codec, high_of = self._produce_args()
+                    complete = await self._on_reader(cursor.produce, snapshot_of, encode, self.limits.chunk_bytes,
+                                                     out, cache, codec, high_of)
                 except StateChanged as exc:
                     changed = exc
         finally:
@@ -366,8 +367,8 @@ class StreamConnection:
         if not session.is_open(p):
             return False
         if isinstance(item, Marker):
-            data: str | bytes = M.encode(session.snapshot_marker(p, item.start, item.end, item.source,
-                                                                 item.purge_seqno))
+            session.snapshot_marker(p, item.start, item.end, item.source, item.purge_seqno)
+            data: str | bytes = item.text  # encoded on the reader thread
         else:
             data = item.data
         await self._transmit(data)
@@ -407,13 +408,24 @@ class StreamConnection:
                 log.info("stream %s: consumer slow, released the snapshot of partition %d at seqno %d "
                          "(re-read from disk when it moves again)", self.name, cursor.partition, cursor.last_seqno)
 
-    def _snapshot_of(self, partition: int, after_seqno: int) -> Any:
-        """Executor side: the partition must still be in the state the stream expected."""
+    def _produce_args(self) -> tuple[Any, ItemEncoder, Any, str, Callable[[int], int]]:
+        return self._snapshot_of, ENCODERS[self.codec], self.hub.cache, self.codec, self._high_of
+
+    def _high_of(self, partition: int) -> int:
+        """Executor side: the partition's high seqno, after the same state check as a snapshot."""
+        self._check_state(partition)
+        return self.engine.high_seqno(partition)
+
+    def _check_state(self, partition: int) -> None:
         stream = self.session.streams.get(partition)
         if stream is not None:
             state = self.engine.state(partition).value
             if state != stream.expected_state:
                 raise StateChanged(f"is now {state}, the stream expected {stream.expected_state}")
+
+    def _snapshot_of(self, partition: int, after_seqno: int) -> Any:
+        """Executor side: the partition must still be in the state the stream expected."""
+        self._check_state(partition)
         return self.engine.snapshot(partition, after_seqno)
 
     # ------------------------------------------------------------------ registry handle
@@ -445,7 +457,7 @@ def _partition_infos(engine: Any, partitions: tuple[int, ...]) -> dict[int, M.Pa
     return out
 
 
-def _produce_many(cursors: list[PartitionCursor], snapshot_of: Callable[[int, int], Any], encode: ItemEncoder,
+def _produce_many(cursors: list[PartitionCursor], args: tuple[Any, ...],
                   budget: int) -> list[tuple[list[Marker | Batch], bool, StateChanged | None]]:
     """Reader thread: produce for each cursor in order until the budget is used; a cursor left
     incomplete ends the job (the ones after it get nothing yet and produce on their own later)."""
@@ -454,7 +466,7 @@ def _produce_many(cursors: list[PartitionCursor], snapshot_of: Callable[[int, in
     for cursor in cursors:
         out: list[Marker | Batch] = []
         try:
-            complete = cursor.produce(snapshot_of, encode, budget - used, out)
+            complete = cursor.produce(args[0], args[1], budget - used, out, *args[2:])
         except StateChanged as changed:
             results.append((out, True, changed))
             continue

@@ -36,6 +36,8 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
+from app.stream.tailcache import CachedSnapshot
+from engine.protocol import messages as M
 from engine.types import Item
 
 __all__ = ["Batch", "ItemEncoder", "Marker", "PartitionCursor"]
@@ -43,13 +45,20 @@ __all__ = ["Batch", "ItemEncoder", "Marker", "PartitionCursor"]
 
 @dataclass(slots=True)
 class Marker:
-    """A snapshot part starts (the adapter asks the session for the marker message)."""
+    """A snapshot part starts.  The adapter tells the session (``snapshot_marker``) and sends
+    ``text``, the same message encoded here, off the event loop."""
 
     partition: int
     start: int
     end: int
     source: str
     purge_seqno: int
+    text: str = ""
+
+    def __post_init__(self) -> None:
+        if not self.text:
+            self.text = M.encode(M.SnapshotMarker(self.partition, self.start, self.end,
+                                                  M.SnapshotSource(self.source), self.purge_seqno))
 
 
 @dataclass(slots=True)
@@ -94,11 +103,32 @@ class PartitionCursor:
         return self._snapshot is not None
 
     def produce(self, snapshot_of: Callable[[int, int], Any], encode: ItemEncoder, budget: int,
-                out: list[Marker | Batch]) -> bool:
+                out: list[Marker | Batch], cache: Any = None, codec: str = "",
+                high_of: Callable[[int], int] | None = None) -> bool:
         """Executor side: append markers and encoded batches to ``out`` until about ``budget``
-        bytes are encoded or the snapshot is complete.  Returns True when complete (or idle)."""
+        bytes are encoded or the snapshot is complete.  Returns True when complete (or idle).
+
+        With a ``TailCache`` (and ``high_of``, the partition's current high seqno after the state
+        check), memory snapshots other connections already encoded from this position are
+        replayed first; a fresh snapshot is taken only if the partition has moved past them."""
         p = self.partition
+        used = 0
         if self._snapshot is None:
+            if cache is not None and high_of is not None and not self.open_snapshot:
+                while used < budget:
+                    entry = cache.get(codec, p, self.last_seqno)
+                    if entry is None:
+                        break
+                    out.extend(entry.outputs)
+                    used += entry.size
+                    self.last_seqno = entry.end
+                    self.snap_start = entry.outputs[0].start
+                if used >= budget:
+                    return False
+                high = high_of(p)
+                if high <= self.last_seqno:
+                    self.high_seqno = self.last_seqno
+                    return True
             snap = snapshot_of(p, self.last_seqno)
             self.high_seqno = max(snap.high_seqno, self.last_seqno)
             self.purge_seqno = snap.purge_seqno
@@ -108,7 +138,7 @@ class PartitionCursor:
             self._snapshot = snap
             self._parts = deque(snap.parts)
             self.captured_at = time.monotonic()
-        used = 0
+        marker_at = -1
         while used < budget:
             if self._batches is None:
                 if not self._parts:
@@ -116,6 +146,7 @@ class PartitionCursor:
                     return True
                 part = self._parts.popleft()
                 start = self.snap_start if self.open_snapshot else part.start
+                marker_at = len(out) if start == part.start and part.source == "memory" else -1
                 out.append(Marker(p, start, part.end, part.source, self.purge_seqno))
                 self.snap_start = start
                 self.open_snapshot = True
@@ -130,16 +161,21 @@ class PartitionCursor:
             last = self._lookahead is None
             data = encode(p, batch, last)
             last_seqno = batch[-1].seqno if batch else None
+            out.append(Batch(data, last_seqno, last))
+            used += len(data)
             if last:
                 _close_iter(self._batches)
                 self._batches = None
                 self.open_snapshot = False
+                if cache is not None and marker_at >= 0:
+                    outputs = tuple(out[marker_at:])
+                    size = sum(len(x.data) for x in outputs if isinstance(x, Batch))
+                    cache.put(codec, p, CachedSnapshot(self._part.start - 1, self._part.end, outputs, size))
+                marker_at = -1
                 self.last_seqno = max(self.last_seqno, self._part.end)
                 self._part = None
             elif last_seqno is not None:
                 self.last_seqno = last_seqno
-            out.append(Batch(data, last_seqno, last))
-            used += len(data)
         if self._batches is None and not self._parts:
             self._release()
             return True

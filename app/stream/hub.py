@@ -24,6 +24,8 @@ import threading
 from collections.abc import Callable, Iterable
 from typing import Protocol
 
+from app.stream.tailcache import TailCache
+
 __all__ = ["ChangeHub", "Subscriber"]
 
 
@@ -43,6 +45,8 @@ class ChangeHub:
         self._scheduled = False
         self._subscribers: set[Subscriber] = set()
         self._closed = False
+        #: encoded tail snapshots shared by the connections (see tailcache.py)
+        self.cache = TailCache()
         self._remove = add_listener(self._on_change)
 
     # ---------------------------------------------------------------- writer thread

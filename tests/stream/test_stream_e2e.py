@@ -230,13 +230,14 @@ async def test_many_items_per_frame(server: ServerProcess) -> None:
     write_docs(server.url, {k: b"x" * 200 for k in keys})
     stream = await RawStream.open(server.url, partitions=[6], name="framer")
     await stream.stream([6])
+    await stream.send({"type": "barrier", "cookie": "framed"})
     frames = []
     while True:
         msg = await stream.recv()
         if isinstance(msg, F.ItemBatch):
             frames.append(len(msg))
-            if msg.last:
-                break
+        elif msg.get("cookie") == "framed":
+            break
     await stream.close()
     assert sum(frames) >= 2000
     assert max(frames) > 100  # batched, not one item per frame
