@@ -100,7 +100,7 @@ class Archive:
             archive = cls.open(root)
             archive.check_keyspace(node_id, partition_count)
             return archive
-        if root.exists() and any(p.name not in {".lock"} for p in root.iterdir()):
+        if root.exists() and any(p.name not in {".lock", ".write.lock"} for p in root.iterdir()):
             raise ArchiveNotFound(f"{root} exists, is not empty and is not a backup archive; refusing to write into it")
         root.mkdir(parents=True, exist_ok=True)
         (root / RUNS).mkdir(exist_ok=True)
@@ -123,17 +123,28 @@ class Archive:
 
     # ------------------------------------------------------------------ locking
     @contextlib.contextmanager
-    def lock(self, exclusive: bool = True) -> Iterator[None]:
-        """flock, so a SIGKILLed holder releases it with its process."""
-        fh = open(self.root / ".lock", "a+")
+    def lock(self, kind: str = "merge") -> Iterator[None]:
+        """flock, so a SIGKILLed holder releases it with its process.
+
+        ``read`` (info, verify, restore) shares ``.lock``; ``write`` (create) holds ``.write.lock``
+        alone, so readers keep working during a backup (they ignore partial runs); ``merge`` holds
+        both, because it deletes the runs readers read."""
+        files = {"read": [(".lock", fcntl.LOCK_SH)], "write": [(".write.lock", fcntl.LOCK_EX)],
+                 "merge": [(".write.lock", fcntl.LOCK_EX), (".lock", fcntl.LOCK_EX)]}[kind]
+        handles = []
         try:
-            try:
-                fcntl.flock(fh.fileno(), (fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH) | fcntl.LOCK_NB)
-            except BlockingIOError:
-                raise ArchiveLocked(f"archive {self.root} is in use by another backup or merge") from None
+            for name, mode in files:
+                fh = open(self.root / name, "a+")
+                handles.append(fh)
+                try:
+                    fcntl.flock(fh.fileno(), mode | fcntl.LOCK_NB)
+                except BlockingIOError:
+                    what = "a merge" if name == ".lock" else "another backup or merge"
+                    raise ArchiveLocked(f"archive {self.root} is in use by {what}; try again when it finishes") from None
             yield
         finally:
-            fh.close()
+            for fh in handles:
+                fh.close()
 
     # ------------------------------------------------------------------ runs
     def run_dir(self, run_id: str) -> Path:

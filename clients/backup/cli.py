@@ -152,7 +152,7 @@ def _cmd_info(args: argparse.Namespace) -> int:
     from clients.backup.info import archive_info, render
 
     archive = _open(args)
-    with archive.lock(exclusive=False):
+    with archive.lock("read"):
         info = archive_info(archive, partitions=args.json or args.detail)
     if args.json:
         _print_json(info)
@@ -165,7 +165,7 @@ def _cmd_verify(args: argparse.Namespace) -> int:
     from clients.backup.verify import verify
 
     archive = _open(args)
-    with archive.lock(exclusive=False), _progress(args, "verifying") as progress:
+    with archive.lock("read"), _progress(args, "verifying") as progress:
         report = verify(archive, progress)
     if args.json:
         _print_json({"ok": report.ok, "runs": report.runs, "segments": report.segments, "items": report.items,
@@ -188,7 +188,7 @@ def _cmd_restore(args: argparse.Namespace) -> int:
     from clients.backup.restore import check_partitions, restore
 
     archive = _open(args)
-    with archive.lock(exclusive=False):
+    with archive.lock("read"):
         if args.dry_run:
             target = archive.find_run(args.run)
             parts = check_partitions(target, args.partitions)

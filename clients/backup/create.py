@@ -96,7 +96,7 @@ def create_backup(
     t0 = time.perf_counter()
     node_id, count, infos = server_keyspace(server, token)
     archive = Archive.open_or_create(archive_dir, node_id, count)
-    with archive.lock():
+    with archive.lock("write"):
         run = RunWriter.begin(archive, server=server, block_bytes=block_bytes, level=level)
         runs = archive.runs()
         starts = {p: rec.end for p, rec in runs[-1].partitions.items()} if runs else {}

@@ -34,7 +34,7 @@ from engine.types import Item
 def merge(archive: Archive, from_spec: str, to_spec: str,
           progress: Callable[[int, int], None] | None = None) -> RunManifest:
     """Merge under the exclusive lock; returns the new run's manifest."""
-    with archive.lock():
+    with archive.lock("merge"):
         archive.cleanup()
         runs = archive.runs()
         first, last = archive.find_run(from_spec), archive.find_run(to_spec)

@@ -158,15 +158,28 @@ def test_debris_run_without_run_file_is_discarded(tmp_path: Path) -> None:
     assert not run.resumed and not debris.exists()
 
 
-def test_lock_is_exclusive(tmp_path: Path) -> None:
+@pytest.mark.parametrize(("held", "wanted", "conflict"), [
+    ("write", "write", True),    # two backups at once
+    ("write", "merge", True),
+    ("merge", "read", True),     # a merge deletes what readers read
+    ("read", "merge", True),
+    ("write", "read", False),    # info/verify/restore during a backup: they ignore partial runs
+    ("read", "write", False),
+    ("read", "read", False),
+])
+def test_locks(tmp_path: Path, held: str, wanted: str, conflict: bool) -> None:
     from clients.backup.errors import ArchiveLocked
 
     archive = _archive(tmp_path)
-    with archive.lock():
-        with pytest.raises(ArchiveLocked, match="in use"):
-            with Archive.open(archive.root).lock():
+    with archive.lock(held):
+        if conflict:
+            with pytest.raises(ArchiveLocked, match="in use"):
+                with Archive.open(archive.root).lock(wanted):
+                    pass
+        else:
+            with Archive.open(archive.root).lock(wanted):
                 pass
-    with archive.lock():
+    with archive.lock(wanted):
         pass
 
 
