@@ -439,6 +439,11 @@ class Consumer:
                     while True:
                         if self._closed:
                             return
+                        if session.repairs:
+                            for plan in list(session.repairs.values()):
+                                async for out in self._rollback(plan, repair=True):
+                                    yield out
+                            continue
                         if session.all_finished:
                             self._done = True
                             self._save()
@@ -562,32 +567,47 @@ class Consumer:
         else:
             session.range_error(p, msg.detail or msg.field)
 
-    async def _rollback(self, plan: RollbackPlan) -> AsyncIterator[Event]:
-        """Repair a rollback: corrections from the ring, or a partition reset; then resume from R.
+    async def _rollback(self, plan: RollbackPlan, repair: bool = False) -> AsyncIterator[Event]:
+        """Repair a rollback (or, with ``repair``, unsaved progress found at the handshake):
+        corrections from the ring, or a partition reset; then stream the partition.
 
-        Order matters for crash safety: the ring entries above R are dropped and the state saved
+        Order matters for crash safety: the ring entries above R are replaced and the state saved
         only after every correction was processed; a crash before that repeats the corrections
         (they are idempotent: each is the key's current version)."""
         p = plan.partition
-        log.warning("partition %d: rollback to %d (%s): %s", p, plan.seqno, plan.reason, plan.detail)
+        session = self.session
+        log.warning("partition %d: %s to %d (%s): %s", p, "repair" if repair else "rollback", plan.seqno,
+                    plan.reason, plan.detail)
+        corrected: list[tuple[bytes, int]] = []
         if plan.reset:
             yield PartitionReset(p, plan.seqno, plan.reason)
-            request = self.session.finish_rollback(plan)
         else:
             docs = await self._fetch([k.decode() for k in plan.keys])
+            high = 0
+            if any(doc is None for doc in docs):
+                # A 404 does not say at which seqno the key was deleted; the partition's high seqno
+                # (read after the GETs) bounds it, so the key stays covered until the stream passes it.
+                high = await self._high_seqno(p)
             yield Rollback(p, plan.seqno, plan.reason, plan.detail, len(plan.keys))
-            corrected: list[tuple[bytes, int]] = []
             for key, doc in zip(plan.keys, docs):
                 if doc is None:
                     yield Deletion(p, plan.seqno, key.decode(), 0, 0, correction=True)
+                    if high > plan.seqno:
+                        corrected.append((key, high))
                 else:
                     yield Mutation(p, doc.seqno, doc.key, doc.value, doc.cas, doc.rev, correction=True)
                     if doc.seqno > plan.seqno:
                         corrected.append((key, doc.seqno))
                 self.corrections += 1
-            request = self.session.finish_rollback(plan, corrected)
+        request = session.finish_repair(plan, corrected) if repair else session.finish_rollback(plan, corrected)
         self._save()
         await self._send(request)
+
+    async def _high_seqno(self, partition: int) -> int:
+        try:
+            return int((await self.http.partition(partition))["high_seqno"])
+        except ConnectionFailed as exc:
+            raise _Reconnect(f"cannot read partition {partition}: {exc}") from None
 
     async def _fetch(self, keys: list[str]) -> list[Document | None]:
         sem = asyncio.Semaphore(self.correction_concurrency)

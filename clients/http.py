@@ -141,5 +141,10 @@ class AsyncHttpApi:
         _raise_for(resp, "GET /partitions")
         return resp.json()["partitions"]
 
+    async def partition(self, partition: int) -> dict[str, Any]:
+        resp = await self._call("GET", f"/partitions/{partition}", f"GET /partitions/{partition}")
+        _raise_for(resp, f"GET /partitions/{partition}")
+        return resp.json()
+
     async def aclose(self) -> None:
         await self._client.aclose()

@@ -16,6 +16,11 @@ Theory of operation
   re-read, or a partition reset when the ring does not reach down to the rollback seqno; never
   fatal, dcp.md §3.10); ``not_my_partition`` asks for a new handshake; ``range_error`` is fatal for that
   stream (a corrupt or foreign position must not be silently replaced).
+* **Repairs**: at every handshake, keys the ring holds above a partition's position were applied
+  but are not covered by it (the consumer died between applying and saving; a rollback correction
+  was newer than the rollback seqno); they are corrected from the server's current documents before
+  the partition streams (``repairs``, ``finish_repair``), because no server rollback would name them
+  if the server lost them.
 * **Stream ends**: ``end_seqno_reached``/``closed`` finish the partition; ``too_slow`` re-requests it
   from the processed position; ``state_changed``/``shutting_down`` ask for a reconnect.
 """
@@ -34,7 +39,7 @@ from .position import PartitionPosition
 from .ring import RollbackRing
 from .state import ConsumerState, PartitionCheckpoint
 
-__all__ = ["StartMode", "RollbackPlan", "EndAction", "ClientSession"]
+__all__ = ["StartMode", "RollbackPlan", "EndAction", "ClientSession", "UNSAVED_PROGRESS"]
 
 
 class StartMode(str, enum.Enum):
@@ -61,6 +66,9 @@ class EndAction(str, enum.Enum):
     REREQUEST = "rerequest"
     RECONNECT = "reconnect"
 
+
+#: ``Rollback.reason`` of a repair of the consumer's own unsaved progress (not a server rollback).
+UNSAVED_PROGRESS = "unsaved_progress"
 
 _FINISHED_REASONS = {"end_seqno_reached", "closed"}
 _REREQUEST_REASONS = {"too_slow"}
@@ -94,6 +102,8 @@ class ClientSession:
         self.rollbacks = 0
         self.resets = 0
         self.rollback_counts: dict[str, int] = {}
+        #: Partitions whose ring holds items applied beyond the resume position (see ``handshake``).
+        self.repairs: dict[int, RollbackPlan] = {}
         if until_now and end_seqnos:
             raise UsageError("until_now and end_seqnos are exclusive: pick one way to bound the streams")
         for p, end in self.end_seqnos.items():
@@ -124,7 +134,44 @@ class ClientSession:
                 if self.until_now and p not in self.end_seqnos:
                     self.end_seqnos[p] = info.high_seqno
         self.open.clear()
-        return [self.request_for(p) for p in sorted(self.positions) if p not in self.finished]
+        self.repairs = self._repair_plans()
+        return [self.request_for(p) for p in sorted(self.positions) if p not in self.finished and p not in self.repairs]
+
+    def _repair_plans(self) -> dict[int, RollbackPlan]:
+        """Keys the ring holds above a partition's position were applied but are not covered by it:
+        the consumer died between applying and saving, or a rollback correction brought a version
+        newer than the rollback seqno.  If the server loses those versions, no rollback answer will
+        ever name them (a request from below the branch point is fine by DCP's rules) and the
+        application would keep phantoms; so at every handshake they are re-read and handed over as
+        corrections before their partition streams, like a rollback to the position, except that
+        the position (possibly a partial snapshot) stays as it is."""
+        ring = self.ring
+        if ring is None:
+            return {}
+        at = {p: pos.seqno for p, pos in self.positions.items() if p not in self.finished}
+        plans = {}
+        for p, keys in sorted(ring.keys_above_many(at).items()):
+            seqno = at[p]
+            detail = f"{len(keys)} key(s) applied above seqno {seqno}, which the saved position does not cover"
+            if ring.covers(p, seqno):
+                plans[p] = RollbackPlan(p, seqno, UNSAVED_PROGRESS, detail, (), tuple(keys), False)
+            else:
+                plans[p] = RollbackPlan(p, seqno, UNSAVED_PROGRESS, detail + "; the ring lost some of them", (), (),
+                                        True)
+        return plans
+
+    def finish_repair(self, plan: RollbackPlan, corrected: Sequence[tuple[bytes, int]] = ()) -> StreamRequest:
+        """The repair's corrections (or reset) were processed: stream the partition."""
+        p = plan.partition
+        del self.repairs[p]
+        if plan.reset:
+            self.resets += 1
+            self.positions[p].reset()
+            if self.ring is not None:
+                self.ring.reset(p)
+        elif self.ring is not None:
+            self.ring.replace_above(p, plan.seqno, corrected)
+        return self.request_for(p)
 
     def _initial_position(self, p: int, info: PartitionInfo) -> PartitionPosition:
         ring = self.ring

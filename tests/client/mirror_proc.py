@@ -40,7 +40,7 @@ async def main(url: str, state_dir: str, db_path: str, ring_size: int) -> None:
                 db.execute("delete from docs where partition = ?", (ev.partition,))
                 print(f"reset {ev.partition} {ev.rollback_seqno}", flush=True)
             elif t is Rollback:
-                print(f"rollback {ev.partition} {ev.seqno} {ev.corrections}", flush=True)
+                print(f"rollback {ev.partition} {ev.seqno} {ev.corrections} {ev.reason}", flush=True)
 
 
 if __name__ == "__main__":
