@@ -165,3 +165,41 @@ def test_state_keeps_partitions_not_streamed():
     st = s.state()
     assert set(st.partitions) == {0, 5} and st.partitions[0].last_complete == (20, 24)
     assert s.committed() == {0: StreamOffset(3, 30, 25, 35)}
+
+
+def test_repairs_withhold_the_request_until_corrections_are_done():
+    ring = RollbackRing(100)
+    ring.set_floor(0, 0)
+    ring.append_batch(0, [25, 31, 33], [b"x", b"y", b"x"])  # 31, 33 applied after the saved 30
+    s = ClientSession(start="saved", saved=SAVED, ring=ring)
+    reqs = s.handshake("node", 2, INFOS)
+    assert reqs == [req(1, 0, 0, 0, 0)]  # partition 0 waits for its repair
+    plan = s.repairs[0]
+    assert (plan.seqno, plan.keys, plan.reset, plan.reason) == (30, (b"y", b"x"), False, "unsaved_progress")
+    assert s.finish_repair(plan, [(b"x", 40)]) == req(0, 3, 30, 25, 35)  # the partial snapshot is kept
+    assert [(e.seqno, e.key) for e in ring.entries(0)] == [(25, b"x"), (40, b"x")]
+    assert s.repairs == {}
+
+
+def test_repair_beyond_the_ring_resets_and_reconnects_repair_again():
+    ring = RollbackRing(2)
+    ring.set_floor(0, 0)
+    ring.append_batch(0, [31, 32, 33], [b"a", b"b", b"c"])  # floor 31 > saved 30
+    s = ClientSession(start="saved", saved=SAVED, ring=ring)
+    s.handshake("node", 2, INFOS)
+    plan = s.repairs[0]
+    assert plan.reset and plan.keys == ()
+    assert s.finish_repair(plan) == req(0, 0, 0, 0, 0)
+    assert s.resets == 1 and len(ring.entries(0)) == 0
+    ring.append(1, 5, b"q")  # applied on partition 1, above its position 0
+    s.connection_lost()
+    s.handshake("node", 2, INFOS)
+    assert set(s.repairs) == {1} and s.repairs[1].keys == (b"q",)
+
+
+def test_no_repairs_when_the_ring_is_below_the_positions():
+    ring = RollbackRing(100)
+    ring.set_floor(0, 0)
+    ring.append_batch(0, [10, 30], [b"a", b"b"])
+    s = ClientSession(start="saved", saved=SAVED, ring=ring)
+    assert len(s.handshake("node", 2, INFOS)) == 2 and s.repairs == {}
