@@ -377,7 +377,8 @@ def main() -> int:
                   f"   {r['limit_scan_encode_cpu_rate'] / 1e3:6.0f} k")
             print(f"  limit: decode the same frames only   {r['limit_decode_rate'] / 1e3:8.0f}"
                   f"   {r['limit_decode_cpu_rate'] / 1e3:6.0f} k")
-            print(f"  stream / scan+encode limit (wall)    {r['ratio_vs_scan_encode'] * 100:8.0f} %")
+            print(f"  stream / scan+encode limit           {r['ratio_vs_scan_encode'] * 100:8.0f} % wall, "
+                  f"{r['server_cpu_rate'] / r['limit_scan_encode_cpu_rate'] * 100:.0f} % per CPU-second (server side)")
         if "tail" in only:
             for r in bench_tail(workdir, [2_500, 10_000], tail_s):
                 print(f"tail at {r['rate']:,}/s (achieved {r['achieved_rate']:,.0f}/s, {r['received']:,}/"
