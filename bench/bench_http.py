@@ -2,6 +2,7 @@
 
     .venv/bin/python -m bench.bench_http               # ~1 minute
     .venv/bin/python -m bench.bench_http --full        # longer phases
+    .venv/bin/python -m bench.bench_http --breakdown   # + bulk path CPU per stage, in process
 
 Phases (each ``--seconds`` long after a short warm-up, same client, same concurrency):
 
@@ -288,7 +289,8 @@ def report(results: list[Result], args: argparse.Namespace) -> str:
     trivial = results[0].req_rate
     lines = [
         f"client: {args.client}, concurrency {args.concurrency} (bulk: {args.bulk_concurrency}), "
-        f"{args.seconds:g} s per phase, {args.partitions} partitions, {os.cpu_count()} cores",
+        f"{args.seconds:g} s per phase, {args.partitions} partitions, {os.cpu_count()} cores, "
+        f"load average {os.getloadavg()[0]:.1f} at the end",
         "",
         "| phase | requests/s | mutations/s | vs trivial POST | server CPU | server CPU µs/request | errors |",
         "|---|---|---|---|---|---|---|",
@@ -300,12 +302,56 @@ def report(results: list[Result], args: argparse.Namespace) -> str:
                      f"{r.server_cpu:.0%} | {cpu_us:,.0f} | {r.errors} |")
     put = next(r for r in results if r.name.endswith("memory"))
     bulk = max((r for r in results if "bulk" in r.name), key=lambda r: r.unit_rate)
+    per_mutation = min(r.server_cpu * r.seconds / max(r.units, 1) for r in results if "bulk" in r.name)
     trivial_cpu = results[0].server_cpu / max(results[0].req_rate, 1e-9)
     put_cpu = put.server_cpu / max(put.req_rate, 1e-9)
     lines += ["",
               f"single PUT (memory) / trivial POST: {put.req_rate / trivial:.0%} by rate, "
               f"{trivial_cpu / put_cpu:.0%} by server CPU per request (goal >= 60%)",
-              f"bulk persist best: {bulk.unit_rate:,.0f} mutations/s (goal >= 150,000)"]
+              f"bulk persist best: {bulk.unit_rate:,.0f} mutations/s (goal >= 150,000); server CPU per "
+              f"mutation {per_mutation * 1e6:.1f} µs, i.e. at most {1 / per_mutation:,.0f}/s on one fully used core"]
+    return "\n".join(lines)
+
+
+def breakdown(batches: int = 10, reps: int = 4) -> str:
+    """Per-mutation CPU of the bulk path's stages in this process (no HTTP, no flusher wait):
+    where the server's time goes, measured with ``time.thread_time``, best of ``reps``."""
+    from app import bulk
+    from engine.config import EngineConfig
+    from engine.engine import Engine
+
+    work = Path(tempfile.mkdtemp(prefix="upr-bench-http-bd-"))
+    engine = Engine.open(EngineConfig(data_dir=work / "data", partitions=64))
+    lines = ["| values | parse (orjson) | items -> WriteOp | engine.write_batch | results + orjson.dumps | total |",
+             "|---|---|---|---|---|---|"]
+    try:
+        for binary in (False, True):
+            best: dict[str, float] = {}
+            for rep in range(reps):
+                bodies = bulk_bodies(batches, 1000, binary, seed=100 + rep)
+                spent = dict.fromkeys(("parse", "to_op", "write", "results"), 0.0)
+                for body in bodies:
+                    t = time.thread_time()
+                    items = bulk.parse_items(body, False, 10_000)
+                    spent["parse"] += time.thread_time() - t
+                    t = time.thread_time()
+                    ops = [bulk.to_op(i, item) for i, item in enumerate(items)]
+                    spent["to_op"] += time.thread_time() - t
+                    t = time.thread_time()
+                    results = engine.write_batch(ops)  # type: ignore[arg-type]
+                    spent["write"] += time.thread_time() - t
+                    t = time.thread_time()
+                    orjson.dumps([{"index": i, "status": 200, "key": r.key, "partition": r.partition,
+                                   "seqno": r.seqno, "cas": r.cas, "rev": r.rev, "deleted": r.deleted}
+                                  for i, r in enumerate(results)])
+                    spent["results"] += time.thread_time() - t
+                for k, v in spent.items():
+                    best[k] = min(best.get(k, 1e9), v / (batches * 1000) * 1e6)
+            cells = " | ".join(f"{best[k]:.2f} µs" for k in ("parse", "to_op", "write", "results"))
+            lines.append(f"| {'value_b64' if binary else 'JSON objects'} | {cells} | {sum(best.values()):.2f} µs |")
+    finally:
+        engine.close()
+        shutil.rmtree(work, ignore_errors=True)
     return "\n".join(lines)
 
 
@@ -319,11 +365,16 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--partitions", type=int, default=64)
     p.add_argument("--client", choices=["raw", "httpx"], default="raw", help="see the module docstring")
     p.add_argument("--full", action="store_true", help="20 s phases")
+    p.add_argument("--breakdown", action="store_true",
+                   help="also print the bulk path's per-stage CPU per mutation (in process, no HTTP)")
     args = p.parse_args(argv)
     if args.full:
         args.seconds = 20.0
     results = asyncio.run(main_async(args))
     print(report(results, args))
+    if args.breakdown:
+        print()
+        print(breakdown())
     return 0
 
 
