@@ -113,7 +113,11 @@ class Status(BaseModel):
 class PartitionStreamStatus(BaseModel):
     partition: int
     last_sent_seqno: int
-    lag: int
+    lag: int = Field(description="high seqno minus last sent seqno")
+    purge_seqno: int = Field(0, description="the partition's purge seqno at the stream's last snapshot")
+    purge_distance: int = Field(
+        0, description="last sent seqno minus purge seqno; near or below 0 a resume would roll back to 0"
+    )
 
 
 class StreamInfo(BaseModel):
@@ -123,8 +127,11 @@ class StreamInfo(BaseModel):
     codec: str
     connected_at: float
     partitions: list[PartitionStreamStatus]
-    bytes_buffered: int
+    bytes_buffered: int = Field(description="sent but not yet acknowledged (flow-control window use)")
     barriers_pending: int
+    window_bytes: int = Field(0, description="flow-control window the consumer asked for")
+    cursor_drops: int = Field(0, description="snapshots released because the consumer stalled")
+    rollbacks: int = Field(0, description="rollbacks this connection was told to do")
 
 
 class StreamList(BaseModel):

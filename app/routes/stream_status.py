@@ -19,10 +19,15 @@ async def list_streams(ctx: ReadCtx) -> StreamList:
             StreamInfo(
                 id=s.id, name=s.name, remote=s.remote, codec=s.codec, connected_at=s.connected_at,
                 partitions=[
-                    PartitionStreamStatus(partition=p.partition, last_sent_seqno=p.last_sent_seqno, lag=p.lag)
+                    PartitionStreamStatus(
+                        partition=p.partition, last_sent_seqno=p.last_sent_seqno, lag=p.lag,
+                        purge_seqno=getattr(p, "purge_seqno", 0), purge_distance=getattr(p, "purge_distance", 0),
+                    )
                     for p in s.partitions
                 ],
                 bytes_buffered=s.bytes_buffered, barriers_pending=s.barriers_pending,
+                window_bytes=getattr(s, "window_bytes", 0), cursor_drops=getattr(s, "cursor_drops", 0),
+                rollbacks=getattr(s, "rollbacks", 0),
             )
             for s in ctx.streams.statuses()
         ]
