@@ -128,6 +128,7 @@ class Consumer:
         ping_interval: float | None = 20.0,
         max_frame_bytes: int = 256 << 20,
         correction_concurrency: int = 16,
+        max_corrections: int = 10_000,
         handler: Handler | None = None,
     ) -> None:
         self.server = (server or default_server()).rstrip("/")
@@ -144,7 +145,8 @@ class Consumer:
         self.ring = ring
         saved = self.state_store.load() if StartMode(start) is StartMode.SAVED else None
         self.session = ClientSession(partitions=partitions, start=start, saved=saved, offsets=offsets,
-                                     end_seqnos=end_seqnos, until_now=until_now, ring=ring)
+                                     end_seqnos=end_seqnos, until_now=until_now, ring=ring,
+                                     max_corrections=max_corrections)
         self.acks = AckTracker(window_bytes, ack_ratio)
         self.commit_interval = commit_interval
         self.max_reconnect_attempts = max_reconnect_attempts

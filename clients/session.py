@@ -85,8 +85,12 @@ class ClientSession:
         end_seqnos: Mapping[int, int] | None = None,
         until_now: bool = False,
         ring: RollbackRing | None = None,
+        max_corrections: int = 10_000,
     ) -> None:
         self.start = StartMode(start)
+        #: A rollback needing more corrections than this resets the partition instead: re-reading
+        #: every key one GET at a time costs more than streaming the partition again.
+        self.max_corrections = max_corrections
         self.requested_partitions = list(partitions) if partitions is not None else None
         self.saved = saved
         self.offsets = dict(offsets or {})
@@ -153,11 +157,11 @@ class ClientSession:
         for p, keys in sorted(ring.keys_above_many(at).items()):
             seqno = at[p]
             detail = f"{len(keys)} key(s) applied above seqno {seqno}, which the saved position does not cover"
-            if ring.covers(p, seqno):
+            if ring.covers(p, seqno) and len(keys) <= self.max_corrections:
                 plans[p] = RollbackPlan(p, seqno, UNSAVED_PROGRESS, detail, (), tuple(keys), False)
             else:
-                plans[p] = RollbackPlan(p, seqno, UNSAVED_PROGRESS, detail + "; the ring lost some of them", (), (),
-                                        True)
+                why = "the ring lost some of them" if not ring.covers(p, seqno) else "too many to re-read"
+                plans[p] = RollbackPlan(p, seqno, UNSAVED_PROGRESS, f"{detail}; {why}", (), (), True)
         return plans
 
     def finish_repair(self, plan: RollbackPlan, corrected: Sequence[tuple[bytes, int]] = ()) -> StreamRequest:
@@ -211,7 +215,9 @@ class ClientSession:
         log = tuple(failover_log)
         ring = self.ring
         if ring is not None and ring.covers(p, seqno):
-            return RollbackPlan(p, seqno, reason, detail, log, tuple(ring.keys_above(p, seqno)), False)
+            keys = tuple(ring.keys_above(p, seqno))
+            if len(keys) <= self.max_corrections:
+                return RollbackPlan(p, seqno, reason, detail, log, keys, False)
         if ring is None and seqno >= self.positions[p].seqno:
             # Nothing applied above the rollback seqno (a consumer with no ring can only know this).
             return RollbackPlan(p, seqno, reason, detail, log, (), False)

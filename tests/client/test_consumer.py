@@ -227,3 +227,33 @@ async def test_close_from_another_task_stops_the_iteration(server):
     await consumer.close()
     await asyncio.wait_for(task, 5)  # ends, does not reconnect
     assert consumer.reconnects == 0
+
+
+async def test_reconnects_with_backoff_after_a_server_restart(tmp_path):
+    from tests.client.test_mirror import free_port
+    from tests.conftest import start_server
+
+    args = ["--port", str(free_port())]
+    srv = start_server(tmp_path / "srv", partitions=PARTITIONS, args=args)
+    consumer = Consumer(srv.url, start="beginning", state=tmp_path / "st", backoff=Backoff(0.05, 0.3))
+    docs: dict[str, bytes] = {}
+
+    async def consume() -> None:
+        async for ev in consumer:
+            apply([ev], docs)
+
+    try:
+        async with consumer:
+            task = asyncio.create_task(consume())
+            await asyncio.to_thread(bulk, srv.url, sets("r", 30), "persist")
+            await consumer.barrier(timeout=20)
+            await asyncio.to_thread(srv.stop)  # graceful: streams end, close code 1001
+            srv = await asyncio.to_thread(start_server, tmp_path / "srv", data_dir=srv.data_dir,
+                                          partitions=PARTITIONS, args=args)
+            await asyncio.to_thread(bulk, srv.url, sets("s", 30), "persist")
+            await consumer.barrier(timeout=30)
+            assert consumer.reconnects >= 1 and consumer.rollbacks == 0  # a clean stop loses nothing
+            assert len(docs) == 60
+            task.cancel()
+    finally:
+        srv.kill()

@@ -203,3 +203,12 @@ def test_no_repairs_when_the_ring_is_below_the_positions():
     ring.append_batch(0, [10, 30], [b"a", b"b"])
     s = ClientSession(start="saved", saved=SAVED, ring=ring)
     assert len(s.handshake("node", 2, INFOS)) == 2 and s.repairs == {}
+
+
+def test_too_many_corrections_reset_instead():
+    ring = RollbackRing(100)
+    s = ClientSession(start="beginning", ring=ring, max_corrections=2)
+    s.handshake("node", 2, INFOS)
+    ring.append_batch(0, [1, 2, 3], [b"a", b"b", b"c"])
+    assert s.plan_rollback(0, 1, "diverged", "", ()).keys == (b"b", b"c")
+    assert s.plan_rollback(0, 0, "purged", "", ()).reset
