@@ -201,6 +201,8 @@ class PartitionWriter:
                 new.snapshot(rec.start, min(rec.end, seqno), rec.source)
             elif rec.seqno > seqno:
                 break
+            elif isinstance(rec, Checkpoint):
+                new.checkpoint(rec.seqno, rec.uuid, rec.snap_start, rec.snap_end)
             else:
                 new.add(rec)
                 last = rec.seqno

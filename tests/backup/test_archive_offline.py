@@ -416,13 +416,18 @@ def test_truncate_keeps_this_runs_items_up_to_the_rollback_point(tmp_path: Path)
     w = run.partition(0, StreamOffset())
     for lo in range(1, 41, 10):
         w.snapshot(lo, lo + 9, "memory")
-        w.add_many(dedup([i for i in h.changes[0] if lo <= i.seqno <= lo + 9]))
-    w.truncate(25)  # the server restarted mid-run and resumes from 25
-    h.truncate(0, 25)
-    for i in range(10):
+        snap = dedup([i for i in h.changes[0] if lo <= i.seqno <= lo + 9])
+        w.add_many(snap[:3])
+        w.checkpoint(UUID)  # after a batch: a position inside the snapshot
+        w.add_many(snap[3:])
+        w.snapshot_complete(lo + 9, UUID, lo)
+    assert w.boundary_at_or_below(25) == 20
+    w.truncate(20)  # the server restarted mid-run; 25 lies inside a snapshot, so back to 20
+    h.truncate(0, 20)
+    for i in range(15):
         h.write(0, f"k{i % 4}", f"new{i}".encode())
-    w.snapshot(26, 35, "memory")
-    w.add_many(dedup([i for i in h.changes[0] if i.seqno > 25]))
+    w.snapshot(21, 35, "memory")
+    w.add_many(dedup([i for i in h.changes[0] if i.seqno > 20]))
     w.finish(StreamOffset.at(UUID, 35))
     run.commit("n", 1)
     assert verify(a1).ok
