@@ -8,6 +8,7 @@ a dropped socket).  Everything here runs on the event loop: no locks.
 """
 from __future__ import annotations
 
+import dataclasses
 import inspect
 import itertools
 import time
@@ -23,6 +24,11 @@ class PartitionStreamStatus:
     last_sent_seqno: int
     #: high seqno of the partition minus ``last_sent_seqno`` when the status was taken.
     lag: int
+    #: the partition's purge seqno at the stream's last snapshot (tombstones at or below it may be gone).
+    purge_seqno: int = 0
+    #: ``last_sent_seqno - purge_seqno``: how far the consumer is above the purge horizon.  Near or
+    #: below 0, a consumer that disconnects now and resumes later is told to roll back to 0 (purged).
+    purge_distance: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -36,6 +42,12 @@ class StreamStatus:
     barriers_pending: int = 0
     connected_at: float = 0.0
     id: int = 0
+    #: flow-control window the consumer asked for (0 before hello).
+    window_bytes: int = 0
+    #: snapshots released because the consumer stopped making progress (cursor dropping).
+    cursor_drops: int = 0
+    #: rollbacks this connection was told to do.
+    rollbacks: int = 0
 
 
 @runtime_checkable
@@ -77,11 +89,7 @@ class StreamRegistry:
         for stream_id, handle in list(self._handles.items()):
             status = handle.to_status()
             if status.id != stream_id:
-                status = StreamStatus(
-                    name=status.name, remote=status.remote, codec=status.codec, partitions=status.partitions,
-                    bytes_buffered=status.bytes_buffered, barriers_pending=status.barriers_pending,
-                    connected_at=status.connected_at or time.time(), id=stream_id,
-                )
+                status = dataclasses.replace(status, connected_at=status.connected_at or time.time(), id=stream_id)
             out.append(status)
         return out
 

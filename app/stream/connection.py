@@ -434,13 +434,16 @@ class StreamConnection:
         for p, stream in sorted(self.session.streams.items()):
             cursor = self.cursors.get(p)
             high = max(cursor.high_seqno if cursor else 0, stream.position)
+            purge = max(stream.purge_seqno, cursor.purge_seqno if cursor else 0)
             parts.append(PartitionStreamStatus(partition=p, last_sent_seqno=stream.position,
-                                               lag=high - stream.position))
+                                               lag=high - stream.position, purge_seqno=purge,
+                                               purge_distance=stream.position - purge))
         flow = self.session.flow
         return StreamStatus(
             name=self.name, remote=self.remote, codec=self.codec, partitions=parts,
             bytes_buffered=flow.in_flight if flow else 0, barriers_pending=len(self.session.pending_cookies),
-            connected_at=self.connected_at,
+            connected_at=self.connected_at, window_bytes=flow.window if flow else 0,
+            cursor_drops=self.cursor_drops, rollbacks=self.rollbacks,
         )
 
 
