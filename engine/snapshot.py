@@ -6,8 +6,9 @@ A ``PartitionSnapshot`` covers ``(after_seqno, high]`` in up to two parts:
   the persisted seqno *as recorded inside that same transaction* (the flusher writes it in
   the data's transaction), so the range and the data can never disagree;
 * **memory** ``(max(after, P), high]``: a write-queue root taken just after the transaction
-  was opened.  The root still holds every slot above ``P`` unless the flusher rebased it in
-  between; ``Engine.snapshot`` detects that (``root.base > P + 1``) and simply retries.
+  was opened.  A root is deduplicated (and still holds its slots) only above its own persisted
+  seqno, so if a flush committed and reached the queue between the two reads
+  (``root.persisted > P``), ``capture`` simply retries.
 
 Each part holds every key at most once (the by-seqno tree keeps only a key's latest version;
 the queue drops a key's older queued slot), so each part is a deduplicated DCP snapshot.
@@ -121,7 +122,7 @@ class _MemoryReader:
             yield chunk
 
     def close(self) -> None:
-        self._root = QueueRoot((), 0, -1)  # type: ignore[arg-type]  # unpin the queue root
+        self._root = QueueRoot((), 0, -1, -1)  # type: ignore[arg-type]  # unpin the queue root
 
 
 @dataclass(eq=False)
@@ -162,9 +163,9 @@ def capture(store: Store, partition: int, root_of: Callable[[], QueueRoot], afte
         except BaseException:
             read.close()
             raise
-        if root.base <= persisted + 1:
-            break
-        read.close()
+        if root.persisted <= persisted:
+            break  # the root's deduplicated range (root.persisted, high] covers the memory part
+        read.close()  # a flush committed after the txn began and the root already reflects it
     parts: list[SnapshotPart] = []
     if after_seqno < persisted:
         parts.append(SnapshotPart("disk", after_seqno + 1, persisted,

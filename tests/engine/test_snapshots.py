@@ -59,13 +59,13 @@ def test_snapshot_batches_respect_items_and_bytes(make_engine) -> None:
         assert [len(b) for b in engine.snapshot(0, 0).parts[0].batches(max_items=8)] == [8] * 6 + [2]
 
 
-def test_snapshot_retries_when_the_root_was_rebased_past_the_read_txn(make_engine) -> None:
+def test_snapshot_retries_when_the_root_is_ahead_of_the_read_txn(make_engine) -> None:
     engine = make_engine(partitions=1, **SLOW_FLUSH)
     engine.write_batch([put(f"k{i}") for i in range(10)])
     engine.flush_now()
     engine.write_batch([put(f"m{i}") for i in range(5)])
     queue = engine._parts[0].queue
-    rebased_too_far = QueueRoot(queue.root.vec, 99, 99)
+    rebased_too_far = QueueRoot(queue.root.vec, 99, 99, 98)
     roots = iter([rebased_too_far, queue.root])
     calls = []
 
