@@ -177,3 +177,53 @@ async def test_hub_coalesces_a_busy_writer_into_few_loop_callbacks() -> None:
     assert len(got) < 2_000  # coalesced: far fewer loop callbacks than notifications
     hub.close()
     assert listeners == []
+
+
+def test_tail_cache_replays_a_memory_snapshot_to_a_cursor_at_the_same_position(engine: Engine) -> None:
+    from app.stream.tailcache import TailCache
+
+    cache = TailCache()
+    for i in range(10):
+        put(engine, f"k{i}")
+    engine.flush_now()
+    for i in range(5):
+        put(engine, f"m{i}")  # seqnos 11..15, memory only
+    first = PartitionCursor(0, 10, 10)
+    out1: list[Marker | Batch] = []
+    assert first.produce(engine.snapshot, encode_binary, 1 << 20, out1, cache, "binary", engine.high_seqno)
+    assert summarize(out1) == [("marker", 11, 15, "memory"), ("batch", [11, 12, 13, 14, 15], True)]
+    assert len(cache) == 1
+
+    snapshots_taken = []
+
+    def counting_snapshot(p: int, after: int) -> Any:
+        snapshots_taken.append(after)
+        return engine.snapshot(p, after)
+
+    second = PartitionCursor(0, 10, 10)
+    out2: list[Marker | Batch] = []
+    assert second.produce(counting_snapshot, encode_binary, 1 << 20, out2, cache, "binary", engine.high_seqno)
+    assert out2 == out1 and snapshots_taken == []  # replayed, nothing read or encoded again
+    assert second.last_seqno == 15 and cache.hits == 1
+
+    put(engine, "m9")  # seqno 16: replay, then a fresh reading after the replayed range
+    third = PartitionCursor(0, 10, 10)
+    out3: list[Marker | Batch] = []
+    assert third.produce(counting_snapshot, encode_binary, 1 << 20, out3, cache, "binary", engine.high_seqno)
+    assert summarize(out3) == summarize(out1) + [("marker", 16, 16, "memory"), ("batch", [16], True)]
+    assert snapshots_taken == [15]
+    # a disk part (or a continuation) is never cached; another codec has its own entries
+    assert cache.get("json", 0, 10) is None
+
+
+def test_tail_cache_is_bounded() -> None:
+    from app.stream.tailcache import CachedSnapshot, TailCache
+
+    cache = TailCache(max_bytes=10_000, max_entries=3)
+    for after in range(10):
+        cache.put("binary", 0, CachedSnapshot(after, after + 1, (), 1000))
+    assert len(cache) == 3 and cache.bytes == 3000
+    assert cache.get("binary", 0, 9) is not None and cache.get("binary", 0, 0) is None
+    for after in range(20):
+        cache.put("binary", after + 1, CachedSnapshot(after, after + 1, (), 2000))
+    assert cache.bytes <= 10_000

@@ -190,6 +190,8 @@ async def test_streams_registry_shows_each_consumer(server: ServerProcess) -> No
     parts = {p["partition"]: p for p in mine[0]["partitions"]}
     assert set(parts) == {0, 1}
     assert parts[0]["last_sent_seqno"] == mirror.positions[0].seqno and parts[0]["lag"] >= 0
+    assert parts[0]["purge_distance"] == parts[0]["last_sent_seqno"] - parts[0]["purge_seqno"]
+    assert mine[0]["window_bytes"] > 0 and mine[0]["cursor_drops"] == 0
     assert mine[0]["codec"] == "binary" and mine[0]["remote"].startswith("127.0.0.1:")
     await stream.close()
     for _ in range(50):

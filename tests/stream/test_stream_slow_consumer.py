@@ -96,6 +96,7 @@ async def test_stalled_consumer_costs_bounded_memory_and_catches_up(tmp_path: Pa
         assert growth < BOUND, f"server anon RSS grew {growth / 2**20:.0f} MiB while {pushed / 2**20:.0f} MiB flowed"
         assert listed["stalled"]["partitions"][0]["lag"] > 50_000  # the operator sees it behind
         assert listed["stalled"]["bytes_buffered"] >= 256 * 1024  # its window is full
+        assert listed["stalled"]["cursor_drops"] >= 1  # its pinned snapshot was released
 
         # now the stalled consumer reads (and acks) again and gets everything
         stalled.auto_ack = True
