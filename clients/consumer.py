@@ -502,49 +502,56 @@ class Consumer:
                             self._maybe_save()
                             continue
 
-                        kind = type(msg)
-                        if kind is M.SnapshotMarker:
-                            pos = session.positions.get(msg.partition)
-                            if pos is None or msg.partition not in session.open:
-                                raise ProtocolViolation(f"snapshot for partition {msg.partition}, which has no open stream",
-                                                        partition=msg.partition)
-                            pos.snapshot_marker(msg.start, msg.end)
-                            yield SnapshotStart(msg.partition, msg.start, msg.end, msg.source.value, msg.purge_seqno)
-                            await self._processed(nbytes)
-                        elif kind is M.StreamResponse:
-                            async for out in self._stream_response(msg):
-                                yield out
-                            await self._processed(nbytes)
-                        elif kind is M.StreamEnd:
-                            p = msg.partition
-                            if p not in session.positions:
-                                raise ProtocolViolation(f"stream_end for unknown partition {p}", partition=p)
-                            action = session.stream_end(p, msg.reason.value, msg.last_seqno)
-                            yield StreamEnd(p, msg.reason.value, msg.last_seqno)
-                            await self._processed(nbytes)
-                            self._maybe_save()
-                            if action is EndAction.REREQUEST:
-                                await self._send(session.request_for(p))
-                            elif action is EndAction.RECONNECT:
-                                raise _Reconnect(f"partition {p} stream ended: {msg.reason.value}")
-                        elif kind is M.BarrierReached:
-                            event = BarrierReached(msg.cookie, dict(msg.seqnos))
-                            yield event
-                            fut = self._barriers.pop(msg.cookie, None)
-                            if fut is not None and not fut.done():
-                                fut.set_result(event)
-                            await self._processed(nbytes)
-                        elif kind is M.CycleComplete:
-                            await self._processed(nbytes)
-                        elif kind is M.Error:
-                            raise ServerError(f"server error {msg.code}: {msg.message}", server_code=msg.code, field=msg.field,
-                                              partition=msg.partition)
-                        else:
-                            raise ProtocolViolation(f"unexpected {kind.__name__} in the middle of a stream")
+                        async for out in self._control(msg, nbytes):  # rare: one more generator level is fine
+                            yield out
                 except _Reconnect as exc:
                     await self._reconnect(str(exc))
         finally:
             self._iterating = False
+
+    async def _control(self, msg: Any, nbytes: int) -> AsyncIterator[Event]:
+        """Every server message except item batches; events are yielded before bookkeeping that
+        must wait until they are processed (acks, barrier futures, stream re-requests)."""
+        session = self.session
+        kind = type(msg)
+        if kind is M.SnapshotMarker:
+            pos = session.positions.get(msg.partition)
+            if pos is None or msg.partition not in session.open:
+                raise ProtocolViolation(f"snapshot for partition {msg.partition}, which has no open stream",
+                                        partition=msg.partition)
+            pos.snapshot_marker(msg.start, msg.end)
+            yield SnapshotStart(msg.partition, msg.start, msg.end, msg.source.value, msg.purge_seqno)
+            await self._processed(nbytes)
+        elif kind is M.StreamResponse:
+            async for out in self._stream_response(msg):
+                yield out
+            await self._processed(nbytes)
+        elif kind is M.StreamEnd:
+            p = msg.partition
+            if p not in session.positions:
+                raise ProtocolViolation(f"stream_end for unknown partition {p}", partition=p)
+            action = session.stream_end(p, msg.reason.value, msg.last_seqno)
+            yield StreamEnd(p, msg.reason.value, msg.last_seqno)
+            await self._processed(nbytes)
+            self._maybe_save()
+            if action is EndAction.REREQUEST:
+                await self._send(session.request_for(p))
+            elif action is EndAction.RECONNECT:
+                raise _Reconnect(f"partition {p} stream ended: {msg.reason.value}")
+        elif kind is M.BarrierReached:
+            event = BarrierReached(msg.cookie, dict(msg.seqnos))
+            yield event
+            fut = self._barriers.pop(msg.cookie, None)
+            if fut is not None and not fut.done():
+                fut.set_result(event)
+            await self._processed(nbytes)
+        elif kind is M.CycleComplete:
+            await self._processed(nbytes)
+        elif kind is M.Error:
+            raise ServerError(f"server error {msg.code}: {msg.message}", server_code=msg.code, field=msg.field,
+                              partition=msg.partition)
+        else:
+            raise ProtocolViolation(f"unexpected {kind.__name__} in the middle of a stream")
 
     async def _stream_response(self, msg: M.StreamResponse) -> AsyncIterator[Event | ItemBatch]:
         session = self.session
