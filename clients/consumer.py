@@ -34,14 +34,11 @@ import logging
 import os
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
-from pathlib import Path
 from typing import Any
 
-import websockets
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidStatus
 
-from engine.errors import UprError
 from engine.protocol import messages as M
 from engine.protocol.errors import ProtocolError
 from engine.protocol.frames import ItemBatch, decode_binary
