@@ -45,7 +45,7 @@ class BulkItem(BaseModel):
     key: str
     value: object | None = Field(None, description="any JSON value, stored as its JSON text")
     value_b64: str | None = Field(None, description="binary value, base64 (instead of `value`)")
-    cas: int | None = Field(None, description="compare-and-swap against this CAS")
+    cas: int | None = Field(None, description="compare-and-swap against this CAS (0 or absent: no check)")
 
 
 class BulkItemResult(BaseModel):
