@@ -19,6 +19,7 @@ import os
 import shutil
 import subprocess
 import sys
+import warnings
 from pathlib import Path
 
 import pytest
@@ -137,6 +138,13 @@ def test_fast_mode_runs_every_installable_system(tmp_path: Path) -> None:
             assert info["reason"] and all(r["status"] == "skipped" and r["reason"] for r in mine.values())
             continue
         assert info["status"] == "ok" and info["versions"], name
+        # on a machine loaded by other work the run's time budget may cut the last steps of a system:
+        # those rows must say so; every other row must hold a real figure, and at least one row does
+        late = [w for w, r in mine.items() if r["status"] == "skipped" and r["reason"].startswith("time budget")]
+        if late:
+            warnings.warn(f"{name}: the time budget ran out before {late}", stacklevel=1)
+        mine = {w: r for w, r in mine.items() if w not in late}
+        assert mine, f"{name}: no workload ran within the time budget"
         for r in mine.values():
             assert r["status"] == "ok", f"{name} {r['workload']}: {r['reason']}"
             assert math.isfinite(r["value"]) and (r["value"] > 0 or r["better"] == "lower"), r
