@@ -171,11 +171,16 @@ class Store:
             meta_db = env.open_db(b"meta", txn=txn)
             node_raw = txn.get(b"node_id", db=meta_db)
             created = node_raw is None
+            stored_format = txn.get(b"format", db=meta_db)
             if created:
                 node_raw = uuidlib.uuid4().hex.encode()
                 txn.put(b"format", FORMAT, db=meta_db)
                 txn.put(b"partitions", b"%d" % count, db=meta_db)
                 txn.put(b"node_id", node_raw, db=meta_db)
+        if not created and stored_format != FORMAT:
+            env.close()
+            raise InvalidInput(f"data dir {data_dir} has storage format {stored_format!r}; this engine "
+                               f"reads {FORMAT!r}", field="data_dir")
         store = cls(env, count, node_raw.decode(), map_size)
         store._lock_fd = lock_fd
 
