@@ -143,7 +143,7 @@ def main() -> None:
         from spark_connector.index.job import IndexJob
         idx = work / "index"
         full = IndexJob(spark, idx, url, FieldIndex("city")).run()
-        print(f"full index build: {full.rows_read} changes in {full.seconds:.1f}s "
+        print(f"full index build: {full.rows_read} changes in {full.seconds:.1f}s {full.phases} "
               f"({full.rows_read / full.seconds:,.0f} rows/s)")
         changed = rng.sample(range(docs), docs // 100)
         with httpx.Client(timeout=120) as http:
@@ -152,7 +152,7 @@ def main() -> None:
                        for k in changed[i:i + 5000]]
                 http.post(url + "/docs/_bulk", params={"durability": "persist"}, json=ops).raise_for_status()
         inc = IndexJob(spark, idx, url, FieldIndex("city")).run()
-        print(f"incremental after 1% changed: {inc.rows_read} changes in {inc.seconds:.1f}s = "
+        print(f"incremental after 1% changed: {inc.rows_read} changes in {inc.seconds:.1f}s {inc.phases} = "
               f"{inc.seconds / full.seconds:.0%} of the full build")
         from pyspark.sql import functions as F
 

@@ -42,30 +42,54 @@ class RunReport:
     refetched: int = 0
     seconds: float = 0.0
     generation: int = 0
+    phases: dict[str, float] = field(default_factory=dict)   # seconds: read (source+index fn), write, compact
+
+    def _add(self, phase: str, since: float) -> float:
+        now = time.monotonic()
+        self.phases[phase] = round(self.phases.get(phase, 0.0) + now - since, 3)
+        return now
+
+
+#: What the executor side emits per source row: index rows, plus the op (control rows pass
+#: through with their partition and seqno) and ``first`` = 1 on the first row of each item, so
+#: one cached pass gives the controls and the count of changes read.
+STAGED_SCHEMA = ENTRY_SCHEMA + ", op STRING, first INT"
 
 
 def _entries_fn(function: IndexFunction):  # type: ignore[no-untyped-def]
-    """The executor side: Arrow batches of changes -> Arrow batches of index rows."""
+    """The executor side: Arrow batches of source rows -> Arrow batches of index rows.  Document
+    values end here, so the cached data is small (no values)."""
     def run(batches: Iterator[Any]) -> Iterator[Any]:
         import pyarrow as pa
         schema = pa.schema([("value", pa.string()), ("key", pa.string()), ("partition", pa.int32()),
-                            ("seqno", pa.int64())])
+                            ("seqno", pa.int64()), ("op", pa.string()), ("first", pa.int32())])
         for batch in batches:
-            cols = batch.to_pydict()
-            values, keys, parts, seqnos = [], [], [], []
+            cols = batch.select(["key", "partition", "seqno", "op", "value"]).to_pydict()
+            values, keys, parts, seqnos, ops, first = [], [], [], [], [], []
             for key, p, s, op, v in zip(cols["key"], cols["partition"], cols["seqno"], cols["op"], cols["value"]):
                 entries = function(key, v) if op == "mutation" and v is not None else ()
                 if not entries:
                     entries = (None,)
+                f = 1
                 for e in entries:
                     values.append(e)
                     keys.append(key)
                     parts.append(p)
                     seqnos.append(s)
+                    ops.append(op)
+                    first.append(f)
+                    f = 0
             yield pa.RecordBatch.from_arrays(
                 [pa.array(values, pa.string()), pa.array(keys, pa.string()), pa.array(parts, pa.int32()),
-                 pa.array(seqnos, pa.int64())], schema=schema)
+                 pa.array(seqnos, pa.int64()), pa.array(ops, pa.string()), pa.array(first, pa.int32())],
+                schema=schema)
     return run
+
+
+def _parquet_rows(path: Path) -> int:
+    """Rows of a written run from the Parquet footers (no Spark job)."""
+    import pyarrow.parquet as pq
+    return sum(pq.ParquetFile(f).metadata.num_rows for f in path.glob("*.parquet"))
 
 
 class IndexJob:
@@ -171,36 +195,42 @@ class IndexJob:
         if batch_id <= manifest.batch_id:
             self.report.skipped += 1
             return
-        df = df.persist()
+        t = time.monotonic()
+        staged = df.mapInArrow(_entries_fn(self.function), STAGED_SCHEMA).persist()
         try:
-            counts = {r["op"]: r["count"] for r in df.groupBy("op").count().collect()}   # materializes the cache
+            stats = staged.groupBy("op").agg(F.sum("first").alias("n")).collect()   # fills the cache
+            t = self.report._add("read", t)
+            counts = {r["op"]: int(r["n"] or 0) for r in stats}
             self.report.rows_read += counts.get("mutation", 0) + counts.get("deletion", 0)
             controls = [] if not (counts.get("reset") or counts.get("rollback")) else \
-                df.filter(F.col("op").isin("reset", "rollback")).select("partition", "op", "seqno").collect()
+                staged.filter(F.col("op").isin("reset", "rollback")).select("partition", "op", "seqno").collect()
             resets = sorted({c.partition for c in controls if c.op == "reset"})
             rollbacks: dict[int, int] = {}
             for c in controls:
                 if c.op == "rollback":
                     rollbacks[c.partition] = min(c.seqno, rollbacks.get(c.partition, c.seqno))
-            items = df.filter(F.col("op").isin("mutation", "deletion")).select("key", "partition", "seqno", "op", "value")
+            entries = staged.filter(F.col("op").isin("mutation", "deletion"))
             if rollbacks:
-                items = items.unionByName(self._corrections(manifest, rollbacks))
-            entries = items.mapInArrow(_entries_fn(self.function), ENTRY_SCHEMA)
+                fixes = self._corrections(manifest, rollbacks).mapInArrow(_entries_fn(self.function), STAGED_SCHEMA)
+                entries = entries.unionByName(fixes)
             newest = F.max("seqno").over(Window.partitionBy("key"))
-            entries = entries.withColumn("_m", newest).filter(F.col("seqno") == F.col("_m")).drop("_m")
+            entries = (entries.withColumn("_m", newest).filter(F.col("seqno") == F.col("_m"))
+                       .select("value", "key", "partition", "seqno"))
             run_path = f"runs/r-{manifest.generation + 1:06d}-{batch_id}-{uuidlib.uuid4().hex[:8]}"
             entries.write.mode("errorifexists").parquet(str(self.root / run_path))
-            rows = self.spark.read.parquet(str(self.root / run_path)).count()
+            rows = _parquet_rows(self.root / run_path)
+            t = self.report._add("write", t)
             runs = manifest.runs + (Run(run_path, tuple(resets), rows),)
             nxt = manifest.next(batch_id=batch_id, runs=runs, offset=self._batch_offset(batch_id))
             if len(runs) > self.max_runs:
                 nxt = self._compact(nxt)
+                t = self.report._add("compact", t)
             commit(self.root, nxt)
             self.report.batches += 1
             self.report.resets.extend(resets)
             self.report.rollbacks.update(rollbacks)
         finally:
-            df.unpersist()
+            staged.unpersist()
 
     def _corrections(self, manifest: Manifest, rollbacks: dict[int, int]):  # type: ignore[no-untyped-def]
         from pyspark.sql import functions as F
@@ -219,7 +249,7 @@ class IndexJob:
         path = f"runs/c-{manifest.generation:06d}-{uuidlib.uuid4().hex[:8]}"
         frame = runs_frame(self.spark, self.root, manifest, markers=True)
         frame.write.mode("errorifexists").parquet(str(self.root / path))
-        rows = self.spark.read.parquet(str(self.root / path)).count()
+        rows = _parquet_rows(self.root / path)
         return replace(manifest, runs=(Run(path, (), rows),), rows=rows)
 
     def compact(self) -> Manifest:

@@ -20,7 +20,7 @@ from tests.spark.helpers import brute_force, bulk, index_rows, random_ops
 
 pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parents[2]
-KEYS = [f"doc-{i:05d}" for i in range(1500)]
+KEYS = [f"doc-{i:05d}" for i in range(800)]
 
 
 def _job(spark, d, srv, **opts):
@@ -31,7 +31,7 @@ def test_index_equals_brute_force_and_incremental_reads_only_changes(spark, upr_
     srv = upr_server(partitions=8)
     rng = random.Random(7)
     live: set[str] = set()
-    bulk(srv.url, random_ops(rng, KEYS, live, 4000))
+    bulk(srv.url, random_ops(rng, KEYS, live, 2000))
     first = _job(spark, tmp_path / "inc", srv).run()
     assert first.batches == 1 and first.rows_read >= len(live)
     assert index_rows(spark, tmp_path / "inc") == brute_force(srv.url, KEYS)
@@ -57,7 +57,7 @@ def test_rollback_after_server_sigkill_applies_each_policy(spark, upr_server, tm
     srv = upr_server(partitions=4, args=["--flush-interval-ms", "60000"])
     rng = random.Random(11)
     live: set[str] = set()
-    keys = KEYS[:600]
+    keys = KEYS[:500]
     bulk(srv.url, random_ops(rng, keys, live, 1200), durability="persist")
     before_crash = set(live)
     lost = random_ops(rng, keys, live, 300, delete_ratio=0.3)    # memory only: lost by the SIGKILL
@@ -91,18 +91,18 @@ def test_job_killed_mid_run_leaves_previous_generation_and_rerun_converges(spark
     srv = upr_server(partitions=4)
     rng = random.Random(5)
     live: set[str] = set()
-    bulk(srv.url, random_ops(rng, KEYS, live, 3000))
+    bulk(srv.url, random_ops(rng, KEYS, live, 1500))
     d = tmp_path / "idx"
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     proc = subprocess.Popen(
         [sys.executable, "-m", "spark_connector.cli", "index", "run", "--server", srv.url, "--index", str(d),
-         "--field", "city", "--spark-master", "local[2]", "--max-offsets-per-trigger", "150"],
+         "--field", "city", "--spark-master", "local[2]", "--max-offsets-per-trigger", "200"],
         cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
     try:
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline:
             m = load(d) if (d / "manifest.json").exists() else None
-            if m is not None and m.batch_id >= 2:
+            if m is not None and m.batch_id >= 1:
                 break
             assert proc.poll() is None, "the job finished before it could be killed"
             time.sleep(0.2)
