@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from clients.backup.archive import MANIFEST, Archive, merged_run_id, new_run_id
-from clients.backup.create import archived_boundaries
+from clients.backup.driver import archived_boundaries
 from clients.backup.errors import ArchiveNotFound, ContinuityError, CorruptArchive, KeyspaceMismatch, RunNotFound
 from clients.backup.fsutil import atomic_write
 from clients.backup.info import archive_info
