@@ -18,7 +18,7 @@ plan a replayed batch from the two offsets alone.
 ``u`` is a decimal string: uuids are 64-bit and JSON readers in other languages lose precision
 above 2**53.  ``{"v": 1, "latest": true}`` is the initial sentinel for ``startingOffsets=latest``:
 Spark calls ``initialOffset()`` several times per fresh start, so "now" must be resolved later,
-in ``latestOffset`` (see docs/spark.md).
+in ``latestOffset``.
 """
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """The rows the ``upr`` source yields, built column-wise as Arrow record batches.
 
 Yielding ``pyarrow.RecordBatch`` from ``read()`` skips Spark's per-row Python-to-Arrow conversion
-(1.2-4x faster, docs/spark notes §6), and the stream already delivers items as columns.
+(1.2-4x faster, ../shared/notes/spark.md §6), and the stream already delivers items as columns.
 
 ``op`` is ``mutation`` or ``deletion`` for items, and for control rows:
 

@@ -1,6 +1,6 @@
 """An embedded SparkSession with the settings the connector needs on one machine.
 
-Why each setting (docs/spark.md pitfalls): workers must run this interpreter (pyarrow and the
+Why each setting (../shared/notes/spark.md §7): workers must run this interpreter (pyarrow and the
 connector live in its venv), the driver should stay on loopback, the UI is noise for a job, and
 streaming disables AQE so the 200 default shuffle partitions would cost 200 tasks per batch.
 ``local[N,F]`` lets a task be retried F-1 times (plain ``local[*]`` never retries).

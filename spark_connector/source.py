@@ -1,6 +1,6 @@
 """The ``upr`` PySpark data source: ``spark.readStream.format("upr")`` and ``spark.read.format("upr")``.
 
-Process model (docs/spark.md): Spark builds reader instances in two driver processes and pickles
+Process model (spark_connector/README.md and ../shared/notes/spark.md §1.2): Spark builds reader instances in two driver processes and pickles
 ``read`` to executors, so nothing here opens a connection in ``__init__`` and everything ``read()``
 needs travels inside the ``UprInputPartition``.  The driver's long-lived reader process fetches
 metadata per trigger (one HTTP round trip), checks every held position with the server's rollback
@@ -133,7 +133,7 @@ class UprStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return _input_partitions(self.opts, SourceOffset.from_json(start), SourceOffset.from_json(end))
 
     def commit(self, end: dict[str, Any]) -> None:
-        """Spark calls this one batch late (docs/spark.md); durable progress is the checkpoint."""
+        """Spark calls this one batch late (../shared/notes/spark.md §1.3); durable progress is the checkpoint."""
 
     # ---------------------------------------------------------------- executors
     def read(self, partition: UprInputPartition) -> Iterator[Any]:   # type: ignore[override]
