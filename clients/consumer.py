@@ -75,6 +75,8 @@ DEFAULT_WINDOW = 8 << 20
 #: A partition refused as "not my partition" this many times in a row is given up (StreamRejected).
 MAX_NOT_MY_PARTITION = 5
 _PROTOCOL_CLOSE_CODES = {1003, 1008, 1009}
+#: ``error`` codes answering hello that mean "the arguments were wrong", not "the server failed".
+_CALLER_MISTAKES = {"invalid_partition", "invalid_field"}
 
 
 def stream_url(server: str) -> str:
@@ -323,6 +325,9 @@ class Consumer:
             first = await asyncio.wait_for(ws.recv(), self.open_timeout)
             msg = self._decode_text(first) if isinstance(first, str) else None
             if isinstance(msg, M.Error):
+                if msg.code in _CALLER_MISTAKES:  # e.g. a partition the server does not have
+                    raise UsageError(f"server refused hello: {msg.code}: {msg.message}", field=msg.field,
+                                     partition=msg.partition)
                 raise ServerError(f"server refused hello: {msg.code}: {msg.message}", server_code=msg.code,
                                   field=msg.field)
             if not isinstance(msg, M.FailoverLogs):

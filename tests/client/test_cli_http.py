@@ -69,6 +69,23 @@ def test_http_api_and_cli_roundtrip(upr_server):
     r = upr("failover-log", "x", env=env)
     assert r.returncode == 2
 
+    # streaming commands
+    r = upr("barrier", "--json", env=env)
+    assert r.returncode == 0, r.stderr
+    assert set(json.loads(r.stdout)["seqnos"]) == {"0", "1", "2", "3"}
+    assert upr("barrier", env=env).stdout.startswith(b"barrier reached: 4 partition(s)")
+    p = res["partition"]
+    r = upr("tail", "--until", "now", "--partitions", str(p), env=env)
+    lines = [json.loads(x) for x in r.stdout.splitlines()]
+    assert r.returncode == 0 and lines and {x["partition"] for x in lines} == {p}
+    assert upr("tail", "--until", "now", "--from", "now", env=env).stdout == b""
+    r = upr("tail", "--until", "now", "--server", srv.url, "--token", "bad-token-1")
+    assert r.returncode == 4 and r.stderr.count(b"\n") == 1 and b"401" in r.stderr
+    r = upr("tail", "--until", "now", "--server", "http://127.0.0.1:1")
+    assert r.returncode == 3 and r.stderr.count(b"\n") == 1
+    r = upr("tail", "--partitions", "99", "--until", "now", env=env)
+    assert r.returncode == 2 and b"out of range" in r.stderr
+
 
 def test_unreachable_raises_typed_error():
     with HttpApi("http://127.0.0.1:1") as api, pytest.raises(ConnectionFailed):
