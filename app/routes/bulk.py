@@ -34,10 +34,12 @@ _BULK_BODY: dict[str, Any] = {
 
 def _run(engine: Any, body: bytes, ndjson: bool, max_items: int, durability: Durability) -> tuple[bytes, Any, int, int]:
     """Writer thread: parse, write the batch, and take its persist future in one hop."""
-    items = bulk.parse_items(body, ndjson, max_items)
-    out, targets = bulk.apply(engine, items, durability.value)
+    with bulk.gc_paused():
+        items = bulk.parse_items(body, ndjson, max_items)
+        out, targets = bulk.apply(engine, items, durability.value)
+        encoded = orjson.dumps(out)
     future = engine.persist_future(targets) if durability is Durability.PERSIST and targets else None
-    return orjson.dumps(out), future, out["succeeded"], out["failed"]
+    return encoded, future, out["succeeded"], out["failed"]
 
 
 @router.post(
