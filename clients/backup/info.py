@@ -54,8 +54,16 @@ def archive_info(archive: Archive, *, partitions: bool = True) -> dict[str, Any]
         "created_at": _ts(archive.meta.created_at),
         "disk_bytes": disk_usage(archive.root),
         "runs": [run_info(r, partitions=partitions) for r in runs],
-        "partial_runs": archive.partial_runs(),
+        "partial_runs": [_partial(archive, rid) for rid in archive.partial_runs()],
     }
+
+
+def _partial(archive: Archive, run_id: str) -> dict[str, Any]:
+    """How far an interrupted run got: committed partitions and unfinished segments' bytes."""
+    rdir = archive.run_dir(run_id)
+    done = len(list((rdir / "parts").glob("p[0-9][0-9][0-9][0-9].json")))
+    return {"run_id": run_id, "partitions_done": done, "partitions": archive.meta.partition_count,
+            "bytes": disk_usage(rdir)}
 
 
 def _size(n: int) -> str:
@@ -92,8 +100,10 @@ def render(info: dict[str, Any], console: Any, *, detail: bool = False) -> None:
             console.print(f"[yellow]restart[/] run {run['run_id']} partition {rs['partition']}: the server restarted "
                           f"mid-run (server point {rs['server_point']}); cut back to seqno "
                           f"{rs['restarted_at']} and streamed again")
-    for rid in info["partial_runs"]:
-        console.print(f"[yellow]partial run[/] {rid}: interrupted; the next `upr backup create` resumes it")
+    for pr in info["partial_runs"]:
+        console.print(f"[yellow]partial run[/] {pr['run_id']}: interrupted with {pr['partitions_done']} of "
+                      f"{pr['partitions']} partitions done ({_size(pr['bytes'])} written); the next "
+                      f"`upr backup create` continues it")
     if detail:
         for run in info["runs"]:
             t = Table(title=f"Run {run['run_id']} per partition")

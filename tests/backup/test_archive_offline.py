@@ -132,6 +132,8 @@ def test_interrupted_run_is_invisible_and_resumes_only_missing_partitions(tmp_pa
     assert archive.runs() == runs  # readers see only the committed run
     assert len(archive.partial_runs()) == 1
     assert verify(archive).ok
+    partial = archive_info(archive)["partial_runs"]
+    assert [(x["partitions_done"], x["partitions"]) for x in partial] == [(2, P)] and partial[0]["bytes"] > 0
     done_before = {p: (archive.run_dir(archive.partial_runs()[0]) / f"p{p:04d}.seg").stat().st_mtime_ns for p in (0, 2)}
 
     resumed = RunWriter.begin(archive, server="offline")
