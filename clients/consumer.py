@@ -297,6 +297,9 @@ class Consumer:
                 self._ws = None
             if self.ring is not None:
                 self.ring.close()
+            close_store = getattr(self.state_store, "close", None)
+            if close_store is not None:
+                close_store()
             await self.http.aclose()
             for fut in self._barriers.values():
                 if not fut.done():

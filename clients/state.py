@@ -13,6 +13,7 @@ directory holds everything a consumer needs to resume.
 """
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 from collections.abc import Mapping
@@ -22,13 +23,14 @@ from typing import Any, Protocol, runtime_checkable
 
 from engine.types import FailoverEntry
 
-from .errors import StateCorrupt
+from .errors import StateCorrupt, UsageError
 from .offset import StreamOffset
 
 __all__ = ["PartitionCheckpoint", "ConsumerState", "StateStore", "MemoryStateStore", "FileStateStore"]
 
 STATE_VERSION = 1
 STATE_FILE = "state.json"
+LOCK_FILE = "lock"
 
 
 @dataclass(frozen=True, slots=True)
@@ -113,15 +115,41 @@ class MemoryStateStore:
 
 
 class FileStateStore:
-    """Durable state in ``directory/state.json`` (atomic replace) and the ring in ``directory/ring.log``."""
+    """Durable state in ``directory/state.json`` (atomic replace) and the ring in ``directory/ring.log``.
+
+    The directory is locked (``flock`` on ``directory/lock``) from the first ``load``/``save`` until
+    ``close()`` or the process ends (the kernel drops the lock even on SIGKILL): two consumers
+    sharing one state directory would each save positions the other's ring does not match."""
 
     def __init__(self, directory: str | os.PathLike[str]) -> None:
         self.directory = Path(directory)
         self.path = self.directory / STATE_FILE
         self.ring_directory: Path | None = self.directory
         self.saves = 0
+        self._lock_fd: int | None = None
+
+    def _lock(self) -> None:
+        if self._lock_fd is not None:
+            return
+        self.directory.mkdir(parents=True, exist_ok=True)
+        fd = os.open(self.directory / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            raise UsageError(f"{self.directory} is in use by another consumer (one state directory per consumer)",
+                             field="state") from None
+        self._lock_fd = fd
+        for stale in self.directory.glob(STATE_FILE + ".tmp.*"):  # left by a process killed mid-save
+            stale.unlink(missing_ok=True)
+
+    def close(self) -> None:
+        if self._lock_fd is not None:
+            os.close(self._lock_fd)  # releases the flock
+            self._lock_fd = None
 
     def load(self) -> ConsumerState | None:
+        self._lock()
         try:
             raw = self.path.read_bytes()
         except FileNotFoundError:
@@ -129,7 +157,7 @@ class FileStateStore:
         return ConsumerState.from_json(raw, source=str(self.path))
 
     def save(self, state: ConsumerState) -> None:
-        self.directory.mkdir(parents=True, exist_ok=True)
+        self._lock()
         raw = state.to_json()
         tmp = self.directory / f"{STATE_FILE}.tmp.{os.getpid()}"
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)

@@ -47,7 +47,9 @@ def test_kill_during_save_never_leaves_a_half_written_file(tmp_path):
         time.sleep(rng.uniform(0.01, 0.15))
         proc.send_signal(signal.SIGKILL)
         proc.wait()
-        state = FileStateStore(tmp_path).load()  # raises StateCorrupt on a torn file
+        store = FileStateStore(tmp_path)
+        state = store.load()  # raises StateCorrupt on a torn file
+        store.close()
         if state is not None:
             seqnos = {cp.offset.seqno for cp in state.partitions.values()}
             assert len(seqnos) == 1 and len(state.partitions) == 64

@@ -65,7 +65,9 @@ class MirrorProc:
         self.proc.send_signal(signal.SIGKILL)
         self.proc.wait(timeout=10)
         # the state file is always whole, and the ring within its size
-        FileStateStore(self.state_dir).load()
+        store = FileStateStore(self.state_dir)
+        store.load()
+        store.close()
         ring = RollbackRing(self.ring_size, self.state_dir)
         assert len(ring) <= self.ring_size
         ring.close()

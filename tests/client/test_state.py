@@ -21,7 +21,7 @@ def test_roundtrip(tmp_path):
     assert store.load() == sample()
     assert isinstance(store, StateStore) and isinstance(MemoryStateStore(), StateStore)
     assert store.ring_directory == tmp_path / "st"
-    assert [p.name for p in (tmp_path / "st").iterdir()] == ["state.json"]  # no temp left behind
+    assert sorted(p.name for p in (tmp_path / "st").iterdir()) == ["lock", "state.json"]  # no temp left behind
 
 
 @pytest.mark.parametrize("raw", [b"", b"{", b'{"version":1}', b'{"version":2,"partitions":{}}',
@@ -38,3 +38,18 @@ def test_memory_store():
     store.save(sample())
     assert store.load() == sample() and store.saves == 1
     assert sample().offsets()[0] == StreamOffset(9, 7, 5, 9)
+
+
+def test_one_consumer_per_state_directory(tmp_path):
+    from clients.errors import UsageError
+
+    first = FileStateStore(tmp_path)
+    first.save(sample())
+    (tmp_path / "state.json.tmp.999999").write_bytes(b"{")  # as left by a process killed mid-save
+    second = FileStateStore(tmp_path)
+    with pytest.raises(UsageError, match="in use"):
+        second.load()
+    first.close()
+    assert second.load() == sample()
+    assert not list(tmp_path.glob("state.json.tmp.*"))
+    second.close()
