@@ -103,3 +103,15 @@ def test_backpressure_is_429_with_retry_after_and_clears_after_flush(upr_server)
         problem(bulk, 429, "backpressure")
         assert c.post("/admin/flush").status_code == 200
         assert c.put("/docs/bp-more", content=b"x").status_code == 200
+
+
+def test_toml_config_file_and_env_reach_the_server(upr_server, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    cfg = tmp_path / "upr.toml"
+    cfg.write_text('[server]\nmax_value_bytes = 10\nmax_bulk_items = 2\n')
+    srv = upr_server(args=["--config", str(cfg)], env={"UPR_MAX_BULK_ITEMS": "3"})
+    with httpx.Client(base_url=srv.url) as c:
+        assert c.put("/docs/ten", content=b"0123456789").status_code == 200
+        problem(c.put("/docs/eleven", content=b"0123456789a"), 413, "too-large")
+        three = [{"op": "set", "key": f"t{i}", "value": i} for i in range(3)]
+        assert c.post("/docs/_bulk", content=orjson.dumps(three)).status_code == 200   # env beats the file
+        problem(c.post("/docs/_bulk", content=orjson.dumps(three * 2)), 413, "too-large")
