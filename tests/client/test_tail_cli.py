@@ -123,3 +123,28 @@ def test_tail_state_dir_prints_only_changes_and_corrections_after_a_rollback(tmp
         assert "brand-new" not in truth and docs["a10"][0] == b'"one-10"'
     finally:
         srv.kill()
+
+
+def test_tail_rollback_deeper_than_the_ring_prints_a_reset_then_the_partition_again(tmp_path):
+    from tests.client.test_mirror import free_port
+    from tests.conftest import start_server
+
+    args = ["--port", str(free_port()), "--flush-interval-ms", "60000"]
+    srv = start_server(tmp_path / "srv", partitions=2, args=args)
+    try:
+        state = f"state:{tmp_path / 'st'}"
+        bulk(srv.url, [{"op": "set", "key": f"k{i}", "value": f"kept-{i}"} for i in range(20)], "persist")
+        bulk(srv.url, [{"op": "delete", "key": "k0"}, {"op": "delete", "key": "k1"}], "persist")
+        bulk(srv.url, [{"op": "set", "key": f"k{i}", "value": "lost"} for i in range(2, 20)])  # memory only
+        out = upr("tail", "--server", srv.url, "--from", state, "--until", "now", "--ring-size", "3")
+        docs = apply_lines(out.stdout)
+        srv.kill()
+        srv = start_server(tmp_path / "srv", data_dir=srv.data_dir, partitions=2, args=args)
+        again = upr("tail", "--server", srv.url, "--from", state, "--until", "now", "--ring-size", "3")
+        assert again.returncode == 0, again.stderr
+        resets = [json.loads(x) for x in again.stdout.splitlines() if b'"reset"' in x]
+        assert resets and b"deeper than the ring" in again.stderr
+        docs = apply_lines(again.stdout, docs)
+        assert {k: v[0] for k, v in docs.items()} == {f"k{i}": b'"kept-%d"' % i for i in range(2, 20)}
+    finally:
+        srv.kill()
