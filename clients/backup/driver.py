@@ -86,6 +86,7 @@ class Driver:
         self.handoffs: list[tuple[int, int, int]] = []  # (partition, server point, boundary used)
         self.owner: dict[int, int] = {p: 0 for p in offsets}
         self.seen_reconnects: dict[int, int] = {}
+        self.purge_seqnos: dict[int, int] = {}
         self.consumers: dict[int, Consumer] = {}
         self.tasks: list[asyncio.Task[None]] = []
         self.queue: asyncio.Queue[tuple[int, Any, asyncio.Future[None] | None]] = asyncio.Queue()
@@ -213,6 +214,7 @@ class Driver:
         elif isinstance(ev, SnapshotStart):
             self._settle(consumer, p)
             self.writers[p].snapshot(ev.start, ev.end, ev.source)
+            self.purge_seqnos[p] = ev.purge_seqno
         elif isinstance(ev, SnapshotEnd):
             self.writers[p].snapshot_complete(ev.end, consumer.position(p).uuid, ev.start)
         elif isinstance(ev, (Mutation, Deletion)):
@@ -228,7 +230,7 @@ class Driver:
                 self._settle(consumer, p)
                 end = consumer.position(p)
                 log = tuple((e.uuid, e.seqno) for e in consumer.session.positions[p].failover_log)
-                self.writers[p].finish(end, failover_log=log)
+                self.writers[p].finish(end, failover_log=log, purge_seqno=self.purge_seqnos.get(p, 0))
                 remaining.discard(p)
             elif ev.reason == "closed":
                 raise StreamFailed(self._stuck({p}, "the server closed the stream"), partition=p,

@@ -184,8 +184,7 @@ def restore(
             batches = list(_batches(plan.items, batch_items, batch_bytes))
             sent = 0
             for n, batch in enumerate(batches):
-                results = client.write([_op(i) for i in batch], persist=n == len(batches) - 1)
-                _check_results(p, batch, results)
+                _write(client, p, batch, persist=n == len(batches) - 1)
                 sent += len(batch)
                 if progress:
                     progress(base + min(sent, per_part[p]), total)
@@ -201,6 +200,20 @@ def restore(
     journal.finish()
     report.seconds = time.perf_counter() - t0
     return report
+
+
+def _write(client: BulkClient, p: int, batch: list[Item], *, persist: bool) -> None:
+    """One bulk request; a server whose limits are lower than our batch (413) gets halves."""
+    try:
+        results = client.write([_op(i) for i in batch], persist=persist)
+    except HttpError as exc:
+        if exc.status != 413 or len(batch) == 1:
+            raise
+        half = len(batch) // 2
+        _write(client, p, batch[:half], persist=False)
+        _write(client, p, batch[half:], persist=persist)
+        return
+    _check_results(p, batch, results)
 
 
 def _check_results(p: int, batch: list[Item], results: list[dict[str, Any]]) -> None:
