@@ -115,6 +115,10 @@ class Flusher:
                 continue
             self._resolve_waiters()
             if self._stopping and not more:
+                # a round that began before the last writes could report "no more"; look again
+                if any(p.queue.root.high > p.queue.persisted for p in self._partitions):
+                    more = True
+                    continue
                 return
 
     def flush_round(self) -> bool:
