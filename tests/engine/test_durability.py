@@ -162,3 +162,20 @@ def test_close_with_a_failing_flush_is_recorded_as_unclean(make_engine, monkeypa
     with pytest.raises(KeyNotFound):
         again.get("b")
     assert again.high_seqno(r.partition) == r.seqno - 1
+
+
+def test_close_right_after_writes_persists_them_all(tmp_path) -> None:
+    """Writes queued while the flusher is mid-round must still be flushed by close()."""
+    from engine.config import EngineConfig
+    from engine.engine import Engine
+
+    config = EngineConfig(data_dir=tmp_path / "d", partitions=2, flush_interval_ms=0.5)
+    total = 0
+    for round_ in range(40):
+        engine = Engine.open(config)
+        assert engine.opened_clean
+        assert sum(s.high_seqno for s in engine.all_stats()) == total
+        for i in range(20):
+            engine.write(put(f"r{round_}-{i}"))
+        total += 20
+        engine.close()
