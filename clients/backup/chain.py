@@ -81,6 +81,9 @@ def continuity_problems(runs: Sequence[RunManifest], partition: int) -> list[Con
             bad(f"run {run.run_id} ends at seqno {rec.end.seqno} before its start {rec.start.seqno}", rec.end.seqno)
         if rec.first_seqno and rec.first_seqno <= rec.start.seqno:
             bad(f"run {run.run_id} holds seqno {rec.first_seqno}, not after its start {rec.start.seqno}", rec.first_seqno)
+        if rec.failover_log and rec.end.uuid not in {u for u, _ in rec.failover_log}:
+            bad(f"run {run.run_id} ends on branch uuid {rec.end.uuid}, which is not in the failover log it "
+                f"recorded", rec.end.seqno)
         if rec.last_seqno > rec.end.seqno:
             bad(f"run {run.run_id} holds seqno {rec.last_seqno}, beyond its end {rec.end.seqno}", rec.last_seqno)
         if prev is None and run is runs[0]:

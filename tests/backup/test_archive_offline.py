@@ -274,12 +274,14 @@ def test_verify_reports_size_missing_file_and_broken_chain(tmp_path: Path) -> No
     doc["partitions"]["3"]["end"]["seqno"] = max(doc["partitions"]["3"]["end"]["seqno"], start["seqno"])
     doc["partitions"]["3"]["end"]["snap_start"] = doc["partitions"]["3"]["end"]["snap_end"] = doc["partitions"]["3"]["end"]["seqno"]
     doc["partitions"]["3"]["first_seqno"] = 0
+    doc["partitions"]["2"]["end"]["uuid"] = 4242  # a branch its own failover log never had
     atomic_write(archive.run_dir(runs[2].run_id) / MANIFEST, seal(doc))
     report = verify(archive)
     text = "\n".join(str(p) for p in report.problems)
     assert "p0000.seg at offset" in text and "the manifest says" in text
     assert "p0001.seg: segment file is missing" in text
     assert any(isinstance(p, ContinuityError) and p.partition == 3 for p in report.problems), text
+    assert "partition 2: run" in text and "ends on branch uuid 4242" in text
 
 
 def test_tampered_manifest_is_reported(tmp_path: Path) -> None:
