@@ -285,8 +285,8 @@ class Driver:
 
     def _stuck(self, parts: set[int], why: str) -> str:
         def where(p: int) -> str:
-            c = self.consumers[self.owner[p]]
-            return f"partition {p} at seqno {c.position(p).seqno}"
+            pos = self.consumers[self.owner[p]].session.positions.get(p)  # None before its handshake
+            return f"partition {p} at seqno {pos.offset().seqno if pos is not None else self.offsets[p].seqno}"
 
         shown = ", ".join(where(p) for p in sorted(parts)[:8])
         more = f" and {len(parts) - 8} more" if len(parts) > 8 else ""
