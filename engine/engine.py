@@ -21,6 +21,8 @@ import zlib
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future
 
+import lmdb
+
 from engine import failover
 from engine.config import EngineConfig
 from engine.errors import (
@@ -315,8 +317,12 @@ class Engine:
         item = self._parts[p].queue.index.get(raw)
         if item is None:
             self._check_open()
-            with self._store.read_txn() as txn:
-                item = self._store.get_item(txn, p, raw)
+            try:
+                with self._store.read_txn() as txn:
+                    item = self._store.get_item(txn, p, raw)
+            except lmdb.Error:
+                self._raise_if_closed()
+                raise
         if item is None or item.deleted:
             raise KeyNotFound(f"no live document for key {key!r}", partition=p)
         return Document(key, p, item.seqno, item.cas, item.rev, item.deleted, item.value)
@@ -349,7 +355,11 @@ class Engine:
             )
         self._check_open()
         queue = part.queue
-        return capture(self._store, partition, lambda: queue.root, after_seqno, part.purge_seqno)
+        try:
+            return capture(self._store, partition, lambda: queue.root, after_seqno, part.purge_seqno)
+        except lmdb.Error:
+            self._raise_if_closed()
+            raise
 
     # ------------------------------------------------------------------ admin
 
@@ -455,6 +465,11 @@ class Engine:
                 field="partition", partition=partition if isinstance(partition, int) else None,
             )
         return self._parts[partition]
+
+    def _raise_if_closed(self) -> None:
+        """An LMDB error from a read that raced ``close()`` is reported as EngineClosed."""
+        if self._closed:
+            raise EngineClosed("engine closed during the read") from None
 
     def _check_open(self) -> None:
         if self._closed:
