@@ -128,6 +128,7 @@ class Consumer:
         max_frame_bytes: int = 256 << 20,
         correction_concurrency: int = 16,
         max_corrections: int = 10_000,
+        commit: str = "item",
         handler: Handler | None = None,
     ) -> None:
         self.server = (server or default_server()).rstrip("/")
@@ -147,6 +148,11 @@ class Consumer:
                                      end_seqnos=end_seqnos, until_now=until_now, ring=ring,
                                      max_corrections=max_corrections)
         self.acks = AckTracker(window_bytes, ack_ratio)
+        if commit not in ("item", "snapshot"):
+            raise UsageError(f"commit must be 'item' or 'snapshot', got {commit!r}", field="commit")
+        #: "item": save the last processed item (a partial snapshot is saved as such); "snapshot":
+        #: save only whole processed snapshots, for handlers that apply a snapshot at its end.
+        self.commit_mode = commit
         self.commit_interval = commit_interval
         self.max_reconnect_attempts = max_reconnect_attempts
         self.backoff = backoff or Backoff()
@@ -405,7 +411,7 @@ class Consumer:
     def _save(self) -> None:
         if self.ring is not None:
             self.ring.sync()  # the state never claims items the ring could have lost
-        self.state_store.save(self.session.state())
+        self.state_store.save(self.session.state(whole_snapshots=self.commit_mode == "snapshot"))
         self._last_save = time.monotonic()
         self._dirty = False
 

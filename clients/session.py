@@ -279,9 +279,17 @@ class ClientSession:
             pos.connection_lost()
 
     # ------------------------------------------------------------------ state
-    def state(self) -> ConsumerState:
-        parts = {p: PartitionCheckpoint(pos.offset(), pos.failover_log, pos.last_complete)
-                 for p, pos in self.positions.items()}
+    def state(self, *, whole_snapshots: bool = False) -> ConsumerState:
+        """What to save.  ``whole_snapshots``: each partition's last *completely* processed snapshot
+        instead of its last processed item, for applications that apply a snapshot atomically at
+        its end (so an item counts as applied only then)."""
+        if whole_snapshots:
+            parts = {p: PartitionCheckpoint(StreamOffset(pos.uuid, pos.last_complete[1], *pos.last_complete),
+                                            pos.failover_log, pos.last_complete)
+                     for p, pos in self.positions.items()}
+        else:
+            parts = {p: PartitionCheckpoint(pos.offset(), pos.failover_log, pos.last_complete)
+                     for p, pos in self.positions.items()}
         if self.saved is not None:  # keep partitions this consumer did not stream this time
             for p, cp in self.saved.partitions.items():
                 parts.setdefault(p, cp)

@@ -257,3 +257,26 @@ async def test_reconnects_with_backoff_after_a_server_restart(tmp_path):
             task.cancel()
     finally:
         srv.kill()
+
+
+@pytest.mark.parametrize("mode", ["item", "snapshot"])
+async def test_commit_modes(server, tmp_path, mode):
+    results = bulk(server.url, sets("m", 120), durability="persist")
+    p = results[0]["partition"]
+    mine = {r["key"] for r in results if r["partition"] == p}
+    assert len(mine) >= 30
+    async with Consumer(server.url, start="saved", state=tmp_path, partitions=[p], until_now=True,
+                        commit=mode) as c:
+        n = 0
+        async for ev in c:
+            if isinstance(ev, Mutation):
+                n += 1
+                if n == 3:
+                    await c.commit()  # "item": these 3 are applied; "snapshot": only whole snapshots count
+                    break
+    rest = await collect(Consumer(server.url, start="saved", state=tmp_path, partitions=[p], until_now=True))
+    again = [e.key for e in rest if isinstance(e, Mutation) and not e.correction]
+    if mode == "item":
+        assert len(again) == len(mine) - 3
+    else:
+        assert set(again) == mine  # the partial snapshot was never claimed

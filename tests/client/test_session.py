@@ -212,3 +212,17 @@ def test_too_many_corrections_reset_instead():
     ring.append_batch(0, [1, 2, 3], [b"a", b"b", b"c"])
     assert s.plan_rollback(0, 1, "diverged", "", ()).keys == (b"b", b"c")
     assert s.plan_rollback(0, 0, "purged", "", ()).reset
+
+
+def test_whole_snapshot_state_saves_the_last_complete_snapshot():
+    s = ClientSession(start="beginning")
+    s.handshake("node", 2, INFOS)
+    s.stream_ok(0, INFOS[0].log)
+    pos = s.positions[0]
+    pos.snapshot_marker(1, 10)
+    pos.items(3, 10)
+    pos.snapshot_end()
+    pos.snapshot_marker(11, 20)
+    pos.item(14)
+    assert s.state().partitions[0].offset == StreamOffset(7, 14, 11, 20)
+    assert s.state(whole_snapshots=True).partitions[0].offset == StreamOffset(7, 10, 1, 10)
