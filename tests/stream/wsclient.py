@@ -90,6 +90,7 @@ class RawStream:
         self.unacked = 0
         self.failover: dict[str, Any] = {}
         self.window = 0
+        self.early: list[Any] = []
 
     @classmethod
     async def open(cls, http_url: str, *, name: str = "test", partitions: Iterable[int] | None = None,
@@ -118,7 +119,7 @@ class RawStream:
         else:
             obj = json.loads(data)
             out = F.json_obj_to_batch(obj) if obj.get("type") == "items" else obj
-        if self.auto_ack and self.unacked >= 64 * 1024:
+        if self.auto_ack and self.unacked >= min(64 * 1024, (self.window or 1 << 30) // 2):
             await self.ack()
         return out
 
@@ -146,7 +147,6 @@ class RawStream:
 
     async def responses(self, n: int) -> dict[int, dict[str, Any]]:
         out: dict[int, dict[str, Any]] = {}
-        self.early: list[Any] = []
         while len(out) < n:
             msg = await self.recv()
             if isinstance(msg, dict) and msg["type"] == "stream_response":
@@ -158,8 +158,7 @@ class RawStream:
     async def consume(self, mirror: Mirror, *, until: Any, timeout: float = 60.0) -> list[dict[str, Any]]:
         """Feed messages to ``mirror`` until ``until(msg)`` is true; returns control messages seen."""
         controls: list[dict[str, Any]] = []
-        backlog = getattr(self, "early", [])
-        self.early = []
+        backlog = self.early  # messages that raced ahead of stream responses come first
         deadline = asyncio.get_running_loop().time() + timeout
         while True:
             if backlog:
