@@ -89,3 +89,27 @@ async def test_a_killed_consumer_is_detected_and_freed(tmp_path: Path) -> None:
         await stream.close()
     finally:
         srv.kill()
+
+
+async def test_a_silent_consumer_is_dropped_by_the_keepalive(tmp_path: Path) -> None:
+    """A consumer process that stops (SIGSTOP: its socket stays open, nothing answers pings) is
+    detected by the WebSocket keep-alive (uvicorn: ping every 20 s, 20 s to answer) and freed."""
+    srv = start_server(tmp_path / "srv", partitions=2)
+    proc = subprocess.Popen([sys.executable, "-c", CONSUMER.format(root=str(ROOT), url=srv.url)],
+                            stdout=subprocess.PIPE, cwd=ROOT)
+    try:
+        assert proc.stdout is not None and proc.stdout.readline().strip() == b"streaming"
+        deadline = time.monotonic() + 10
+        while "doomed" not in listed(srv.url):
+            assert time.monotonic() < deadline
+            await asyncio.sleep(0.05)
+        proc.send_signal(signal.SIGSTOP)
+        deadline = time.monotonic() + 60
+        while "doomed" in listed(srv.url):
+            assert time.monotonic() < deadline, "silent consumer never dropped"
+            await asyncio.sleep(0.5)
+        assert httpx.get(f"{srv.url}/health").status_code == 200
+    finally:
+        proc.kill()
+        proc.wait()
+        srv.kill()
