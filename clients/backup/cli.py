@@ -57,6 +57,8 @@ def register(subparsers: Any) -> None:
     common(p, server=True)
     p.add_argument("--block-kib", type=int, default=256, help="segment block size before compression (KiB, default 256)")
     p.add_argument("--level", type=int, default=1, choices=range(0, 10), metavar="0-9", help="zlib level (default 1)")
+    p.add_argument("--full", action="store_true",
+                   help="take every partition from seqno 0 even if earlier runs exist (starts a new chain)")
     p.add_argument("--timeout", type=float, default=60.0,
                    help="seconds without stream progress before giving up (default 60)")
     p.set_defaults(func=_guarded(_cmd_create))
@@ -131,7 +133,7 @@ def _cmd_create(args: argparse.Namespace) -> int:
 
     with _progress(args, "backing up") as progress:
         result = create_backup(args.archive, args.server, token=args.token, block_bytes=args.block_kib * 1024,
-                               level=args.level, idle_timeout=args.timeout, progress=progress)
+                               level=args.level, idle_timeout=args.timeout, progress=progress, full=args.full)
     if args.json:
         _print_json(result.to_json())
     else:

@@ -74,12 +74,15 @@ def create_backup(
     idle_timeout: float = 60.0,
     progress: Callable[[int, int], None] | None = None,
     name: str = "upr-backup",
+    full: bool = False,
 ) -> CreateResult:
+    """Take one run (``full=True``: every partition from 0 even when earlier runs exist; an
+    interrupted run is always continued as what it started as)."""
     t0 = time.perf_counter()
     node_id, count, infos = server_keyspace(server, token)
     archive = Archive.open_or_create(archive_dir, node_id, count)
     with archive.lock("write"):
-        run = RunWriter.begin(archive, server=server, block_bytes=block_bytes, level=level)
+        run = RunWriter.begin(archive, server=server, block_bytes=block_bytes, level=level, full=full)
         runs = archive.runs()
         starts = {p: rec.end for p, rec in runs[-1].partitions.items()} if runs else {}
         todo = [p for p in range(count) if p not in run.done]

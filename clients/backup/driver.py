@@ -78,9 +78,13 @@ class Driver:
         self.done_seqnos = 0
         self.name = name
         self.writers: dict[int, PartitionWriter] = {p: run.partition(p, off) for p, off in offsets.items()}
+        if run.info.get("forced_full"):  # a new chain from 0, recorded like a rollback to 0
+            for w in self.writers.values():
+                if w.start.seqno and not w.rollbacks:
+                    w.rollback(w.start, 0, StreamOffset(), "full backup requested")
         # partitions a killed run had partly streamed continue from their last checkpoint
         self.resumed_at = {p: w.resume_offset.seqno for p, w in self.writers.items() if w.resume_offset}
-        self.offsets = {p: self.writers[p].resume_offset or off for p, off in offsets.items()}
+        self.offsets = {p: w.resume_offset or w.start for p, w in self.writers.items()}
         self.pending_rollback: dict[int, tuple[StreamOffset, int, str]] = {}
         self.in_run_rollbacks: list[tuple[int, int]] = []
         self.handoffs: list[tuple[int, int, int]] = []  # (partition, server point, boundary used)

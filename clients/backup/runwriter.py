@@ -284,7 +284,7 @@ class RunWriter:
 
     @classmethod
     def begin(cls, archive: Archive, *, server: str = "", block_bytes: int = DEFAULT_BLOCK_BYTES,
-              level: int = DEFAULT_LEVEL) -> "RunWriter":
+              level: int = DEFAULT_LEVEL, full: bool = False) -> "RunWriter":
         """Resume the partial run if there is one, else start a new one.  Caller holds the lock."""
         archive.cleanup()
         partial = archive.partial_runs()
@@ -307,8 +307,8 @@ class RunWriter:
         run_id = new_run_id(after=max([r.run_id for r in runs] + partial, default=None))
         rdir = archive.run_dir(run_id)
         (rdir / PARTS).mkdir(parents=True)
-        info = {"run_id": run_id, "kind": "incremental" if runs else "full", "started_at": time.time(),
-                "server": server, "resumed": 0}
+        info = {"run_id": run_id, "kind": "incremental" if runs and not full else "full",
+                "started_at": time.time(), "server": server, "resumed": 0, "forced_full": bool(full and runs)}
         atomic_write(rdir / RUN_FILE, seal(info))
         fsync_dir(archive.runs_dir)
         return cls(archive, run_id, info, {}, resumed=False, block_bytes=block_bytes, level=level)

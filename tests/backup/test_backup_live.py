@@ -69,10 +69,21 @@ def test_full_and_incrementals_restore_the_source_as_of_each_run(upr_server: Cal
         assert read_state(dst.url, keys) == expected[run.run_id]
         dst.kill()
 
+    # a forced full run starts a new chain: recorded as a rollback to 0, earlier runs masked
+    forced = create_backup(archive_dir, src.url, idle_timeout=30, full=True).manifest
+    assert forced.kind == "full" and forced.mutations == sum(v is not None for v in expected[runs[3].run_id].values())
+    assert all(r.start.seqno == 0 and r.rollbacks[0].reason == "full backup requested" for r in forced.partitions.values())
+    assert verify(archive).ok
+    dst = upr_server(partitions=8, data_dir=tmp_path / "dst-forced")
+    restore(archive, dst.url)
+    assert read_state(dst.url, keys) == expected[runs[3].run_id]
+    dst.kill()
+
     merged = merge(archive, "1", "3")
-    assert [r.run_id for r in archive.runs()] == [merged.run_id, runs[3].run_id] and verify(archive).ok
+    assert [r.run_id for r in archive.runs()] == [merged.run_id, runs[3].run_id, forced.run_id]
+    assert verify(archive).ok
     dst = upr_server(partitions=8, data_dir=tmp_path / "dst-merged")
-    restore(archive, dst.url, run_spec="latest", key_filter=r"^doc-1")
+    restore(archive, dst.url, run_spec=runs[3].run_id, key_filter=r"^doc-1")
     want = {k: (v if k.startswith("doc-1") else None) for k, v in expected[runs[3].run_id].items()}
     assert read_state(dst.url, keys) == want
 
