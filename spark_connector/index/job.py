@@ -56,33 +56,47 @@ class RunReport:
 STAGED_SCHEMA = ENTRY_SCHEMA + ", op STRING, first INT"
 
 
-def _entries_fn(function: IndexFunction):  # type: ignore[no-untyped-def]
+def _entries_fn(function: IndexFunction, dedup: bool = False):  # type: ignore[no-untyped-def]
     """The executor side: Arrow batches of source rows -> Arrow batches of index rows.  Document
-    values end here, so the cached data is small (no values)."""
+    values end here, so the cached data is small (no values).
+
+    With ``dedup`` each key keeps only the rows of its newest seqno *within the task*: exact when
+    every server partition's range is read by one task (the source does not split partitions
+    unless ``minPartitions`` asks it to), and it saves the batch a shuffle.
+    """
     def run(batches: Iterator[Any]) -> Iterator[Any]:
         import pyarrow as pa
         schema = pa.schema([("value", pa.string()), ("key", pa.string()), ("partition", pa.int32()),
                             ("seqno", pa.int64()), ("op", pa.string()), ("first", pa.int32())])
+        newest: dict[str, int] = {}
+        held: list[tuple[Any, ...]] = []
+
+        def emit(rows: list[tuple[Any, ...]]) -> Any:
+            cols = list(zip(*rows)) if rows else [[]] * 6
+            return pa.RecordBatch.from_arrays([pa.array(list(c), t.type) for c, t in zip(cols, schema)],
+                                              schema=schema)
+
         for batch in batches:
             cols = batch.select(["key", "partition", "seqno", "op", "value"]).to_pydict()
-            values, keys, parts, seqnos, ops, first = [], [], [], [], [], []
+            out: list[tuple[Any, ...]] = []
             for key, p, s, op, v in zip(cols["key"], cols["partition"], cols["seqno"], cols["op"], cols["value"]):
                 entries = function(key, v) if op == "mutation" and v is not None else ()
                 if not entries:
                     entries = (None,)
+                if dedup and key is not None:
+                    if newest.get(key, -1) > s:
+                        continue
+                    newest[key] = s
                 f = 1
                 for e in entries:
-                    values.append(e)
-                    keys.append(key)
-                    parts.append(p)
-                    seqnos.append(s)
-                    ops.append(op)
-                    first.append(f)
+                    out.append((e, key, p, s, op, f))
                     f = 0
-            yield pa.RecordBatch.from_arrays(
-                [pa.array(values, pa.string()), pa.array(keys, pa.string()), pa.array(parts, pa.int32()),
-                 pa.array(seqnos, pa.int64()), pa.array(ops, pa.string()), pa.array(first, pa.int32())],
-                schema=schema)
+            if dedup:
+                held.extend(out)
+            elif out:
+                yield emit(out)
+        if dedup and held:
+            yield emit([r for r in held if r[1] is None or newest[r[1]] == r[3]])
     return run
 
 
@@ -196,7 +210,8 @@ class IndexJob:
             self.report.skipped += 1
             return
         t = time.monotonic()
-        staged = df.mapInArrow(_entries_fn(self.function), STAGED_SCHEMA).persist()
+        in_task = "minpartitions" not in {k.lower() for k in self.source_options}
+        staged = df.mapInArrow(_entries_fn(self.function, dedup=in_task), STAGED_SCHEMA).persist()
         try:
             stats = staged.groupBy("op").agg(F.sum("first").alias("n")).collect()   # fills the cache
             t = self.report._add("read", t)
@@ -213,9 +228,10 @@ class IndexJob:
             if rollbacks:
                 fixes = self._corrections(manifest, rollbacks).mapInArrow(_entries_fn(self.function), STAGED_SCHEMA)
                 entries = entries.unionByName(fixes)
-            newest = F.max("seqno").over(Window.partitionBy("key"))
-            entries = (entries.withColumn("_m", newest).filter(F.col("seqno") == F.col("_m"))
-                       .select("value", "key", "partition", "seqno"))
+            if rollbacks or not in_task:   # corrections, or split partitions: dedup across tasks
+                newest = F.max("seqno").over(Window.partitionBy("key"))
+                entries = entries.withColumn("_m", newest).filter(F.col("seqno") == F.col("_m"))
+            entries = entries.select("value", "key", "partition", "seqno")
             run_path = f"runs/r-{manifest.generation + 1:06d}-{batch_id}-{uuidlib.uuid4().hex[:8]}"
             entries.write.mode("errorifexists").parquet(str(self.root / run_path))
             rows = _parquet_rows(self.root / run_path)
