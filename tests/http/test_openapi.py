@@ -77,4 +77,4 @@ EXCLUDED = {
 @settings(max_examples=30, deadline=None, suppress_health_check=list(HealthCheck))
 def test_server_conforms_to_its_schema(case, live: ServerProcess) -> None:  # type: ignore[no-untyped-def]
     excluded = EXCLUDED.get(f"{case.method.upper()} {case.path}", [])
-    case.call_and_validate(base_url=live.url, headers=live.headers, timeout=10, excluded_checks=excluded)
+    case.call_and_validate(base_url=live.url, headers=live.headers, timeout=30, excluded_checks=excluded)
