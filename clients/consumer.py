@@ -137,19 +137,30 @@ class Consumer:
         self.name = name
         self.codec = M.Codec(codec)
         self.window_bytes = window_bytes
+        if commit not in ("item", "snapshot"):
+            raise UsageError(f"commit must be 'item' or 'snapshot', got {commit!r}", field="commit")
         if isinstance(state, (str, os.PathLike)):
             state = FileStateStore(state)
         self.state_store: StateStore = state if state is not None else MemoryStateStore()
-        if ring is None and ring_size > 0:
-            ring = RollbackRing(ring_size, self.state_store.ring_directory)
+        acquire = getattr(self.state_store, "acquire", None)
+        if acquire is not None:
+            acquire()  # before the ring file in the same directory is touched
+        try:
+            saved = self.state_store.load() if StartMode(start) is StartMode.SAVED else None
+            if ring is None and ring_size > 0:
+                ring = RollbackRing(ring_size, self.state_store.ring_directory)
+            self.session = ClientSession(partitions=partitions, start=start, saved=saved, offsets=offsets,
+                                         end_seqnos=end_seqnos, until_now=until_now, ring=ring,
+                                         max_corrections=max_corrections)
+        except BaseException:
+            if ring is not None:
+                ring.close()
+            release = getattr(self.state_store, "close", None)
+            if release is not None:
+                release()
+            raise
         self.ring = ring
-        saved = self.state_store.load() if StartMode(start) is StartMode.SAVED else None
-        self.session = ClientSession(partitions=partitions, start=start, saved=saved, offsets=offsets,
-                                     end_seqnos=end_seqnos, until_now=until_now, ring=ring,
-                                     max_corrections=max_corrections)
         self.acks = AckTracker(window_bytes, ack_ratio)
-        if commit not in ("item", "snapshot"):
-            raise UsageError(f"commit must be 'item' or 'snapshot', got {commit!r}", field="commit")
         #: "item": save the last processed item (a partial snapshot is saved as such); "snapshot":
         #: save only whole processed snapshots, for handlers that apply a snapshot at its end.
         self.commit_mode = commit
@@ -241,6 +252,8 @@ class Consumer:
         Every mutation acknowledged to a writer before this call is processed before it returns.
         Call it from another task than the one iterating, or with no one iterating and a
         ``handler`` given to the constructor (then this call drives the stream itself)."""
+        if self._done or self._closed:
+            raise UsageError("barrier() after the streams ended or the consumer was closed")
         if self._ws is None:
             await self.connect()
         cookie = self.request_barrier()

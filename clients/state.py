@@ -128,7 +128,8 @@ class FileStateStore:
         self.saves = 0
         self._lock_fd: int | None = None
 
-    def _lock(self) -> None:
+    def acquire(self) -> None:
+        """Lock the directory now (``load``/``save`` do it anyway); ``UsageError`` if taken."""
         if self._lock_fd is not None:
             return
         self.directory.mkdir(parents=True, exist_ok=True)
@@ -149,7 +150,7 @@ class FileStateStore:
             self._lock_fd = None
 
     def load(self) -> ConsumerState | None:
-        self._lock()
+        self.acquire()
         try:
             raw = self.path.read_bytes()
         except FileNotFoundError:
@@ -157,7 +158,7 @@ class FileStateStore:
         return ConsumerState.from_json(raw, source=str(self.path))
 
     def save(self, state: ConsumerState) -> None:
-        self._lock()
+        self.acquire()
         raw = state.to_json()
         tmp = self.directory / f"{STATE_FILE}.tmp.{os.getpid()}"
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)

@@ -53,3 +53,17 @@ def test_one_consumer_per_state_directory(tmp_path):
     assert second.load() == sample()
     assert not list(tmp_path.glob("state.json.tmp.*"))
     second.close()
+
+
+async def test_consumers_share_no_state_directory_and_release_it_on_errors(tmp_path):
+    from clients import Consumer, StateCorrupt, UsageError
+
+    first = Consumer("http://127.0.0.1:1", state=tmp_path)
+    with pytest.raises(UsageError, match="in use"):
+        Consumer("http://127.0.0.1:1", state=tmp_path)
+    await first.close()
+    (tmp_path / "state.json").write_bytes(b"{broken")
+    with pytest.raises(StateCorrupt):
+        Consumer("http://127.0.0.1:1", state=tmp_path)
+    second = Consumer("http://127.0.0.1:1", state=tmp_path, start="beginning")  # the failed one let go
+    await second.close()
