@@ -67,6 +67,9 @@ class StreamLimits:
     drop_after_s: float = 2.0
     #: how long a closing connection may take to flush its last messages
     close_timeout_s: float = 5.0
+    #: replies queued for a client that does not read them; past this the reader stops reading
+    #: (backpressure) until they drain, so a client flooding requests cannot grow server memory
+    max_queued_replies: int = 1024
 
 
 class StreamConnection:
@@ -100,6 +103,7 @@ class StreamConnection:
         self.cursor_drops = 0
         self.rollbacks = 0
         self._control: deque[Any] = deque()
+        self._drained = asyncio.Event()
         self._wake = asyncio.Event()
         self._close: Close | None = None
         self._peer_closed = False
@@ -205,6 +209,9 @@ class StreamConnection:
     async def _read_loop(self) -> None:
         session = self.session
         while True:
+            while len(self._control) > self.limits.max_queued_replies:
+                self._drained.clear()
+                await self._drained.wait()
             message = await self.ws.receive()
             if message["type"] == "websocket.disconnect":
                 self._peer_closed = True
@@ -292,6 +299,7 @@ class StreamConnection:
     async def _flush_control(self) -> None:
         while self._control:
             await self._transmit(M.encode(self._control.popleft()))
+        self._drained.set()
 
     async def _transmit(self, data: str | bytes) -> None:
         if isinstance(data, str):

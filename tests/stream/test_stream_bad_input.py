@@ -141,3 +141,28 @@ async def test_frame_over_the_transport_limit_is_closed_with_1009(server: Server
             await ws.recv()
         assert info.value.rcvd is not None and info.value.rcvd.code == 1009
     assert httpx.get(f"{server.url}/health").status_code == 200
+
+
+async def test_a_client_flooding_requests_without_reading_is_held_back(server: ServerProcess) -> None:
+    """Replies to a client that never reads are bounded: the server stops reading its requests
+    (backpressure) instead of queueing replies without limit; it stays healthy meanwhile."""
+    import psutil
+
+    proc = psutil.Process(server.pid)
+    before = proc.memory_info().rss
+    async with websockets.connect(ws_url(server.url), compression=None, max_size=None, max_queue=1) as ws:
+        await ws.send(HELLO)
+        bad = json.dumps({"type": "close_stream", "partition": 0})  # each one earns an error reply
+        sent = 0
+        try:
+            async with asyncio.timeout(8):
+                while sent < 200_000:
+                    await ws.send(bad)
+                    sent += 1
+        except TimeoutError:
+            pass
+        assert sent < 200_000  # the server stopped reading: our sends blocked
+        assert httpx.get(f"{server.url}/health").status_code == 200
+        grown = proc.memory_info().rss - before
+        assert grown < 64 * 2**20, f"server grew {grown / 2**20:.0f} MiB"
+        ws.transport.abort()
