@@ -82,6 +82,7 @@ def register(subparsers: Any) -> None:
     p.add_argument("--dry-run", action="store_true", help="print what would be written; contact no server")
     p.add_argument("--restart", action="store_true", help="ignore the journal of an interrupted restore")
     p.add_argument("--batch", type=int, default=1000, help="items per bulk request (default 1000)")
+    p.add_argument("--parallel", type=int, default=4, help="partitions restored at once (default 4)")
     p.set_defaults(func=_guarded(_cmd_restore))
 
     p = sub.add_parser("merge", help="fold runs FROM..TO into one run")
@@ -206,7 +207,7 @@ def _cmd_restore(args: argparse.Namespace) -> int:
         with _progress(args, "restoring") as progress:
             rep = restore(archive, args.server, token=args.token, run_spec=args.run, partitions=args.partitions,
                           key_filter=args.key_filter, restart=args.restart, batch_items=args.batch,
-                          progress=progress)
+                          parallel=args.parallel, progress=progress)
     if args.json:
         _print_json({"run_id": rep.run_id, "sets": rep.sets, "deletes": rep.deletes, "partitions": rep.partitions,
                      "skipped_partitions": rep.skipped, "filtered_out": rep.filtered_out, "seconds": rep.seconds})
