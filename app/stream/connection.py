@@ -86,6 +86,8 @@ class StreamConnection:
         remote: str,
         on_rollback: Callable[[str], None] = lambda reason: None,
         on_bytes: Callable[[int], None] = lambda n: None,
+        on_delivery: Callable[[float], None] = lambda seconds: None,
+        on_cursor_drop: Callable[[], None] = lambda: None,
     ) -> None:
         self.ws = ws
         self.engine = engine
@@ -95,6 +97,10 @@ class StreamConnection:
         self.remote = remote
         self._on_rollback = on_rollback
         self._on_bytes = on_bytes
+        self._on_delivery = on_delivery
+        self._on_cursor_drop = on_cursor_drop
+        #: partition -> when the first not yet delivered change notification arrived (loop time)
+        self._notified_at: dict[int, float] = {}
         self.session = ServerSession(node_id=engine.node_id, partition_count=engine.num_partitions,
                                      limits=limits.protocol)
         self.cursors: dict[int, PartitionCursor] = {}
@@ -125,10 +131,12 @@ class StreamConnection:
     # ------------------------------------------------------------------ hub subscriber
     def notify(self, partitions: frozenset[int]) -> None:
         streams = self.session.streams
+        now = time.monotonic()
         hit = False
         for p in partitions:
             if p in streams:
                 self.session.notify(p)
+                self._notified_at.setdefault(p, now)
                 hit = True
         if hit:
             self._wake.set()
@@ -381,6 +389,9 @@ class StreamConnection:
             data = item.data
         await self._transmit(data)
         if isinstance(item, Batch):
+            notified = self._notified_at.pop(p, None)
+            if notified is not None and item.last_seqno is not None:
+                self._on_delivery(time.monotonic() - notified)
             self._carry_out(session.items_sent(p, item.last_seqno, item.last))
             await self._flush_control()
             return session.is_open(p)
@@ -413,6 +424,7 @@ class StreamConnection:
                 continue
             if await self._on_reader(cursor.drop):
                 self.cursor_drops += 1
+                self._on_cursor_drop()
                 log.info("stream %s: consumer slow, released the snapshot of partition %d at seqno %d "
                          "(re-read from disk when it moves again)", self.name, cursor.partition, cursor.last_seqno)
 

@@ -10,6 +10,7 @@ import asyncio
 from typing import Any
 
 import orjson
+from prometheus_client import Counter, Histogram
 from fastapi import APIRouter, WebSocket
 from starlette.responses import Response
 
@@ -40,6 +41,30 @@ def hub_of(app: Any, engine: Any) -> ChangeHub:
     return hub
 
 
+class StreamMetrics:
+    """The stream server's own figures, registered in the app's metrics registry."""
+
+    def __init__(self, registry: Any) -> None:
+        self.delivery = Histogram(
+            "upr_stream_delivery_seconds",
+            "engine change notification to the first frame carrying it sent, per partition visit",
+            buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0),
+            registry=registry,
+        )
+        self.cursor_drops = Counter(
+            "upr_stream_cursor_drops", "snapshots released because a consumer stalled (cursor dropping)",
+            registry=registry,
+        )
+
+
+def stream_metrics(app: Any) -> StreamMetrics:
+    found: StreamMetrics | None = getattr(app.state, "stream_metrics", None)
+    if found is None:
+        found = StreamMetrics(app.state.metrics.registry)
+        app.state.stream_metrics = found
+    return found
+
+
 async def _deny(ws: WebSocket, problem: Problem) -> None:
     body = problem.body(ws.url.path)
     await ws.send_denial_response(
@@ -66,6 +91,7 @@ async def stream(ws: WebSocket) -> None:
     engine = runner.engine
     limits = limits_of(app)
     metrics = app.state.metrics
+    extra = stream_metrics(app)
     hub = hub_of(app, engine)
     await ws.accept()
     client = ws.client
@@ -79,6 +105,8 @@ async def stream(ws: WebSocket) -> None:
         remote=remote,
         on_rollback=lambda reason: metrics.rollbacks.labels(reason).inc(),
         on_bytes=metrics.stream_bytes.inc,
+        on_delivery=extra.delivery.observe,
+        on_cursor_drop=extra.cursor_drops.inc,
     )
     registry = app.state.streams
     registry.register(conn)

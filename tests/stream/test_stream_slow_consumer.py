@@ -97,6 +97,10 @@ async def test_stalled_consumer_costs_bounded_memory_and_catches_up(tmp_path: Pa
         assert listed["stalled"]["partitions"][0]["lag"] > 50_000  # the operator sees it behind
         assert listed["stalled"]["bytes_buffered"] >= 256 * 1024  # its window is full
         assert listed["stalled"]["cursor_drops"] >= 1  # its pinned snapshot was released
+        metrics = httpx.get(f"{srv.url}/metrics").text
+        assert any(line.startswith("upr_stream_cursor_drops_total") and float(line.split()[-1]) >= 1
+                   for line in metrics.splitlines())
+        assert "upr_stream_delivery_seconds_bucket" in metrics
 
         # now the stalled consumer reads (and acks) again and gets everything
         stalled.auto_ack = True
