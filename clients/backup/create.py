@@ -75,6 +75,7 @@ def create_backup(
     progress: Callable[[int, int], None] | None = None,
     name: str = "upr-backup",
     full: bool = False,
+    reconnect_attempts: int = 10,
 ) -> CreateResult:
     """Take one run (``full=True``: every partition from 0 even when earlier runs exist; an
     interrupted run is always continued as what it started as)."""
@@ -91,7 +92,8 @@ def create_backup(
         resumed_at: dict[int, int] = {}
         if todo:
             offsets = {p: starts.get(p, StreamOffset()) for p in todo}
-            driver = Driver(run, server, token, offsets, idle_timeout, progress, 0, f"{name}-{run.run_id}")
+            driver = Driver(run, server, token, offsets, idle_timeout, progress, 0, f"{name}-{run.run_id}",
+                            reconnect_attempts=reconnect_attempts)
             driver.total = sum(max(0, int(infos.get(p, {}).get("high_seqno", 0)) - off.seqno)
                                for p, off in driver.offsets.items())
             asyncio.run(driver.run())

@@ -68,7 +68,9 @@ class Driver:
     """
 
     def __init__(self, run: RunWriter, server: str, token: str | None, offsets: dict[int, StreamOffset],
-                 idle_timeout: float, progress: Callable[[int, int], None] | None, total: int, name: str) -> None:
+                 idle_timeout: float, progress: Callable[[int, int], None] | None, total: int, name: str,
+                 reconnect_attempts: int = 10) -> None:
+        self.reconnect_attempts = reconnect_attempts
         self.run_writer = run
         self.server = server
         self.token = token
@@ -105,7 +107,7 @@ class Driver:
         return Consumer(self.server, token=self.token, name=f"{self.name}-{len(self.consumers)}",
                         partitions=partitions, start="beginning", state=MemoryStateStore(), ring=ring,
                         until_now=end_seqnos is None, end_seqnos=end_seqnos, offsets=offsets,
-                        max_reconnect_attempts=10)
+                        max_reconnect_attempts=self.reconnect_attempts)
 
     def _start(self, consumer: Consumer) -> int:
         sid = len(self.consumers)
@@ -133,8 +135,9 @@ class Driver:
         try:
             await self._consume()
         except BaseException:
-            for w in self.writers.values():
-                w.abort()
+            for w in self.writers.values():  # unfinished partitions: kept for the next run to adopt
+                if w.partition not in self.run_writer.done:
+                    w.suspend()
             raise
         finally:
             for t in self.tasks:

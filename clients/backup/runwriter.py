@@ -227,6 +227,13 @@ class PartitionWriter:
             self._seg.abort()
             self._seg = None
 
+    def suspend(self) -> None:
+        """The run failed: write out what was streamed (checkpoints included) for the next run to
+        adopt, instead of throwing it away."""
+        if self._seg is not None:
+            self._seg.close(sync=False)
+            self._seg = None
+
     def finish(self, end: StreamOffset, *, failover_log: tuple[tuple[int, int], ...] = (),
                purge_seqno: int = 0) -> PartitionRecord:
         """Seal the segment and commit this partition (step 3 of the module docstring)."""

@@ -313,3 +313,34 @@ def test_purged_tombstones_force_a_full_retake_that_never_resurrects_deleted_key
         restore(archive, dst.url, run_spec=run.run_id)
         assert read_state(dst.url, keys) == want, f"restore of the run {name} the purge differs"
         dst.kill()
+
+
+def test_a_failed_run_keeps_its_progress_for_the_next_one(upr_server: Callable, tmp_path: Path) -> None:
+    from clients.errors import ConnectionFailed
+
+    parts = 2
+    data = tmp_path / "src"
+    src = upr_server(partitions=parts, data_dir=data)
+    keys = [f"f{i}" for i in range(16000)]
+    bulk(src.url, [set_op(k, os.urandom(1000)) for k in keys], chunk=2000)  # persisted: nothing is lost
+    archive_dir = tmp_path / "archive"
+    killed = []
+
+    def server_dies(done: int, total: int) -> None:
+        if done >= 6000 and not killed:
+            src.kill()
+            killed.append(done)
+
+    with pytest.raises(ConnectionFailed):
+        create_backup(archive_dir, src.url, idle_timeout=30, progress=server_dies, reconnect_attempts=2)
+    archive = Archive.open(archive_dir)
+    assert archive.runs() == [] and verify(archive).ok
+    src = upr_server(partitions=parts, data_dir=data)
+    result = create_backup(archive_dir, src.url, idle_timeout=30)
+    assert result.resumed and result.resumed_at, "the failed run's streamed data should have been adopted"
+    assert verify(archive).ok
+    sample = keys[::97]
+    want = read_state(src.url, sample)
+    dst = upr_server(partitions=parts, data_dir=tmp_path / "dst")
+    restore(archive, dst.url)
+    assert read_state(dst.url, sample) == want
