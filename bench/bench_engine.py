@@ -9,7 +9,8 @@ Figures printed (compare the ratios; absolute numbers move on shared machines):
    limit), engine ``write_batch`` of 1000 x 200-byte mutations into memory, and the flusher
    persisting those same items (``flush_now``), plus ingest with the flusher running.
 2. scan: a raw LMDB cursor walk over the raw database vs the engine's snapshot reader over
-   the engine's by-seqno trees (same items).
+   the engine's by-seqno trees (same items), as ``Item`` lists (``batches()``) and as
+   ``frames.Columns`` (``columns()``), each also with the binary frame encoding on top.
 3. memory: a queue of N items (default 1e6), then 100 live snapshots of it with 10 new
    writes and 10 rewrites between consecutive snapshots.
 """
@@ -29,6 +30,7 @@ import lmdb
 
 from engine.config import EngineConfig
 from engine.engine import Engine
+from engine.protocol.frames import encode_binary, encode_binary_columns
 from engine.types import Item, Op, WriteOp
 from engine.writequeue import WriteQueue
 
@@ -94,15 +96,26 @@ def engine_figures(path: Path, count: int, value: bytes, partitions: int) -> dic
     with Timer() as out["flush"]:
         engine.flush_now()
     out["flush"].commits = engine.engine_stats()["flush_count"]  # type: ignore[attr-defined]
-    # scan every partition through the snapshot reader (all on disk now)
-    seen = 0
-    with Timer() as out["scan"]:
-        for p in range(partitions):
-            with engine.snapshot(p, 0) as snap:
-                for part in snap.parts:
-                    for batch in part.batches():
-                        seen += len(batch)
-    assert seen == count, (seen, count)
+    # scan every partition through the snapshot reader (all on disk now): Items, columns, and
+    # each with the binary frame encoding the stream does on top
+    for name, columnar, encode in (("scan", False, False), ("scan_columns", True, False),
+                                   ("scan_encode", False, True), ("scan_columns_encode", True, True)):
+        seen = 0
+        with Timer() as out[name]:
+            for p in range(partitions):
+                with engine.snapshot(p, 0) as snap:
+                    for part in snap.parts:
+                        if columnar:
+                            for cols in part.columns():
+                                seen += len(cols)
+                                if encode:
+                                    encode_binary_columns(p, cols, False)
+                        else:
+                            for batch in part.batches():
+                                seen += len(batch)
+                                if encode:
+                                    encode_binary(p, batch, False)
+        assert seen == count, (name, seen, count)
     engine.close()
     # ingest with the flusher running at its default interval, until everything is persisted
     engine = Engine.open(EngineConfig(data_dir=path / "b", partitions=partitions))
@@ -236,8 +249,13 @@ def main() -> None:
               f"  ({both.commits:.0f} commits)")  # type: ignore[attr-defined]
         print("scan by seqno")
         print(f"  raw lmdb cursor scan                 {rate(count, raw['scan'])}")
-        print(f"  engine snapshot reader               {rate(count, e['scan'])}"
-              f"  = {raw['scan'].wall / e['scan'].wall:.0%} of raw wall, {raw['scan'].cpu / e['scan'].cpu:.0%} cpu")
+        scan = raw["scan"]
+        for name, label in (("scan", "snapshot reader, batches() -> Items"),
+                            ("scan_columns", "snapshot reader, columns()"),
+                            ("scan_encode", "batches() + encode_binary"),
+                            ("scan_columns_encode", "columns() + encode_binary_columns")):
+            t = e[name]
+            print(f"  {label:37}{rate(count, t)}  = {scan.wall / t.wall:.0%} of raw wall, {scan.cpu / t.cpu:.0%} cpu")
         if args.layout:
             layout_comparison(tmp, count, value)
         one, hundred = snapshot_memory(args.queue_items if not args.full else 1_000_000)

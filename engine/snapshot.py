@@ -17,6 +17,7 @@ exactly as two consecutive DCP snapshots may.
 """
 from __future__ import annotations
 
+import struct
 from bisect import bisect_left
 from collections.abc import Callable, Iterator
 from itertools import accumulate, chain, islice
@@ -24,12 +25,29 @@ from operator import itemgetter
 from dataclasses import dataclass, field
 from typing import Literal
 
+from engine.protocol.frames import Columns
 from engine.store import META, META_SIZE, SEQNO, LongRead, Store
 from engine.types import Item
 from engine.writequeue import QueueRoot
 
 _tuple_new = tuple.__new__
 _value_of = itemgetter(5)
+_meta_of = itemgetter(slice(0, META_SIZE))
+_key_of = itemgetter(slice(META_SIZE, None))
+_META_FORMAT = META.format.lstrip("><=!@")
+_EMPTY_COLUMNS = Columns((), (), (), (), (), ())
+
+
+def _metas_struct(n: int, cache: dict[int, struct.Struct] = {}) -> struct.Struct:  # noqa: B006 - a cache
+    """One ``Struct`` that unpacks the metadata of ``n`` records joined back to back."""
+    st = cache.get(n)
+    if st is None:
+        if len(cache) > 64:
+            cache.clear()
+        st = cache[n] = struct.Struct(">" + _META_FORMAT * n)
+    return st
+
+
 
 
 @dataclass(eq=False)
@@ -51,6 +69,19 @@ class SnapshotPart:
         if max_items < 1:
             raise ValueError("max_items must be at least 1")
         return self._reader.batches(max_items, max_bytes)
+
+    def columns(self, max_items: int = 1000, max_bytes: int = 1 << 20) -> Iterator[Columns]:
+        """The same batches as ``batches()`` (same cuts), as ``frames.Columns`` (one list per
+        field) for ``frames.encode_binary_columns`` / ``encode_json_columns``.
+
+        WHY: building an ``Item`` per scanned record (and transposing them again in the
+        encoder) cost more than the LMDB walk itself; columns are built with C-level
+        ``zip``/``map`` and one ``struct`` unpack per batch.  Iterate once (either this or
+        ``batches()``); the disk part releases its read transaction when exhausted or closed.
+        """
+        if max_items < 1:
+            raise ValueError("max_items must be at least 1")
+        return self._reader.columns(max_items, max_bytes)
 
     def close(self) -> None:
         self._reader.close()
@@ -95,6 +126,43 @@ class _DiskReader:
         finally:
             read.close()
 
+    def columns(self, max_items: int, max_bytes: int) -> Iterator[Columns]:
+        # Two cursors over the same range of the same read transaction, one yielding keys and
+        # one values: walking twice is cheaper than a (key, value) tuple per record and a
+        # transposing zip (measured ~90 ns per item less).  The transaction is read-only, so
+        # both walks see exactly the same records in the same order.
+        read = self._read
+        try:
+            db = self._store.seq_dbs[self._partition]
+            first = SEQNO.pack(self._start)
+            kcur = read.txn.cursor(db)
+            vcur = read.txn.cursor(db)
+            if not kcur.set_range(first) or not vcur.set_range(first):
+                return
+            key_walk = kcur.iternext(keys=True, values=False)
+            value_walk = vcur.iternext(keys=False, values=True)
+            rest_keys: list[bytes] = []
+            rest_values: list[bytes] = []
+            while True:
+                keys = list(islice(key_walk, max_items - len(rest_keys)))
+                values = list(islice(value_walk, len(keys)))
+                if rest_keys:
+                    keys[:0] = rest_keys
+                    values[:0] = rest_values
+                if not keys:
+                    return
+                sizes = list(accumulate(map(len, values)))
+                if sizes[-1] >= max_bytes:
+                    cut = bisect_left(sizes, max_bytes) + 1  # the item reaching max_bytes closes the batch
+                    rest_keys, keys = keys[cut:], keys[:cut]
+                    rest_values, values = values[cut:], values[:cut]
+                else:
+                    rest_keys = rest_values = []
+                flat = _metas_struct(len(keys)).unpack(b"".join(map(_meta_of, keys)))
+                yield Columns(list(map(_key_of, keys)), flat[0::4], flat[1::4], flat[2::4], flat[3::4], values)
+        finally:
+            read.close()
+
     def close(self) -> None:
         self._read.close()
 
@@ -120,6 +188,10 @@ class _MemoryReader:
                     items = chain(chunk[cut:], items)
                     chunk = chunk[:cut]
             yield chunk
+
+    def columns(self, max_items: int, max_bytes: int) -> Iterator[Columns]:
+        for chunk in self.batches(max_items, max_bytes):
+            yield Columns(*zip(*chunk))
 
     def close(self) -> None:
         self._root = QueueRoot((), 0, -1, -1)  # type: ignore[arg-type]  # unpin the queue root
