@@ -368,6 +368,11 @@ def register(sub: Any) -> None:
     p.add_argument("--timeout", type=float, default=30.0, help="seconds (default 30)")
     p.set_defaults(func=_guard(_cmd_barrier))
 
+    # `upr backup create|info|verify|restore|merge` lives with the backup client.
+    from clients.backup.cli import register as register_backup
+
+    register_backup(sub)
+
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the client commands alone (``python -m clients.cli``), e.g. where ``app`` is not installed."""
