@@ -92,16 +92,21 @@ def _cmd_run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _cmd_query(args: argparse.Namespace) -> int:
+def query(spark, index_dir: str, value: str) -> list[Any]:  # type: ignore[no-untyped-def]
+    """Rows (key, partition, seqno) of the index entries equal to ``value``, ordered by key."""
     from pyspark.sql import functions as F
 
     from .index.view import load_index
+    return (load_index(spark, index_dir).filter(F.col("value") == value)
+            .select("key", "partition", "seqno").orderBy("key").collect())
+
+
+def _cmd_query(args: argparse.Namespace) -> int:
     from .session import local_session
 
     spark = local_session(args.spark_master, app_name="upr-index-query")
     try:
-        rows = (load_index(spark, args.index).filter(F.col("value") == args.value)
-                .select("key", "partition", "seqno").orderBy("key").collect())
+        rows = query(spark, args.index, args.value)
     finally:
         spark.stop()
     for row in rows:

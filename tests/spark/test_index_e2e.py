@@ -10,8 +10,10 @@ import sys
 import time
 from pathlib import Path
 
+import httpx
 import pytest
 
+from spark_connector.cli import info, query
 from spark_connector.index.functions import FieldIndex
 from spark_connector.index.job import IndexJob
 from spark_connector.index.manifest import load
@@ -51,6 +53,13 @@ def test_index_equals_brute_force_and_incremental_reads_only_changes(spark, upr_
 
     third = _job(spark, tmp_path / "inc", srv).run()        # nothing new: no batch, same generation
     assert third.batches == 0 and third.generation == second.generation
+
+    # upr index query / info
+    oslo = sorted(key for value, key, _, _ in expected if value == "oslo")
+    assert [r.key for r in query(spark, str(tmp_path / "inc"), "oslo")] == oslo
+    about = info(str(tmp_path / "inc"))
+    assert about["generation"] == second.generation and about["lag_total"] == 0
+    assert sum(about["seqnos"].values()) == sum(p["high_seqno"] for p in httpx.get(f"{srv.url}/partitions").json()["partitions"])
 
 
 def test_rollback_after_server_sigkill_applies_each_policy(spark, upr_server, tmp_path):
