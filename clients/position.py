@@ -23,8 +23,8 @@ Three states, as DCP consumers track them (java-dcp-client ``PartitionState``, J
     RESUMED        -> PENDING      violation        violation        ...
 
 (*) a marker replacing a marker that brought no items is tolerated.  (**) except a continuation
-marker (same start, end >= snap_end): the server re-read the open snapshot after releasing it
-(cursor dropping); the snapshot's end grows and it stays IN_SNAPSHOT.  RESUMED is IN_SNAPSHOT after a
+marker (start = seqno + 1, end >= snap_end): the server re-read the rest of the open snapshot after
+releasing it (cursor dropping); the snapshot's end grows and it stays IN_SNAPSHOT.  RESUMED is IN_SNAPSHOT after a
 reconnect: the partial range is kept for the stream request, and the server opens a new snapshot.
 
 Invariant after every transition: ``snap_start <= seqno <= snap_end`` (DCP's ERANGE rule, the
@@ -86,9 +86,10 @@ class PartitionPosition:
     # ------------------------------------------------------------------ events
     def snapshot_marker(self, start: int, end: int) -> None:
         if self.state is PositionState.IN_SNAPSHOT:
-            if start == self.snap_start and end >= self.snap_end:
+            if start == self.seqno + 1 and end >= self.snap_end:
                 # (**) a continuation: the server released the open snapshot (cursor dropping) and
-                # re-read it; the same snapshot grows to ``end`` and stays open (architecture.md)
+                # re-read the rest of it; the open snapshot grows to ``end`` (keeping its start, the
+                # conservative rollback point) and stays open (docs/architecture.md)
                 self.snap_end = end
                 return
             self._violation(f"snapshot marker [{start},{end}] before the end of snapshot "

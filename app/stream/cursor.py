@@ -14,11 +14,14 @@ Cursor dropping (DCP's answer to slow consumers): a snapshot pins memory (a writ
 the flusher would otherwise free) or an LMDB read transaction (which pins pages and blocks map
 growth).  When the connection has been blocked on its consumer for too long the adapter calls
 ``drop``: the snapshot is released and the next ``produce`` re-reads from the last encoded seqno.
-If the drop happened mid-snapshot the new marker is a *continuation*: it repeats the open
-snapshot's ``start`` with the new ``end``.  The consumer's partial snapshot thus simply grows;
-its items are still the latest versions of their keys up to the new end, so the snapshot is
-consistent once its ``last`` frame arrives, and a consumer that resumes in between rolls back to
-the same ``start`` it would have rolled back to before.
+If the drop happened mid-snapshot the re-read is sent as one *continuation* snapshot: its marker
+starts right after the last item sent (``last_seqno + 1``, as DCP's backfill after a dropped
+cursor does) and ends at the new high seqno, which is never below the open snapshot's end; all
+parts of the new reading follow in seqno order under that one marker (a key may then appear twice,
+older version first), and only the final batch is ``last``.  Items received before the drop plus
+the continuation are the latest versions of every key up to the new end, so the consumer is
+consistent once the ``last`` batch arrives.  A consumer tracking positions keeps its open
+snapshot's start and extends its end (``clients.position``).
 
 What the cursor does *not* decide: positions, bounded-stream ends, barriers and flow control
 belong to the protocol session (``engine.protocol.session.ServerSession``); the cursor only turns
@@ -96,6 +99,8 @@ class PartitionCursor:
         self._part: Any = None
         self._batches: Iterator[list[Item]] | None = None
         self._lookahead: list[Item] | None = None
+        self._continuing = False  # the current reading continues a snapshot left open by a drop
+        self._continuation_sent = False
 
     @property
     def holding(self) -> bool:
@@ -138,6 +143,11 @@ class PartitionCursor:
             self._snapshot = snap
             self._parts = deque(snap.parts)
             self.captured_at = time.monotonic()
+            # Re-read after a drop mid-snapshot: every part of the new reading is sent as ONE
+            # continuation snapshot (after last_seqno, to the new high), so it ends no earlier than
+            # the open one did, as a consumer's open snapshot may only grow.
+            self._continuing = self.open_snapshot
+            self._continuation_sent = False
         marker_at = -1
         while used < budget:
             if self._batches is None:
@@ -145,10 +155,16 @@ class PartitionCursor:
                     self._release()
                     return True
                 part = self._parts.popleft()
-                start = self.snap_start if self.open_snapshot else part.start
-                marker_at = len(out) if start == part.start and part.source == "memory" else -1
-                out.append(Marker(p, start, part.end, part.source, self.purge_seqno))
-                self.snap_start = start
+                if self._continuing:
+                    if not self._continuation_sent:
+                        out.append(Marker(p, self.last_seqno + 1, self._snapshot.parts[-1].end, part.source,
+                                          self.purge_seqno))
+                        self._continuation_sent = True
+                    marker_at = -1
+                else:
+                    marker_at = len(out) if part.source == "memory" else -1
+                    out.append(Marker(p, part.start, part.end, part.source, self.purge_seqno))
+                    self.snap_start = part.start
                 self.open_snapshot = True
                 self._part = part
                 self._batches = part.batches(self._frame_items, self._frame_bytes)
@@ -158,24 +174,28 @@ class PartitionCursor:
             batch = self._lookahead
             assert batch is not None and self._batches is not None
             self._lookahead = next(self._batches, None)
-            last = self._lookahead is None
-            data = encode(p, batch, last)
-            last_seqno = batch[-1].seqno if batch else None
-            out.append(Batch(data, last_seqno, last))
-            used += len(data)
-            if last:
+            part_done = self._lookahead is None
+            last = part_done and not (self._continuing and self._parts)
+            if batch or last:
+                data = encode(p, batch, last)
+                last_seqno = batch[-1].seqno if batch else None
+                out.append(Batch(data, last_seqno, last))
+                used += len(data)
+                if last_seqno is not None:
+                    self.last_seqno = last_seqno
+            if part_done:
                 _close_iter(self._batches)
                 self._batches = None
-                self.open_snapshot = False
-                if cache is not None and marker_at >= 0:
-                    outputs = tuple(out[marker_at:])
-                    size = sum(len(x.data) for x in outputs if isinstance(x, Batch))
-                    cache.put(codec, p, CachedSnapshot(self._part.start - 1, self._part.end, outputs, size))
-                marker_at = -1
-                self.last_seqno = max(self.last_seqno, self._part.end)
+                if last:
+                    self.open_snapshot = False
+                    self._continuing = self._continuation_sent = False
+                    if cache is not None and marker_at >= 0:
+                        outputs = tuple(out[marker_at:])
+                        size = sum(len(x.data) for x in outputs if isinstance(x, Batch))
+                        cache.put(codec, p, CachedSnapshot(self._part.start - 1, self._part.end, outputs, size))
+                    marker_at = -1
+                    self.last_seqno = max(self.last_seqno, self._part.end)
                 self._part = None
-            elif last_seqno is not None:
-                self.last_seqno = last_seqno
         if self._batches is None and not self._parts:
             self._release()
             return True

@@ -103,7 +103,7 @@ def test_dropped_cursor_rereads_and_continues_the_open_snapshot(engine: Engine) 
     rows = summarize(first) + summarize(rest)
     markers = [r for r in rows if r[0] == "marker"]
     assert markers[0] == ("marker", 1, 200, "disk")
-    assert markers[1] == ("marker", 1, 300, "disk")  # continuation: same start, later end
+    assert markers[1] == ("marker", seen + 1, 300, "disk")  # continuation: the rest, to the new end
     assert len(markers) == 2
     after = [s for r in summarize(rest) if r[0] == "batch" for s in r[1]]
     assert after and min(after) > seen  # nothing already sent comes again
@@ -227,3 +227,37 @@ def test_tail_cache_is_bounded() -> None:
     for after in range(20):
         cache.put("binary", after + 1, CachedSnapshot(after, after + 1, (), 2000))
     assert cache.bytes <= 10_000
+
+
+def test_continuation_merges_the_new_reading_into_one_snapshot(engine: Engine) -> None:
+    for i in range(200):
+        put(engine, f"k{i}", b"x" * 1000)
+    engine.flush_now()
+    cursor = PartitionCursor(0, 0, 0, frame_bytes=20_000)
+    first: list[Marker | Batch] = []
+    assert not cursor.produce(engine.snapshot, encode_binary, 40_000, first)
+    seen = cursor.last_seqno
+    cursor.drop()
+    for i in range(50):
+        put(engine, f"k{i}", b"mem")  # seqnos 201..250, memory only: the re-read has two parts
+    rest = drain(cursor, engine)
+    rows = summarize(rest)
+    assert rows[0] == ("marker", seen + 1, 250, "disk")
+    assert [r for r in rows if r[0] == "marker"] == [rows[0]]  # one marker for both parts
+    lasts = [r[2] for r in rows if r[0] == "batch"]
+    assert lasts[-1] is True and not any(lasts[:-1])  # only the final batch completes it
+    seqnos = [s for r in rows if r[0] == "batch" for s in r[1]]
+    assert seqnos == sorted(seqnos) and seqnos[-1] == 250
+    # a second drop during the continuation announces a new continuation that ends no earlier
+    cursor2 = PartitionCursor(0, 0, 0, frame_bytes=20_000)
+    out: list[Marker | Batch] = []
+    cursor2.produce(engine.snapshot, encode_binary, 40_000, out)
+    cursor2.drop()
+    out2: list[Marker | Batch] = []
+    cursor2.produce(engine.snapshot, encode_binary, 40_000, out2)
+    at = cursor2.last_seqno
+    cursor2.drop()
+    put(engine, "late", b"z")
+    out3 = drain(cursor2, engine)
+    assert at < 200 and summarize(out3)[0] == ("marker", at + 1, 251, "disk")
+    assert [r for r in summarize(out3) if r[0] == "batch"][-1][2] is True

@@ -59,13 +59,13 @@ def test_client_position_accepts_a_continuation_marker_and_nothing_else_mid_snap
     pos.snapshot_marker(1, 100)
     pos.items(1, 40)
     assert pos.state is PositionState.IN_SNAPSHOT
-    pos.snapshot_marker(1, 130)  # continuation: same start, later end
+    pos.snapshot_marker(41, 130)  # continuation: the rest, from the next seqno, to a later end
     assert (pos.state, pos.seqno, pos.snap_start, pos.snap_end) == (PositionState.IN_SNAPSHOT, 40, 1, 130)
     pos.items(41, 125)
     pos.snapshot_end()
     assert (pos.seqno, pos.snap_start, pos.snap_end) == (130, 1, 130)
     pos.snapshot_marker(131, 140)
     pos.item(131)
-    for start, end in ((132, 150), (131, 139)):  # a different start, or a shrinking end
+    for start, end in ((133, 150), (131, 150), (132, 139)):  # a gap, an overlap, or a shrinking end
         with pytest.raises(ProtocolViolation):
             pos.snapshot_marker(start, end)
