@@ -60,9 +60,12 @@ class FailoverEntry:
     seqno: int
 
 
-@dataclass(frozen=True, slots=True)
-class WriteOp:
-    """One requested mutation; ``cas`` set means compare-and-swap against the current CAS."""
+class WriteOp(NamedTuple):
+    """One requested mutation; ``cas`` set means compare-and-swap against the current CAS.
+
+    A named tuple rather than a frozen dataclass, for the same reason as ``WriteResult``: the
+    bulk path builds one per item, and a frozen dataclass cost ~1 us to build (measured in the
+    bulk breakdown, docs/benchmarks.md) against ~0.1 us for ``tuple.__new__``."""
 
     op: Op
     key: str
