@@ -52,7 +52,12 @@ def live(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
 @schemathesis.serializer("application/x-ndjson")
 def _ndjson(context, value):  # type: ignore[no-untyped-def]
     """Generated NDJSON bodies are strings (the schema cannot say more): send them as-is."""
-    return value.encode("utf-8", "surrogatepass") if isinstance(value, str) else orjson.dumps(value)
+    if isinstance(value, str):
+        return value.encode("utf-8", "surrogatepass")
+    try:
+        return orjson.dumps(value)
+    except TypeError:  # e.g. integers beyond 64 bits, which orjson cannot encode
+        return json.dumps(value).encode()
 
 
 # The committed file: no server needed to collect.  POST /positions/check belongs to the stream
