@@ -89,11 +89,13 @@ def initial_offset(spec: Position | Mapping[int, Start], meta: ServerMeta, selec
     return SourceOffset(out, meta.num_partitions)
 
 
-def resolve_positions(spec: Position | Mapping[int, Start], meta: ServerMeta, selected: list[int]) -> SourceOffset:
-    """Every position made concrete against the server's current state (latest = high seqno now)."""
+def resolve_positions(spec: Position | Mapping[int, Start], meta: ServerMeta, selected: list[int],
+                      unlisted: Position = Position.EARLIEST) -> SourceOffset:
+    """Every position made concrete against the server's current state (latest = high seqno now);
+    partitions a JSON spec does not name get ``unlisted``."""
     out = {}
     for pid in selected:
-        given = spec.get(pid, Position.EARLIEST) if isinstance(spec, Mapping) else spec
+        given = spec.get(pid, unlisted) if isinstance(spec, Mapping) else spec
         if isinstance(given, PartitionOffset):
             out[pid] = given
         elif given is Position.LATEST:

@@ -82,7 +82,7 @@ class UprBatchReader(DataSourceReader):
         meta = fetch_meta(self.opts)
         selected = select_partitions(meta, self.opts.partitions)
         start = resolve_positions(self.opts.starting, meta, selected)
-        ending = resolve_positions(self.opts.ending, meta, selected)
+        ending = resolve_positions(self.opts.ending, meta, selected, unlisted=Position.LATEST)
         end = next_offset(start, meta, check=local_check, policy=self.opts.on_rollback,
                           target={p: o.seqno for p, o in ending.partitions.items()})
         return _input_partitions(self.opts, start, end)

@@ -208,3 +208,8 @@ def test_initial_offsets_are_deterministic_and_latest_is_a_sentinel():
     assert first == SourceOffset({0: PartitionOffset(), 1: PartitionOffset()}, 2)
     resolved = resolve_positions({0: Position.LATEST}, META, [0, 1])
     assert resolved.partitions == {0: PartitionOffset(9, 100, 100, 100), 1: PartitionOffset()}
+
+
+def test_unlisted_partitions_get_the_given_default():
+    ending = resolve_positions({0: PartitionOffset(9, 30, 30, 30)}, META, [0, 1], unlisted=Position.LATEST)
+    assert ending.partitions == {0: PartitionOffset(9, 30, 30, 30), 1: PartitionOffset(2, 40, 40, 40)}
