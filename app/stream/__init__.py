@@ -4,6 +4,7 @@ stream protocol (``engine.protocol``) and the engine's snapshots.
     endpoint.py    auth before the upgrade, one StreamConnection per socket
     connection.py  reader + sender tasks carrying out engine.protocol.session.ServerSession
     cursor.py      per-partition snapshot reading and encoding (executor threads), cursor dropping
+    tailcache.py   encoded memory snapshots shared by connections tailing the same partitions
     hub.py         engine change notifications -> the event loop, coalesced
 """
 from app.stream.endpoint import router
