@@ -447,6 +447,7 @@ class Engine:
             "flush_items_total": float(f.items_flushed),
             "flush_bytes_total": float(f.bytes_flushed),
             "flush_seconds_total": f.flush_seconds,
+            "flush_cpu_seconds_total": f.flush_cpu_seconds,
             "flush_items_per_s": f.items_flushed / f.flush_seconds if f.flush_seconds else 0.0,
             "flush_last_batch_items": float(f.last_batch_items),
             "flush_max_batch_items": float(f.max_batch_items),

@@ -55,6 +55,7 @@ class Flusher:
         self.items_flushed = 0
         self.bytes_flushed = 0
         self.flush_seconds = 0.0
+        self.flush_cpu_seconds = 0.0
         self.last_batch_items = 0
         self.max_batch_items = 0
         self.errors = 0
@@ -146,6 +147,7 @@ class Flusher:
         if not work:
             return False
         began = time.perf_counter()
+        began_cpu = time.thread_time()
         store = self._store
 
         def write(txn: object) -> list[tuple[int, int, int]]:
@@ -175,6 +177,7 @@ class Flusher:
         self.last_batch_items = count
         self.max_batch_items = max(self.max_batch_items, count)
         self.flush_seconds += time.perf_counter() - began
+        self.flush_cpu_seconds += time.thread_time() - began_cpu
         return more
 
     # ------------------------------------------------------------------ waiters

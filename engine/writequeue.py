@@ -19,8 +19,10 @@ vector, the vector is sliced so that prefix can be freed.
 """
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Iterator
-from itertools import islice
+from itertools import compress
+from operator import is_, itemgetter
 from typing import NamedTuple
 
 from pyrsistent import PVector, pvector
@@ -31,6 +33,8 @@ from engine.types import Item
 ITEM_OVERHEAD = 200
 _REBASE_MIN = 1024
 _EMPTY: PVector = pvector()
+_key_of = itemgetter(0)  # Item.key
+_value_of = itemgetter(5)  # Item.value
 
 
 class QueueRoot(NamedTuple):
@@ -53,7 +57,9 @@ class QueueRoot(NamedTuple):
         hi = min(end, self.high) - self.base + 1
         if hi <= lo:
             return iter(())
-        return filter(None, islice(self.vec, lo, hi))
+        # slicing the pvector (C, O(log n) to the start) rather than islice, which would step
+        # over the first ``lo`` slots one by one on every call
+        return filter(None, self.vec[lo:hi])
 
 
 def item_cost(item: Item) -> int:
@@ -121,7 +127,7 @@ class WriteQueue:
         if end < start:
             return [], self.persisted
         lo = start - root.base
-        return list(filter(None, islice(root.vec, lo, lo + end - start + 1))), end
+        return list(filter(None, root.vec[lo:lo + end - start + 1])), end
 
     def mark_persisted(self, items: list[Item], upto: int) -> QueueRoot | None:
         """Forget what a flush persisted, unless a newer version superseded it meanwhile.
@@ -131,18 +137,29 @@ class WriteQueue:
         replaced by a rebase, so the caller can drop it (and free its items) outside the lock.
         """
         index = self.index
-        if upto >= self.root.high:
+        root = self.root
+        if upto >= root.high:
             # everything queued is persisted (the usual case when the flusher keeps up)
             index.clear()
             self.bytes = 0
+        elif root.high - upto < len(items):
+            # fewer writes arrived during the flush than it persisted: rebuild the index from
+            # them.  Invariant: the index holds exactly the latest version of every key queued
+            # above the persisted seqno, which are exactly the non-empty slots above it (a
+            # rewrite empties its key's older slot while that is above the persisted seqno).
+            tail = list(filter(None, root.vec[upto + 1 - root.base:]))
+            keys = list(map(_key_of, tail))
+            self.index = dict(zip(keys, tail))
+            self.bytes = sum(map(len, keys)) + sum(map(len, map(_value_of, tail))) + ITEM_OVERHEAD * len(tail)
         else:
-            freed = 0
-            for item in items:
-                key = item.key
-                if index.get(key) is item:
-                    del index[key]
-                    freed += len(key) + len(item.value) + ITEM_OVERHEAD
-            self.bytes -= freed
+            # C-level passes (a Python loop here cost ~0.3 us per flushed item): the items whose
+            # key still maps to them were not superseded; a flush holds each key at most once
+            keys = list(map(_key_of, items))
+            done = list(compress(items, map(is_, map(index.get, keys), items)))
+            done_keys = list(map(_key_of, done))
+            deque(map(index.__delitem__, done_keys), 0)
+            self.bytes -= (sum(map(len, done_keys)) + sum(map(len, map(_value_of, done)))
+                           + ITEM_OVERHEAD * len(done))
         if upto > self.persisted:
             self.persisted = upto
         return self._maybe_rebase()
