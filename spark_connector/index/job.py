@@ -6,11 +6,13 @@ changed since.  Each micro-batch becomes one run of Parquet rows in ``foreachBat
 
 1. skip the batch if the manifest already has it (Spark replays a batch whose commit it did not
    log: the index and the checkpoint advance together, with the manifest as the commit point);
-2. apply control rows first: ``reset`` kills the older rows of the partition (the batch restreams
-   it from 0), ``rollback`` at R re-fetches every key whose rows came from seqnos above R;
-3. index each changed document once at its newest seqno in the batch (deletions and documents
-   without entries leave a marker row, so stale rows of older runs are superseded);
-4. write the run, compact when there are too many runs, and replace the manifest atomically.
+2. index each changed document once at its newest seqno in the batch (deletions and documents
+   without entries leave a marker row, so stale rows of older runs are superseded) and write the
+   run, in one Spark job; accumulators report the items read and the control rows seen;
+3. control rows: ``reset`` makes the run kill every older row of its partition (the batch
+   restreams it from 0); ``rollback`` at R re-fetches (GET) every key whose rows came from seqnos
+   above R and writes their current versions as a later run;
+4. compact when there are too many runs, and replace the manifest atomically.
 """
 from __future__ import annotations
 
@@ -56,9 +58,13 @@ class RunReport:
 STAGED_SCHEMA = ENTRY_SCHEMA + ", op STRING, first INT"
 
 
-def _entries_fn(function: IndexFunction, dedup: bool = False):  # type: ignore[no-untyped-def]
-    """The executor side: Arrow batches of source rows -> Arrow batches of index rows.  Document
-    values end here, so the cached data is small (no values).
+def _entries_fn(function: IndexFunction, dedup: bool = False, changes: Any = None,  # type: ignore[no-untyped-def]
+                controls: Any = None):
+    """The executor side: Arrow batches of source rows -> Arrow batches of index rows.
+
+    ``changes`` and ``controls`` are Spark accumulators: the count of items read and the control
+    rows seen (partition, op, seqno), so the batch needs a single Spark job (no cache, no second
+    pass to find out what it contained).
 
     With ``dedup`` each key keeps only the rows of its newest seqno *within the task*: exact when
     every server partition's range is read by one task (the source does not split partitions
@@ -80,6 +86,12 @@ def _entries_fn(function: IndexFunction, dedup: bool = False):  # type: ignore[n
             cols = batch.select(["key", "partition", "seqno", "op", "value"]).to_pydict()
             out: list[tuple[Any, ...]] = []
             for key, p, s, op, v in zip(cols["key"], cols["partition"], cols["seqno"], cols["op"], cols["value"]):
+                if key is None:     # control row
+                    if controls is not None:
+                        controls.add([(p, op, s)])
+                    continue
+                if changes is not None:
+                    changes.add(1)
                 entries = function(key, v) if op == "mutation" and v is not None else ()
                 if not entries:
                     entries = (None,)
@@ -96,8 +108,26 @@ def _entries_fn(function: IndexFunction, dedup: bool = False):  # type: ignore[n
             elif out:
                 yield emit(out)
         if dedup and held:
-            yield emit([r for r in held if r[1] is None or newest[r[1]] == r[3]])
+            yield emit([r for r in held if newest[r[1]] == r[3]])
     return run
+
+
+class _ListParam:
+    """Accumulator of lists (control rows are few: one per reset/rolled-back partition)."""
+
+    def zero(self, value: list[Any]) -> list[Any]:
+        return []
+
+    def addInPlace(self, a: list[Any], b: list[Any]) -> list[Any]:
+        a.extend(b)
+        return a
+
+
+def _newest_per_key(entries):  # type: ignore[no-untyped-def]
+    from pyspark.sql import Window
+    from pyspark.sql import functions as F
+    newest = F.max("seqno").over(Window.partitionBy("key"))
+    return entries.withColumn("_m", newest).filter(F.col("seqno") == F.col("_m")).drop("_m")
 
 
 def _parquet_rows(path: Path) -> int:
@@ -201,9 +231,6 @@ class IndexJob:
             return None
 
     def _apply(self, df, batch_id: int) -> None:  # type: ignore[no-untyped-def]
-        from pyspark.sql import Window
-        from pyspark.sql import functions as F
-
         manifest = load(self.root)
         assert manifest is not None
         if batch_id <= manifest.batch_id:
@@ -211,42 +238,42 @@ class IndexJob:
             return
         t = time.monotonic()
         in_task = "minpartitions" not in {k.lower() for k in self.source_options}
-        staged = df.mapInArrow(_entries_fn(self.function, dedup=in_task), STAGED_SCHEMA).persist()
-        try:
-            stats = staged.groupBy("op").agg(F.sum("first").alias("n")).collect()   # fills the cache
-            t = self.report._add("read", t)
-            counts = {r["op"]: int(r["n"] or 0) for r in stats}
-            self.report.rows_read += counts.get("mutation", 0) + counts.get("deletion", 0)
-            controls = [] if not (counts.get("reset") or counts.get("rollback")) else \
-                staged.filter(F.col("op").isin("reset", "rollback")).select("partition", "op", "seqno").collect()
-            resets = sorted({c.partition for c in controls if c.op == "reset"})
-            rollbacks: dict[int, int] = {}
-            for c in controls:
-                if c.op == "rollback":
-                    rollbacks[c.partition] = min(c.seqno, rollbacks.get(c.partition, c.seqno))
-            entries = staged.filter(F.col("op").isin("mutation", "deletion"))
-            if rollbacks:
-                fixes = self._corrections(manifest, rollbacks).mapInArrow(_entries_fn(self.function), STAGED_SCHEMA)
-                entries = entries.unionByName(fixes)
-            if rollbacks or not in_task:   # corrections, or split partitions: dedup across tasks
-                newest = F.max("seqno").over(Window.partitionBy("key"))
-                entries = entries.withColumn("_m", newest).filter(F.col("seqno") == F.col("_m"))
-            entries = entries.select("value", "key", "partition", "seqno")
-            run_path = f"runs/r-{manifest.generation + 1:06d}-{batch_id}-{uuidlib.uuid4().hex[:8]}"
-            entries.write.mode("errorifexists").parquet(str(self.root / run_path))
-            rows = _parquet_rows(self.root / run_path)
-            t = self.report._add("write", t)
-            runs = manifest.runs + (Run(run_path, tuple(resets), rows),)
-            nxt = manifest.next(batch_id=batch_id, runs=runs, offset=self._batch_offset(batch_id))
-            if len(runs) > self.max_runs:
-                nxt = self._compact(nxt)
-                t = self.report._add("compact", t)
-            commit(self.root, nxt)
-            self.report.batches += 1
-            self.report.resets.extend(resets)
-            self.report.rollbacks.update(rollbacks)
-        finally:
-            staged.unpersist()
+        sc = self.spark.sparkContext
+        changes = sc.accumulator(0)
+        controls_acc = sc.accumulator([], _ListParam())
+        entries = df.mapInArrow(_entries_fn(self.function, in_task, changes, controls_acc), STAGED_SCHEMA)
+        if not in_task:   # split partitions: a key's versions may sit in two tasks
+            entries = _newest_per_key(entries)
+        run_path = f"runs/r-{manifest.generation + 1:06d}-{batch_id}-{uuidlib.uuid4().hex[:8]}"
+        entries.select("value", "key", "partition", "seqno").write.mode("errorifexists").parquet(
+            str(self.root / run_path))
+        t = self.report._add("read+write", t)
+        self.report.rows_read += changes.value
+        controls = set(controls_acc.value)
+        resets = sorted({p for p, op, _ in controls if op == "reset"})
+        rollbacks: dict[int, int] = {}
+        for p, op, seqno in controls:
+            if op == "rollback":
+                rollbacks[p] = min(seqno, rollbacks.get(p, seqno))
+        runs = manifest.runs + (Run(run_path, tuple(resets), _parquet_rows(self.root / run_path)),)
+        if rollbacks:
+            # The keys whose rows came from the lost history, re-read by GET: a later run, so the
+            # current versions win over whatever the stream delivered in this batch.
+            fixes = _newest_per_key(self._corrections(manifest, rollbacks).mapInArrow(
+                _entries_fn(self.function), STAGED_SCHEMA))
+            fix_path = run_path.replace("/r-", "/f-")
+            fixes.select("value", "key", "partition", "seqno").write.mode("errorifexists").parquet(
+                str(self.root / fix_path))
+            runs += (Run(fix_path, (), _parquet_rows(self.root / fix_path)),)
+            t = self.report._add("refetch", t)
+        nxt = manifest.next(batch_id=batch_id, runs=runs, offset=self._batch_offset(batch_id))
+        if len(runs) > self.max_runs:
+            nxt = self._compact(nxt)
+            t = self.report._add("compact", t)
+        commit(self.root, nxt)
+        self.report.batches += 1
+        self.report.resets.extend(resets)
+        self.report.rollbacks.update(rollbacks)
 
     def _corrections(self, manifest: Manifest, rollbacks: dict[int, int]):  # type: ignore[no-untyped-def]
         from pyspark.sql import functions as F
