@@ -35,6 +35,10 @@ def test_snapshots_taken_during_writes_and_flushes_are_consistent(make_engine) -
                 for op, res in zip(ops, engine.write_batch(ops)):
                     assert isinstance(res, WriteResult), res
                     log[res.seqno] = (op.key.encode(), res.deleted, op.value)
+                if n % 100 == 99:
+                    # besides the 1 ms flusher rounds (which a loaded machine may not schedule
+                    # while the whole run lasts only tens of ms), flush from time to time
+                    engine.flush_now()
         except BaseException as exc:  # pragma: no cover
             errors.append(exc)
         finally:
