@@ -340,9 +340,12 @@ def bench_fanout(workdir: Path, consumers: int, rate: int, seconds: float) -> di
         worst: list[float] = []
         total = 0
         complete = 0
+        consumer_cpu = 0.0
         for consumer, path in procs:
             consumer.wait(timeout=300)
-            for r in json.loads(path.read_text()):
+            results = json.loads(path.read_text())
+            consumer_cpu += max(r["cpu_seconds"] / r["seconds"] for r in results)  # one process's CPU share
+            for r in results:
                 got = sum(n for _, n, _ in r["frames"])
                 total += got
                 complete += got == len(acks)
@@ -354,6 +357,7 @@ def bench_fanout(workdir: Path, consumers: int, rate: int, seconds: float) -> di
         "consumers": consumers, "rate": rate, "writes": len(acks), "achieved_rate": len(acks) / seconds,
         "consumers_complete": complete, "worst_delay_s_max": max(worst), "worst_delay_s_median": percentile(worst, 0.5),
         "aggregate_delivery_rate": total / seconds, "server_cpu_util": server_util,
+        "consumer_cpu_util": consumer_cpu,
     }
 
 
@@ -408,7 +412,8 @@ def main() -> int:
                   f"{r['achieved_rate']:,.0f}/s): {r['consumers_complete']}/{r['consumers']} got every write; "
                   f"worst delay behind the writer: max {r['worst_delay_s_max']:.2f} s, median "
                   f"{r['worst_delay_s_median']:.2f} s; aggregate delivery {r['aggregate_delivery_rate'] / 1e3:,.0f} "
-                  f"k items/s; server process CPU {r['server_cpu_util'] * 100:.0f} % of one core")
+                  f"k items/s; server process CPU {r['server_cpu_util'] * 100:.0f} % of one core, the 5 consumer "
+                  f"processes {r['consumer_cpu_util'] * 100:.0f} % together")
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
     return 0

@@ -189,7 +189,8 @@ class StreamConnection:
         """Run a cursor operation on a reader thread.  Shielded: if this task is cancelled the
         job still finishes before anything else touches the cursor (``_release_all`` waits)."""
         async with self._cursor_lock:
-            job = asyncio.ensure_future(self._read(fn, *args))
+            job = self.hub.jobs.run(fn, *args) if self.hub.jobs is not None else asyncio.ensure_future(
+                self._read(fn, *args))
             self._job = job
             return await asyncio.shield(job)
 

@@ -18,6 +18,7 @@ from app.auth import AuthError, Role, authorize_connection
 from app.problems import ENGINE_CLOSED, FORBIDDEN, PROBLEM_MEDIA_TYPE, UNAUTHORIZED, Problem
 from app.stream.connection import StreamConnection, StreamLimits
 from app.stream.hub import ChangeHub
+from app.stream.jobs import JobBatcher
 
 __all__ = ["router", "hub_of", "limits_of"]
 
@@ -37,6 +38,7 @@ def hub_of(app: Any, engine: Any) -> ChangeHub:
             hub.close()
         hub = ChangeHub(engine.add_listener, asyncio.get_running_loop())
         hub.engine = engine  # type: ignore[attr-defined]
+        hub.jobs = JobBatcher(app.state.runner.read)
         app.state.stream_hub = hub
     return hub
 

@@ -24,6 +24,7 @@ import threading
 from collections.abc import Callable, Iterable
 from typing import Protocol
 
+from app.stream.jobs import JobBatcher
 from app.stream.tailcache import TailCache
 
 __all__ = ["ChangeHub", "Subscriber"]
@@ -47,6 +48,8 @@ class ChangeHub:
         self._closed = False
         #: encoded tail snapshots shared by the connections (see tailcache.py)
         self.cache = TailCache()
+        #: stream jobs of all connections batched into one reader-thread hop (see jobs.py)
+        self.jobs: JobBatcher | None = None
         self._remove = add_listener(self._on_change)
 
     # ---------------------------------------------------------------- writer thread

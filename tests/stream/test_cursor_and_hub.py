@@ -261,3 +261,28 @@ def test_continuation_merges_the_new_reading_into_one_snapshot(engine: Engine) -
     out3 = drain(cursor2, engine)
     assert at < 200 and summarize(out3)[0] == ("marker", at + 1, 251, "disk")
     assert [r for r in summarize(out3) if r[0] == "batch"][-1][2] is True
+
+
+async def test_job_batcher_runs_queued_jobs_in_one_hop_in_order() -> None:
+    from app.stream.jobs import JobBatcher
+
+    hops: list[int] = []
+
+    async def submit(fn: Any, jobs: Any) -> Any:
+        hops.append(len(jobs))
+        return await asyncio.to_thread(fn, jobs)
+
+    batcher = JobBatcher(submit, max_in_flight=1)
+    order: list[int] = []
+
+    def job(i: int) -> int:
+        order.append(i)
+        if i == 3:
+            raise ValueError("job 3 fails alone")
+        return i * 10
+
+    futures = [batcher.run(job, i) for i in range(6)]
+    results = await asyncio.gather(*futures, return_exceptions=True)
+    assert results[:3] == [0, 10, 20] and isinstance(results[3], ValueError) and results[4:] == [40, 50]
+    assert order == list(range(6))
+    assert sum(hops) == 6 and len(hops) <= 2  # the first job alone, then everything queued meanwhile
