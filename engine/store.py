@@ -31,6 +31,7 @@ import uuid as uuidlib
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
+from operator import itemgetter
 from pathlib import Path
 from typing import TypeVar
 
@@ -49,6 +50,7 @@ _PERSISTED = struct.Struct(">QQQ")
 _tuple_new = tuple.__new__
 
 T = TypeVar("T")
+_value_of = itemgetter(5)  # Item.value
 
 
 class DataDirInUse(UprError):
@@ -317,29 +319,32 @@ class Store:
         """
         kcur = txn.cursor(self.key_dbs[p])
         replace = kcur.replace
-        sdb = self.seq_dbs[p]
-        delete = txn.delete
         pack = META.pack
         records = []
         add = records.append
+        stale = []
+        add_stale = stale.append
         delta = 0
-        nbytes = 0
         for key, seqno, cas, rev, deleted, value in items:
             meta = pack(seqno, cas, rev, deleted)
             old = replace(key, meta)
             if old is not None:
-                delete(old + key, db=sdb)
+                add_stale(old + key)
                 if not old[24]:
                     delta -= 1
             if not deleted:
                 delta += 1
             add((meta + key, value))
-            nbytes += len(value)
+        sdb = self.seq_dbs[p]
+        if stale:
+            delete = txn.delete
+            for k in stale:
+                delete(k, b"", sdb)
         if records:
             consumed, added = txn.cursor(sdb).putmulti(records, append=True)
             if added != len(records):
                 raise RuntimeError(f"by-seqno append rejected {len(records) - added} records in partition {p}")
-        return delta, nbytes
+        return delta, sum(map(len, map(_value_of, items)))
 
     def lookup(self, txn: lmdb.Transaction, p: int, key: bytes) -> tuple[int, int, int, bool] | None:
         """(seqno, cas, rev, deleted) of the persisted version of ``key``, or None."""
