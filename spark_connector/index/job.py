@@ -170,7 +170,10 @@ class IndexJob:
         opts = {"server": self.server, "startingOffsets": "earliest", **self.source_options}
         if self.token:
             opts["token"] = self.token
-        df = self.spark.readStream.format("upr").options(**opts).load()
+        from ..options import parse_options
+        from ..rows import SCHEMA_DDL
+        parse_options(opts)   # fail here, naming the option; the explicit schema skips a Python round trip
+        df = self.spark.readStream.format("upr").options(**opts).schema(SCHEMA_DDL).load()
         writer = (df.writeStream.foreachBatch(self._apply)
                   .option("checkpointLocation", str(self.checkpoint))
                   .queryName(f"upr-index-{self.root.name}"))
