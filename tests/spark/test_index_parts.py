@@ -56,3 +56,10 @@ def test_corrupt_manifest_is_a_clear_error(tmp_path):
     with pytest.raises(IndexError_, match="corrupt manifest"):
         load(tmp_path)
     assert load(tmp_path / "nowhere") is None
+
+
+def test_public_api_is_pinned_and_lazy():
+    import spark_connector
+    assert spark_connector.__all__ == ["FieldIndex", "IndexJob", "UprDataSource", "load_index", "local_session"]
+    for name in spark_connector.__all__:
+        assert getattr(spark_connector, name).__name__ == name

@@ -1,0 +1,1 @@
+"""Incremental secondary indexes maintained by Spark from the change feed (see ``job``)."""
