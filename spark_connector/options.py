@@ -13,6 +13,7 @@ import enum
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import Any
 from urllib.parse import urlparse
 
 from engine.errors import InvalidInput
@@ -198,7 +199,7 @@ def _positive_float(opts: Mapping[str, str], name: str) -> float | None:
     return value
 
 
-def _choice(opts: Mapping[str, str], name: str, kind: type[enum.Enum], default: enum.Enum):  # type: ignore[no-untyped-def]
+def _choice(opts: Mapping[str, str], name: str, kind: type[enum.Enum], default: enum.Enum) -> Any:
     text = opts.get(name)
     if text is None or text == "":
         return default

@@ -1,8 +1,8 @@
 """The ``upr`` PySpark data source: ``spark.readStream.format("upr")`` and ``spark.read.format("upr")``.
 
-Process model (spark_connector/README.md and ../shared/notes/spark.md §1.2): Spark builds reader instances in two driver processes and pickles
-``read`` to executors, so nothing here opens a connection in ``__init__`` and everything ``read()``
-needs travels inside the ``UprInputPartition``.  The driver's long-lived reader process fetches
+Process model (README.md here; ../shared/notes/spark.md §1.2): Spark builds reader instances in two
+driver processes and pickles ``read`` to executors, so nothing here opens a connection in
+``__init__`` and everything ``read()`` needs travels inside the ``UprInputPartition``.  The driver's long-lived reader process fetches
 metadata per trigger (one HTTP round trip), checks every held position with the server's rollback
 rule *before* planning, and applies ``onRollback``.  ``startingOffsets`` is used only when the
 checkpoint is new; a restarted query resumes from its checkpointed offsets.

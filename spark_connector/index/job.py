@@ -144,7 +144,7 @@ class IndexJob:
     ``onRollback``).
     """
 
-    def __init__(self, spark, index_dir: str | os.PathLike[str], server: str, function: IndexFunction, *,  # type: ignore[no-untyped-def]
+    def __init__(self, spark: Any, index_dir: str | os.PathLike[str], server: str, function: IndexFunction, *,
                  name: str | None = None, token: str | None = None, max_runs: int = 4,
                  source_options: dict[str, str] | None = None) -> None:
         self.spark = spark

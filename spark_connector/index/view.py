@@ -9,13 +9,14 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Any
 
 from .manifest import Manifest, load
 
 ENTRY_SCHEMA = "value STRING, key STRING, partition INT, seqno BIGINT"
 
 
-def runs_frame(spark, index_dir: str | os.PathLike[str], manifest: Manifest, markers: bool = False):  # type: ignore[no-untyped-def]
+def runs_frame(spark: Any, index_dir: str | os.PathLike[str], manifest: Manifest, markers: bool = False) -> Any:
     from pyspark.sql import Window
     from pyspark.sql import functions as F
 
