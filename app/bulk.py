@@ -14,6 +14,7 @@ import binascii
 import contextlib
 import gc
 from base64 import b64decode
+from binascii import a2b_base64
 from collections.abc import Iterator, Sequence
 from operator import itemgetter
 from typing import Any, Protocol
@@ -171,7 +172,7 @@ def apply(engine: BatchWriter, items: list[Any], durability: str) -> tuple[dict[
                 b64 = item.get("value_b64")
                 if type(b64) is str:
                     try:
-                        raw = b64decode(b64, validate=True)
+                        raw = a2b_base64(b64, strict_mode=True)  # = b64decode(validate=True), one call less
                     except (binascii.Error, ValueError):
                         pass  # to_op reports it
                     else:
