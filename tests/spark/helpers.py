@@ -44,7 +44,10 @@ def random_ops(rng: random.Random, keys: list[str], live: set[str], n: int, dele
 
 def brute_force(url: str, keys: Iterable[str], path: str = "city") -> set[tuple[str, str, int, int]]:
     """(value, key, partition, seqno) of every entry, from GET-ing every document."""
-    fn = FieldIndex(path)
+    return brute_force_with(url, keys, FieldIndex(path))
+
+
+def brute_force_with(url: str, keys: Iterable[str], fn) -> set[tuple[str, str, int, int]]:  # type: ignore[no-untyped-def]
     out = set()
     with HttpApi(url) as api:
         for key in keys:
@@ -63,4 +66,4 @@ def doc(city: str) -> dict:
     return {"city": city}
 
 
-__all__ = ["bulk", "random_ops", "brute_force", "index_rows", "doc", "json"]
+__all__ = ["bulk", "random_ops", "brute_force", "brute_force_with", "index_rows", "doc", "json"]

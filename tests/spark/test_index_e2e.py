@@ -1,6 +1,7 @@
 """End to end: real server processes, real PySpark (one shared local session), real SIGKILLs."""
 from __future__ import annotations
 
+import json
 import os
 import random
 import shutil
@@ -18,7 +19,7 @@ from spark_connector.index.functions import FieldIndex
 from spark_connector.index.job import IndexJob
 from spark_connector.index.manifest import load
 from spark_connector.index.view import load_index
-from tests.spark.helpers import brute_force, bulk, index_rows, random_ops
+from tests.spark.helpers import brute_force, brute_force_with, bulk, index_rows, random_ops
 
 pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parents[2]
@@ -53,6 +54,16 @@ def test_index_equals_brute_force_and_incremental_reads_only_changes(spark, upr_
 
     third = _job(spark, tmp_path / "inc", srv).run()        # nothing new: no batch, same generation
     assert third.batches == 0 and third.generation == second.generation
+
+    # a custom index function through the same machinery: documents by the parity of "n"
+    def parity(key: str, value: bytes) -> list[str]:
+        n = json.loads(value).get("n")
+        return [] if not isinstance(n, int) else ["even" if n % 2 == 0 else "odd"]
+
+    custom = IndexJob(spark, tmp_path / "parity", srv.url, parity, name="parity").run()
+    assert custom.batches == 1
+    by_parity = {(r.value, r.key) for r in load_index(spark, tmp_path / "parity").collect()}
+    assert by_parity == {(v, k) for v, k, _, _ in brute_force_with(srv.url, KEYS, parity)}
 
     # upr index query / info
     oslo = sorted(key for value, key, _, _ in expected if value == "oslo")

@@ -20,6 +20,11 @@ def test_batch_read_and_stream_with_read_limit(spark, upr_server, tmp_path):
     assert sum(r.op == "deletion" for r in rows) == 100
     assert all(r.snap_start <= r.seqno <= r.snap_end for r in rows)
 
+    # minPartitions splits partitions into seqno ranges: same rows, more tasks
+    split = spark.read.format("upr").option("server", srv.url).option("minPartitions", "12").load()
+    assert split.rdd.getNumPartitions() >= 12
+    assert sorted((r.partition, r.seqno) for r in split.collect()) == sorted((r.partition, r.seqno) for r in rows)
+
     # explicit per-partition ranges: partition 0 only, from its seqno 10 to 30
     uuid = httpx.get(f"{srv.url}/partitions/0").json()["uuid"]
     one = (spark.read.format("upr").option("server", srv.url).option("partitions", "0")
@@ -58,3 +63,22 @@ def test_bad_options_fail_fast_naming_the_option(spark, opts, option):
 def test_unreachable_server_fails_naming_the_option(spark):
     with pytest.raises(Exception, match="option 'server'.*cannot reach"):
         spark.read.format("upr").option("server", "http://127.0.0.1:9").load().collect()
+
+
+def test_starting_offsets_latest_is_resolved_once_and_resume_ignores_the_option(spark, upr_server, tmp_path):
+    srv = upr_server(partitions=4)
+    bulk(srv.url, [{"op": "set", "key": f"old{i}", "value": 1} for i in range(200)])
+    seen: list[str] = []
+
+    def run(starting: str) -> None:
+        q = (spark.readStream.format("upr").option("server", srv.url).option("startingOffsets", starting).load()
+             .writeStream.foreachBatch(lambda df, b: seen.extend(r.key for r in df.collect()))
+             .option("checkpointLocation", str(tmp_path / "ck")).trigger(availableNow=True).start())
+        q.awaitTermination(120)
+        assert q.exception() is None
+
+    run("latest")
+    assert seen == []                                   # batch 0: sentinel -> now, empty
+    bulk(srv.url, [{"op": "set", "key": f"new{i}", "value": 1} for i in range(50)])
+    run("earliest")                                     # resumed: the option no longer applies
+    assert sorted(seen) == sorted(f"new{i}" for i in range(50))
