@@ -55,6 +55,13 @@ def _server_parser(sub: Any) -> None:
     opt("max_bulk_items", "N", type=int)
     opt("tokens_file", "FILE", type=Path)
     opt("read_threads", "N", type=int)
+    opt("stream_max_connections", "N", type=int)
+    opt("stream_max_message_bytes", "BYTES", type=int)
+    opt("stream_default_window_bytes", "BYTES", type=int)
+    opt("stream_max_window_bytes", "BYTES", type=int)
+    opt("stream_drop_after_s", "SECONDS", type=float)
+    opt("ws_ping_interval_s", "SECONDS", type=float)
+    opt("ws_ping_timeout_s", "SECONDS", type=float)
     opt("log_level", "LEVEL")
     p.add_argument("--access-log", dest="access_log", action="store_true", default=argparse.SUPPRESS,
                    help="log every request (costs throughput) (default: off)")

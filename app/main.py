@@ -96,6 +96,7 @@ def create_app(
     app.state.tokens = tokens if tokens is not None else TokenTable.load(settings.tokens_file, settings.tokens)
     app.state.metrics = Metrics()
     app.state.streams = StreamRegistry()
+    app.state.stream_limits = settings.stream_limits()
     app.state.runner = None
     app.state.started_at = time.monotonic()
 

@@ -80,6 +80,10 @@ def serve(settings: Settings) -> int:
         http="httptools",
         lifespan="on",
         timeout_graceful_shutdown=10,
+        ws_ping_interval=settings.ws_ping_interval_s,
+        ws_ping_timeout=settings.ws_ping_timeout_s,
+        ws_max_size=settings.stream_max_message_bytes,
+        ws_per_message_deflate=False,
         server_header=False,
     )
     server = _Server(config, settings.ready_file)

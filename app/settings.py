@@ -84,6 +84,21 @@ class Settings(BaseSettings):
         None, description="bearer tokens inline, 'token=role,token=role' or JSON (usually via UPR_TOKENS)"
     )
     read_threads: int = Field(4, ge=1, le=64, description="executor threads for engine reads")
+    stream_max_connections: int = Field(
+        1000, ge=1, description="open GET /stream connections; more are refused with 503 before the upgrade"
+    )
+    stream_max_message_bytes: int = Field(
+        1 << 20, ge=1024, description="largest WebSocket message a stream client may send (close 1009 past it)"
+    )
+    stream_default_window_bytes: int = Field(
+        16 * MiB, ge=4096, description="flow-control window for clients whose hello asks for none"
+    )
+    stream_max_window_bytes: int = Field(1024 * MiB, ge=4096, description="largest flow-control window granted")
+    stream_drop_after_s: float = Field(
+        2.0, gt=0, description="release a stalled consumer's memory snapshot after this long (cursor dropping)"
+    )
+    ws_ping_interval_s: float = Field(20.0, gt=0, description="WebSocket keep-alive ping interval")
+    ws_ping_timeout_s: float = Field(20.0, gt=0, description="close a stream whose pong is this late (dead peer)")
     log_level: str = Field("info", description="uvicorn log level")
     access_log: bool = Field(False, description="log every request (costs throughput)")
     ready_file: Path | None = Field(None, description="write the bound URL to this file once serving")
@@ -108,6 +123,19 @@ class Settings(BaseSettings):
         init_kwargs = getattr(init_settings, "init_kwargs", {})
         path = init_kwargs.get("config_file") or os.environ.get("UPR_CONFIG_FILE")
         return init_settings, env_settings, _TomlFileSource(settings_cls, Path(path) if path else None)
+
+    def stream_limits(self) -> "StreamLimits":
+        """The stream adapter's half of these settings."""
+        from app.stream.connection import StreamLimits
+        from engine.protocol.messages import ProtocolLimits
+
+        protocol = ProtocolLimits(
+            max_message_bytes=self.stream_max_message_bytes,
+            default_window_bytes=min(self.stream_default_window_bytes, self.stream_max_window_bytes),
+            max_window_bytes=self.stream_max_window_bytes,
+        )
+        return StreamLimits(protocol=protocol, drop_after_s=self.stream_drop_after_s,
+                            max_connections=self.stream_max_connections)
 
     def engine_config(self) -> EngineConfig:
         """The engine's half of these settings."""

@@ -70,6 +70,8 @@ class StreamLimits:
     #: replies queued for a client that does not read them; past this the reader stops reading
     #: (backpressure) until they drain, so a client flooding requests cannot grow server memory
     max_queued_replies: int = 1024
+    #: open stream connections per server; more are refused (503) before the upgrade
+    max_connections: int = 1000
 
 
 class StreamConnection:

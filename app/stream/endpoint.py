@@ -15,7 +15,7 @@ from fastapi import APIRouter, WebSocket
 from starlette.responses import Response
 
 from app.auth import AuthError, Role, authorize_connection
-from app.problems import ENGINE_CLOSED, FORBIDDEN, PROBLEM_MEDIA_TYPE, UNAUTHORIZED, Problem
+from app.problems import ENGINE_CLOSED, FORBIDDEN, PROBLEM_MEDIA_TYPE, TOO_MANY_STREAMS, UNAUTHORIZED, Problem
 from app.stream.connection import StreamConnection, StreamLimits
 from app.stream.hub import ChangeHub
 from app.stream.jobs import JobBatcher
@@ -92,6 +92,12 @@ async def stream(ws: WebSocket) -> None:
         return
     engine = runner.engine
     limits = limits_of(app)
+    if len(app.state.streams) >= limits.max_connections:
+        await _deny(ws, Problem(TOO_MANY_STREAMS,
+                                f"this server serves at most {limits.max_connections} stream connections "
+                                "(--stream-max-connections)", headers={"Retry-After": "1"},
+                                extra={"limit": limits.max_connections}))
+        return
     metrics = app.state.metrics
     extra = stream_metrics(app)
     hub = hub_of(app, engine)

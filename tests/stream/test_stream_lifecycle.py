@@ -93,8 +93,8 @@ async def test_a_killed_consumer_is_detected_and_freed(tmp_path: Path) -> None:
 
 async def test_a_silent_consumer_is_dropped_by_the_keepalive(tmp_path: Path) -> None:
     """A consumer process that stops (SIGSTOP: its socket stays open, nothing answers pings) is
-    detected by the WebSocket keep-alive (uvicorn: ping every 20 s, 20 s to answer) and freed."""
-    srv = start_server(tmp_path / "srv", partitions=2)
+    detected by the WebSocket keep-alive (--ws-ping-interval-s / --ws-ping-timeout-s) and freed."""
+    srv = start_server(tmp_path / "srv", partitions=2, args=["--ws-ping-interval-s", "1", "--ws-ping-timeout-s", "1"])
     proc = subprocess.Popen([sys.executable, "-c", CONSUMER.format(root=str(ROOT), url=srv.url)],
                             stdout=subprocess.PIPE, cwd=ROOT)
     try:
@@ -104,7 +104,7 @@ async def test_a_silent_consumer_is_dropped_by_the_keepalive(tmp_path: Path) -> 
             assert time.monotonic() < deadline
             await asyncio.sleep(0.05)
         proc.send_signal(signal.SIGSTOP)
-        deadline = time.monotonic() + 60
+        deadline = time.monotonic() + 15
         while "doomed" in listed(srv.url):
             assert time.monotonic() < deadline, "silent consumer never dropped"
             await asyncio.sleep(0.5)
@@ -112,4 +112,30 @@ async def test_a_silent_consumer_is_dropped_by_the_keepalive(tmp_path: Path) -> 
     finally:
         proc.kill()
         proc.wait()
+        srv.kill()
+
+
+async def test_connections_over_the_limit_are_refused_before_the_upgrade(tmp_path: Path) -> None:
+    """--stream-max-connections is explicit: one more connection gets a 503 problem document
+    (never an open socket), and a slot frees when a connection closes."""
+    from websockets.exceptions import InvalidStatus
+
+    srv = start_server(tmp_path / "srv", partitions=2, args=["--stream-max-connections", "2"])
+    try:
+        first = await RawStream.open(srv.url, name="one")
+        second = await RawStream.open(srv.url, name="two")
+        with pytest.raises(InvalidStatus) as refused:
+            await RawStream.open(srv.url, name="three")
+        response = refused.value.response
+        assert response.status_code == 503
+        assert b"too-many-streams" in response.body and b"--stream-max-connections" in response.body
+        await first.close()
+        deadline = time.monotonic() + 10
+        while "one" in listed(srv.url):
+            assert time.monotonic() < deadline
+            await asyncio.sleep(0.05)
+        third = await RawStream.open(srv.url, name="three")
+        await third.close()
+        await second.close()
+    finally:
         srv.kill()
