@@ -555,7 +555,7 @@ class Consumer:
             if p not in session.positions:
                 raise ProtocolViolation(f"stream_end for unknown partition {p}", partition=p)
             action = session.stream_end(p, msg.reason.value, msg.last_seqno)
-            yield StreamEnd(p, msg.reason.value, msg.last_seqno)
+            yield StreamEnd(p, msg.reason.value, msg.last_seqno, session.lowered_ends.get(p))
             await self._processed(nbytes)
             self._maybe_save()
             if action is EndAction.REREQUEST:

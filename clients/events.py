@@ -9,7 +9,8 @@
                           just before this event and the partition resumes from ``seqno``
     PartitionReset        the rollback went deeper than the ring covers: drop everything of the partition;
                           it is streamed again from 0 right after
-    StreamEnd             a partition's stream ended (bounded stream done, or the server says why)
+    StreamEnd             a partition's stream ended (bounded stream done, or the server says why);
+                          ``lowered_from`` when an ``until_now`` end was lowered after a history branch
     BarrierReached        a barrier cookie came back: every partition was seen at a consistent point
 """
 from __future__ import annotations
@@ -97,6 +98,9 @@ class StreamEnd:
     partition: int
     reason: str
     last_seqno: int | None
+    #: ``until_now`` end seqno first taken, when a new history branch (unclean server restart,
+    #: failover) had fewer items and the end was lowered to its high seqno; None otherwise.
+    lowered_from: int | None = None
 
 
 @dataclass(frozen=True, slots=True)

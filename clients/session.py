@@ -10,7 +10,12 @@ Theory of operation
   position of every partition is resolved once: explicit ``offsets`` win, then saved state (mode
   ``saved``), else the beginning; mode ``now`` starts at the partition's current high seqno.  The
   ring learns its floor for partitions it never saw (see ``clients.ring``).  ``until_now`` freezes each
-  partition's end at the high seqno of that first handshake, so a reconnect does not move the goal.
+  partition's end at the high seqno of that first handshake, so a reconnect does not move the goal,
+  with one exception (java-dcp-client's ``StreamTo.NOW``: "up to what existed"): if a later handshake
+  shows that the partition's history branched (a new newest failover uuid: unclean restart,
+  failover) and its high seqno is now below the end, the end is lowered to that high seqno, since
+  the items between may never be written again and the stream would wait for them forever
+  (``lowered_ends`` keeps the original end; ``StreamEnd.lowered_from`` shows it).
   Later handshakes (reconnects) keep the positions, which only ever moved on *processed* items.
 * **Stream responses**: ``ok`` adopts the failover log; ``rollback`` becomes a ``RollbackPlan`` (keys to
   re-read, or a partition reset when the ring does not reach down to the rollback seqno; never
@@ -106,6 +111,10 @@ class ClientSession:
         self.rollbacks = 0
         self.resets = 0
         self.rollback_counts: dict[str, int] = {}
+        #: until_now partitions whose end was lowered after their history branched: original end.
+        self.lowered_ends: dict[int, int] = {}
+        self._now_ends: set[int] = set()
+        self._branches: dict[int, int] = {}
         #: Partitions whose ring holds items applied beyond the resume position (see ``handshake``).
         self.repairs: dict[int, RollbackPlan] = {}
         if until_now and end_seqnos:
@@ -137,9 +146,26 @@ class ClientSession:
                 self.positions[p] = self._initial_position(p, info)
                 if self.until_now and p not in self.end_seqnos:
                     self.end_seqnos[p] = info.high_seqno
+                    self._now_ends.add(p)
+                    self._branches[p] = _branch(info)
+        else:
+            self._lower_ends(infos)
         self.open.clear()
         self.repairs = self._repair_plans()
         return [self.request_for(p) for p in sorted(self.positions) if p not in self.finished and p not in self.repairs]
+
+    def _lower_ends(self, infos: Mapping[int, PartitionInfo]) -> None:
+        """Reconnect: an until_now end above the high seqno of a new branch can never be reached
+        by the history that exists; lower it to that high seqno (see the module docstring)."""
+        for p in sorted(self._now_ends - self.finished):
+            info = infos.get(p)
+            if info is None:
+                continue
+            branch = _branch(info)
+            if branch != self._branches[p] and info.high_seqno < self.end_seqnos[p]:
+                self.lowered_ends.setdefault(p, self.end_seqnos[p])
+                self.end_seqnos[p] = info.high_seqno
+            self._branches[p] = branch
 
     def _repair_plans(self) -> dict[int, RollbackPlan]:
         """Keys the ring holds above a partition's position were applied but are not covered by it:
@@ -297,3 +323,8 @@ class ClientSession:
 
     def committed(self) -> dict[int, StreamOffset]:
         return {p: pos.offset() for p, pos in self.positions.items()}
+
+
+def _branch(info: PartitionInfo) -> int:
+    """The uuid of the partition's newest history branch (0: no failover log)."""
+    return info.log[0].uuid if info.log else 0
