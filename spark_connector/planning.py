@@ -34,6 +34,8 @@ class WorkItem:
     snap_end: int
     end: int
     control: str | None = None
+    branch_uuid: int | None = None   # uuid of the end position's branch (pieces that start mid-range use it)
+    exact: bool = False              # drop items past ``end`` (a piece followed by another piece)
 
     @property
     def backlog(self) -> int:
@@ -51,7 +53,7 @@ def work_items(start: SourceOffset, end: SourceOffset) -> list[WorkItem]:
         e = end.partitions[pid]
         if e.seqno > pos.seqno or control is not None:
             items.append(WorkItem(pid, pos.uuid, pos.seqno, pos.snap_start, pos.snap_end,
-                                  max(e.seqno, pos.seqno), control))
+                                  max(e.seqno, pos.seqno), control, e.uuid))
     return items
 
 
@@ -75,10 +77,15 @@ def split_items(items: Sequence[WorkItem], min_tasks: int) -> list[WorkItem]:
         first = True
         while True:
             hi = min(item.end, lo + step) if step else item.end
+            # Every piece but the last is cut exactly at its end: the server ends a bounded stream
+            # after the snapshot containing the end seqno, which would repeat the next pieces.
+            exact = hi < item.end
             if first:
-                out.append(WorkItem(item.partition, item.uuid, lo, item.snap_start, item.snap_end, hi, item.control))
-            else:
-                out.append(WorkItem(item.partition, item.uuid, lo, lo, lo, hi, None))
+                out.append(WorkItem(item.partition, item.uuid, lo, item.snap_start, item.snap_end, hi, item.control,
+                                    item.branch_uuid, exact))
+            else:   # a resume from a complete point on the branch the batch ends on
+                uuid = item.branch_uuid if item.branch_uuid is not None else item.uuid
+                out.append(WorkItem(item.partition, uuid, lo, lo, lo, hi, None, item.branch_uuid, exact))
             first = False
             lo = hi
             if lo >= item.end:

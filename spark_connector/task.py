@@ -199,7 +199,7 @@ def _stream(partition: Any, rounds: list[list[WorkItem]]) -> Iterator[pa.RecordB
                     if rb.num_rows:
                         p = rb.column(0)[0].as_py()
                         w = open_.get(p)
-                        if exact and w is not None and rb.column(1)[-1].as_py() > w.end:
+                        if w is not None and (exact or w.exact) and rb.column(1)[-1].as_py() > w.end:
                             rb = rb.filter(pc.less_equal(rb.column(1), w.end))
                         yield rb
                     msg = None
@@ -209,7 +209,7 @@ def _stream(partition: Any, rounds: list[list[WorkItem]]) -> Iterator[pa.RecordB
                     if len(msg):
                         rb = batch_to_arrow(msg, snaps.get(msg.partition, (0, 0)))
                         w = open_.get(msg.partition)
-                        if exact and w is not None and msg.seqnos[-1] > w.end:
+                        if w is not None and (exact or w.exact) and msg.seqnos[-1] > w.end:
                             rb = rb.filter(pc.less_equal(rb.column(1), w.end))
                         yield rb
                 elif isinstance(msg, M.SnapshotMarker):

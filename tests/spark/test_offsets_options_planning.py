@@ -146,12 +146,16 @@ def test_split_items_covers_the_range_exactly_once_and_keeps_control_on_first_pi
         assert mine[0].start == lo and mine[-1].end == hi
         assert all(a.end == b.start for a, b in zip(mine, mine[1:]))
     assert [w.control for w in pieces if w.partition == 0][:2] == ["reset", None]
+    # a piece that starts mid-range resumes on the batch's branch, never with the start's uuid 0
+    branchy = split_items([WorkItem(0, 0, 0, 0, 0, 100, None, 77)], 4)
+    assert [w.uuid for w in branchy] == [0, 77, 77, 77]
+    assert [w.exact for w in branchy] == [True, True, True, False]
 
 
 def test_plan_from_offsets_is_deterministic_and_skips_idle_partitions():
     start = SourceOffset({0: PartitionOffset(1, 5, 5, 5), 1: PartitionOffset(1, 3, 3, 3)}, 2)
     end = SourceOffset({0: PartitionOffset(1, 9, 9, 9), 1: PartitionOffset(1, 3, 3, 3)}, 2)
-    assert work_items(start, end) == [WorkItem(0, 1, 5, 5, 5, 9, None)]
+    assert work_items(start, end) == [WorkItem(0, 1, 5, 5, 5, 9, None, 1)]
     assert plan_tasks(start, end, None) == plan_tasks(start, end, None)
     assert plan_tasks(start, start, None) == []
     assert plan_tasks(SourceOffset.latest(), end, None) == []
