@@ -158,6 +158,8 @@ class Result:
     seconds: float
     server_cpu: float
     errors: int
+    #: CPU seconds of the server's event-loop thread and of its engine flusher over the phase
+    split: dict[str, float] | None = None
 
     @property
     def req_rate(self) -> float:
@@ -177,6 +179,7 @@ async def run_phase(
     seconds: float,
     server: psutil.Process,
     warmup: float = 0.5,
+    split: Callable[[], dict[str, float]] | None = None,
 ) -> Result:
     """``make(send, i)`` sends request ``i`` and returns (units done, ok).  Counts only after warm-up."""
     counter = iter(range(1 << 62))
@@ -195,13 +198,34 @@ async def run_phase(
 
     tasks = [asyncio.create_task(worker(send)) for send in sessions]
     await asyncio.sleep(warmup)
+    split0 = split() if split else None
     cpu0 = sum(server.cpu_times()[:2])
     t0 = time.monotonic()
     state["measuring"] = True
     await asyncio.gather(*tasks)
     elapsed = time.monotonic() - t0
     cpu = (sum(server.cpu_times()[:2]) - cpu0) / elapsed
-    return Result(name, state["requests"], state["units"], elapsed, cpu, state["errors"])
+    spent = None
+    if split and split0 is not None:
+        split1 = split()
+        spent = {k: split1[k] - split0[k] for k in split1}
+    return Result(name, state["requests"], state["units"], elapsed, cpu, state["errors"], spent)
+
+
+def server_split(proc: psutil.Process, url: str) -> Callable[[], dict[str, float]]:
+    """CPU seconds so far of the server's main thread (the event loop) and of the engine's flusher
+    (its own counter, ``upr_engine_flush_cpu_seconds_total`` in /metrics); the rest of the server's
+    CPU is the writer thread's (and a little of the reader threads')."""
+
+    def sample() -> dict[str, float]:
+        loop = next((t.user_time + t.system_time for t in proc.threads() if t.id == proc.pid), 0.0)
+        flush = 0.0
+        for line in httpx.get(f"{url}/metrics", timeout=10).text.splitlines():
+            if line.startswith("upr_engine_flush_cpu_seconds_total "):
+                flush = float(line.split()[1])
+        return {"loop": loop, "flush": flush, "all": sum(proc.cpu_times()[:2])}
+
+    return sample
 
 
 def bulk_bodies(count: int, batch: int, binary: bool, seed: int) -> list[bytes]:
@@ -261,6 +285,7 @@ async def main_async(args: argparse.Namespace) -> list[list[Result]]:
         try:
             fp = psutil.Process(trivial.pid)
             up = psutil.Process(upr.pid)
+            split = server_split(up, url)
             c, s, bc = args.concurrency, args.seconds, args.bulk_concurrency
             for rnd in range(args.rounds):  # rounds, so that ratios come from phases run close together
                 json_bodies = bulk_bodies(args.bodies, args.batch, binary=False, seed=10 * rnd + 1)
@@ -271,9 +296,9 @@ async def main_async(args: argparse.Namespace) -> list[list[Result]]:
                     await run_phase("upr PUT /docs/{key} memory", client, url, put("memory"), c, s, up),
                     await run_phase("upr PUT /docs/{key} persist", client, url, put("persist"), c, s, up),
                     await run_phase(f"upr bulk {args.batch} persist, JSON values", client, url,
-                                    bulk(json_bodies), bc, s, up),
+                                    bulk(json_bodies), bc, s, up, split=split),
                     await run_phase(f"upr bulk {args.batch} persist, value_b64", client, url,
-                                    bulk(b64_bodies), bc, s, up),
+                                    bulk(b64_bodies), bc, s, up, split=split),
                 ])
         finally:
             await client.aclose()
@@ -328,6 +353,19 @@ def report(rounds: list[list[Result]], args: argparse.Namespace) -> str:
     put_cpu_ratio = _median([cpu_per_request(rnd[0]) / cpu_per_request(rnd[put_i]) for rnd in rounds])
     best_bulk = max(_median([rnd[i].unit_rate for rnd in rounds]) for i in bulk_is)
     per_mutation = min(_median([cpu_per_unit(rnd[i]) for rnd in rounds]) for i in bulk_is)
+    lines += ["", "| bulk phase | server CPU µs/mutation | event loop thread | flusher | writer + others |",
+              "|---|---|---|---|---|"]
+    for i in bulk_is:
+        runs = [rnd[i] for rnd in rounds if rnd[i].split and rnd[i].units]
+        if not runs:
+            continue
+
+        def per(key: str, runs: list[Result] = runs) -> float:
+            return _median([r.split[key] / r.units * 1e6 for r in runs])  # type: ignore[index]
+
+        rest = _median([(r.split["all"] - r.split["loop"] - r.split["flush"]) / r.units * 1e6  # type: ignore[index]
+                        for r in runs])
+        lines.append(f"| {names[i]} | {per('all'):.2f} | {per('loop'):.2f} | {per('flush'):.2f} | {rest:.2f} |")
     lines += ["",
               f"single PUT (memory) / trivial POST: {put_ratio:.0%} by rate, {put_cpu_ratio:.0%} by server CPU "
               "per request (medians; goal >= 60%)",
