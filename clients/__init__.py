@@ -28,6 +28,7 @@ from .events import (
 from .http import AsyncHttpApi, HttpApi
 from .offset import StreamOffset
 from .ring import RollbackRing
+from .session import RollbackPolicy
 from .state import ConsumerState, FileStateStore, MemoryStateStore, PartitionCheckpoint, StateStore
 from .sync import SyncConsumer
 
@@ -50,6 +51,7 @@ __all__ = [
     "PartitionReset",
     "ProtocolViolation",
     "Rollback",
+    "RollbackPolicy",
     "RollbackRing",
     "ServerError",
     "SnapshotEnd",

@@ -33,6 +33,7 @@ import itertools
 import logging
 import os
 import time
+from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
@@ -62,7 +63,7 @@ from .flow import AckTracker
 from .http import AsyncHttpApi, default_server, default_token
 from .offset import StreamOffset
 from .ring import RollbackRing
-from .session import ClientSession, EndAction, RollbackPlan, StartMode
+from .session import ClientSession, EndAction, RollbackPlan, RollbackPolicy, SeekAction, StartMode
 from .state import FileStateStore, MemoryStateStore, StateStore
 
 __all__ = ["Consumer", "Handler"]
@@ -130,6 +131,7 @@ class Consumer:
         max_corrections: int = 10_000,
         commit: str = "item",
         handler: Handler | None = None,
+        on_rollback: str | RollbackPolicy = RollbackPolicy.REPAIR,
     ) -> None:
         self.server = (server or default_server()).rstrip("/")
         self.url = stream_url(self.server)
@@ -151,7 +153,7 @@ class Consumer:
                 ring = RollbackRing(ring_size, self.state_store.ring_directory)
             self.session = ClientSession(partitions=partitions, start=start, saved=saved, offsets=offsets,
                                          end_seqnos=end_seqnos, until_now=until_now, ring=ring,
-                                         max_corrections=max_corrections)
+                                         max_corrections=max_corrections, on_rollback=on_rollback)
         except BaseException:
             if ring is not None:
                 ring.close()
@@ -184,11 +186,16 @@ class Consumer:
         self._cookies = itertools.count(1)
         self._barriers: dict[str, asyncio.Future[BarrierReached]] = {}
         self._not_mine: dict[int, int] = {}
+        # seeks waiting for the stream loop: partitions to request, or a reconnect for open streams
+        self._seek_requests: set[int] = set()
+        self._seek_reconnect = False
         # the batch being handed over item by item: commit() applies it up to the current item
         self._b_pos: Any = None
         self._b_seqnos: Sequence[int] = ()
         self._b_done = 0
         self._b_i = -1
+        self._b_events: Any = None  # its per-item iterator, drained by a seek of its partition
+        self._b_cut = False
         # counters
         self.reconnects = 0
         self.items_processed = 0
@@ -231,7 +238,8 @@ class Consumer:
                     await result
                 continue
             i = 0
-            for event in events_of(x):
+            self._b_events = events = events_of(x)
+            for event in events:
                 self._b_i = i
                 result = handler(event)
                 if result is not None and isawaitable(result):
@@ -287,6 +295,32 @@ class Consumer:
 
     def position(self, partition: int) -> StreamOffset:
         return self.session.positions[partition].offset()
+
+    def seek(self, partition: int, offset: StreamOffset) -> None:
+        """Restart ``partition`` from ``offset`` (java-dcp-client's ``rollbackAndRestartStream``).
+
+        Typical use is with ``on_rollback="report"``: on a ``Rollback`` event the handler cuts its
+        own copy back to a position it holds exactly and seeks there; called while the event is
+        being handled, the partition's next stream starts at ``offset`` instead of at the rollback
+        point.  Called at other times: before the stream opened it replaces the start offset; for
+        a partition whose bounded stream ended, the partition is streamed again; for a partition
+        that is streaming, the consumer reconnects (other partitions resume from their processed
+        positions) so that no item of the old stream is handed over after this call returns
+        (items already yielded but not yet processed still count as processed from the old stream).
+        Nothing above ``offset`` counts as applied any more (the ring forgets it)."""
+        if self._closed or self._done:
+            raise UsageError("seek() after the streams ended or the consumer was closed", partition=partition)
+        action = self.session.seek(partition, offset)
+        if action is SeekAction.REQUEST:
+            self._seek_requests.add(partition)
+        elif action is SeekAction.RECONNECT:
+            self._seek_reconnect = True
+            if self._b_pos is not None and self._b_pos is self.session.positions.get(partition):
+                # the rest of the batch being handed over belongs to the old stream: drop it (a
+                # C-level drain of its iterator ends the item loop; nothing is counted processed)
+                self._b_cut = True
+                if self._b_events is not None:
+                    deque(self._b_events, maxlen=0)
 
     @property
     def rollbacks(self) -> int:
@@ -465,6 +499,15 @@ class Consumer:
                     while True:
                         if self._closed:
                             return
+                        if self._seek_reconnect:
+                            self._seek_reconnect = False
+                            self._seek_requests.clear()  # the handshake requests them
+                            raise _Reconnect("a streaming partition was sought to a new position")
+                        if self._seek_requests:
+                            for p in sorted(self._seek_requests):
+                                if p not in session.open and p in session.seeks:
+                                    await self._send(session.request_for(p))
+                            self._seek_requests.clear()
                         if session.repairs:
                             for plan in list(session.repairs.values()):
                                 async for out in self._rollback(plan, repair=True):
@@ -504,22 +547,25 @@ class Consumer:
                                 raise ProtocolViolation(f"items for partition {p}, which has no open stream", partition=p)
                             seqnos = batch.seqnos
                             n = len(seqnos)
+                            cut = False
                             if n:
                                 if ring is not None:
                                     ring.append_batch(p, seqnos, batch.keys)  # before anyone applies them
                                 self._b_pos, self._b_seqnos, self._b_done = pos, seqnos, 0
                                 if per_item:
                                     i = 0
-                                    for event in events_of(batch):
+                                    self._b_events = events = events_of(batch)
+                                    for event in events:
                                         self._b_i = i
                                         yield event
                                         i += 1
                                 else:
                                     self._b_i = n - 1  # the whole batch is handed over at once
                                     yield batch
-                                self._apply_batch_progress(n)
-                                self._b_pos, self._b_i = None, -1
-                            if batch.last:
+                                self._apply_batch_progress(self._b_i + 1)  # all, unless a seek cut it
+                                cut = self._b_cut
+                                self._b_pos, self._b_i, self._b_events, self._b_cut = None, -1, None, False
+                            if batch.last and not cut:
                                 pos.snapshot_end()
                                 yield SnapshotEnd(p, pos.snap_start, pos.snap_end)
                             await self._processed(nbytes)
@@ -621,7 +667,7 @@ class Consumer:
                 # A 404 does not say at which seqno the key was deleted; the partition's high seqno
                 # (read after the GETs) bounds it, so the key stays covered until the stream passes it.
                 high = await self._high_seqno(p)
-            yield Rollback(p, plan.seqno, plan.reason, plan.detail, len(plan.keys))
+            yield Rollback(p, plan.seqno, plan.reason, plan.detail, len(plan.keys), plan.resume)
             for key, doc in zip(plan.keys, docs):
                 if doc is None:
                     yield Deletion(p, plan.seqno, key.decode(), 0, 0, correction=True)

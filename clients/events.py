@@ -6,7 +6,8 @@
                           is not a state that ever existed (dedup); apply atomically at SnapshotEnd if it
                           matters (dcp.md §3, "partial snapshots published")
     Rollback              the server's history branched at ``seqno``; corrections (if any) were delivered
-                          just before this event and the partition resumes from ``seqno``
+                          just before this event and the partition resumes from ``resume`` (at ``seqno``)
+                          unless the handler calls ``consumer.seek`` for it while handling this event
     PartitionReset        the rollback went deeper than the ring covers: drop everything of the partition;
                           it is streamed again from 0 right after
     StreamEnd             a partition's stream ended (bounded stream done, or the server says why);
@@ -19,6 +20,8 @@ from dataclasses import dataclass, field
 from collections.abc import Iterator
 from itertools import repeat
 from typing import Any, NamedTuple, Union
+
+from .offset import StreamOffset
 
 __all__ = [
     "events_of",
@@ -84,6 +87,9 @@ class Rollback:
     detail: str | None = None
     #: Keys re-read and delivered as corrections just before this event.
     corrections: int = 0
+    #: Where the partition resumes unless the handler calls ``consumer.seek`` for it while
+    #: handling this event (the newest branch at or below ``seqno``; from 0 if none reaches it).
+    resume: StreamOffset | None = None
 
 
 @dataclass(frozen=True, slots=True)

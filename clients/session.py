@@ -19,13 +19,18 @@ Theory of operation
   Later handshakes (reconnects) keep the positions, which only ever moved on *processed* items.
 * **Stream responses**: ``ok`` adopts the failover log; ``rollback`` becomes a ``RollbackPlan`` (keys to
   re-read, or a partition reset when the ring does not reach down to the rollback seqno; never
-  fatal, dcp.md §3.10); ``not_my_partition`` asks for a new handshake; ``range_error`` is fatal for that
+  fatal, dcp.md §3.10; with ``on_rollback="report"`` only the rollback point, no keys and never a
+  reset: the caller decides); ``not_my_partition`` asks for a new handshake; ``range_error`` is fatal for that
   stream (a corrupt or foreign position must not be silently replaced).
 * **Repairs**: at every handshake, keys the ring holds above a partition's position were applied
   but are not covered by it (the consumer died between applying and saving; a rollback correction
   was newer than the rollback seqno); they are corrected from the server's current documents before
   the partition streams (``repairs``, ``finish_repair``), because no server rollback would name them
   if the server lost them.
+* **Seeks** (``seek``; java-dcp-client's ``rollbackAndRestartStream``): the caller names the position a
+  partition restarts from.  It is applied when the partition is next requested (after the rollback
+  being handled, at the next handshake, or at once for a finished partition); a partition whose
+  stream is open needs a new stream, which the consumer gets by reconnecting.
 * **Stream ends**: ``end_seqno_reached``/``closed`` finish the partition; ``too_slow`` re-requests it
   from the processed position; ``state_changed``/``shutting_down`` ask for a reconnect.
 """
@@ -44,13 +49,40 @@ from .position import PartitionPosition
 from .ring import RollbackRing
 from .state import ConsumerState, PartitionCheckpoint
 
-__all__ = ["StartMode", "RollbackPlan", "EndAction", "ClientSession", "UNSAVED_PROGRESS"]
+__all__ = ["StartMode", "RollbackPolicy", "RollbackPlan", "EndAction", "SeekAction", "ClientSession",
+           "UNSAVED_PROGRESS"]
 
 
 class StartMode(str, enum.Enum):
     BEGINNING = "beginning"
     SAVED = "saved"
     NOW = "now"
+
+
+class RollbackPolicy(str, enum.Enum):
+    """What a server rollback does to the application's data.
+
+    REPAIR  (default) ring-based: the keys applied above the rollback seqno are re-read and handed
+            over as corrections, or the partition is reset when the ring does not reach down.
+    REPORT  only report the rollback point (a ``Rollback`` event, no corrections, never a reset):
+            the caller undoes what it must itself, and may ``seek`` elsewhere; otherwise the
+            partition resumes at the rollback seqno.  For consumers that can cut their own copy
+            back exactly (backups, logs) and would only be harmed by key-wise corrections.
+    """
+
+    REPAIR = "repair"
+    REPORT = "report"
+
+
+class SeekAction(str, enum.Enum):
+    """What the I/O adapter must do for a ``ClientSession.seek``."""
+
+    #: nothing now: the seek applies when the partition is next requested (rollback, handshake)
+    LATER = "later"
+    #: send ``request_for(partition)`` now (the partition had no stream: finished)
+    REQUEST = "request"
+    #: the partition is streaming: a new stream is needed, so reconnect
+    RECONNECT = "reconnect"
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,6 +96,8 @@ class RollbackPlan:
     keys: tuple[bytes, ...]
     #: The ring does not cover ``seqno``: drop the partition and stream it again from 0.
     reset: bool
+    #: Where the partition resumes unless the caller seeks elsewhere (None for repairs: unchanged).
+    resume: StreamOffset | None = None
 
 
 class EndAction(str, enum.Enum):
@@ -91,8 +125,14 @@ class ClientSession:
         until_now: bool = False,
         ring: RollbackRing | None = None,
         max_corrections: int = 10_000,
+        on_rollback: RollbackPolicy | str = RollbackPolicy.REPAIR,
     ) -> None:
         self.start = StartMode(start)
+        try:
+            self.on_rollback = RollbackPolicy(on_rollback)
+        except ValueError:
+            raise UsageError(f"on_rollback must be 'repair' or 'report', got {on_rollback!r}",
+                             field="on_rollback") from None
         #: A rollback needing more corrections than this resets the partition instead: re-reading
         #: every key one GET at a time costs more than streaming the partition again.
         self.max_corrections = max_corrections
@@ -113,8 +153,11 @@ class ClientSession:
         self.rollback_counts: dict[str, int] = {}
         #: until_now partitions whose end was lowered after their history branched: original end.
         self.lowered_ends: dict[int, int] = {}
+        #: Caller-chosen restart positions, applied when the partition is next requested.
+        self.seeks: dict[int, StreamOffset] = {}
         self._now_ends: set[int] = set()
         self._branches: dict[int, int] = {}
+        self._rolling_back: set[int] = set()
         #: Partitions whose ring holds items applied beyond the resume position (see ``handshake``).
         self.repairs: dict[int, RollbackPlan] = {}
         if until_now and end_seqnos:
@@ -151,6 +194,9 @@ class ClientSession:
         else:
             self._lower_ends(infos)
         self.open.clear()
+        self._rolling_back.clear()  # a rollback cut short by the lost connection is answered again
+        for p in sorted(self.seeks):  # before the repairs: the caller's position replaces the old one
+            self._apply_seek(p, self.seeks.pop(p))
         self.repairs = self._repair_plans()
         return [self.request_for(p) for p in sorted(self.positions) if p not in self.finished and p not in self.repairs]
 
@@ -225,9 +271,51 @@ class ClientSession:
         return pos
 
     def request_for(self, p: int) -> StreamRequest:
+        sought = self.seeks.pop(p, None)
+        if sought is not None:
+            self._apply_seek(p, sought)
         self.open.add(p)
         off = self.positions[p].offset()
         return StreamRequest(p, off.uuid, off.seqno, off.snap_start, off.snap_end, end_seqno=self.end_seqnos.get(p))
+
+    # ------------------------------------------------------------------ seeks
+    def seek(self, p: int, offset: StreamOffset) -> SeekAction:
+        """Restart partition ``p`` from ``offset`` (the caller's own position, e.g. after it cut its
+        copy back on a ``Rollback``): see the module docstring for when it takes effect."""
+        if not isinstance(offset, StreamOffset):
+            raise UsageError(f"seek needs a StreamOffset, got {type(offset).__name__}", partition=p, field="offset")
+        end = self.end_seqnos.get(p)
+        if end is not None and offset.seqno > end:
+            raise UsageError(f"partition {p}: cannot seek to seqno {offset.seqno}, after the stream's end {end}",
+                             partition=p, seqno=offset.seqno, field="offset")
+        if not self.positions:  # before the first handshake: a start offset like any other
+            if self.requested_partitions is not None and p not in self.requested_partitions:
+                raise UsageError(f"partition {p} is not one of the consumer's partitions", partition=p)
+            self.offsets[p] = offset
+            return SeekAction.LATER
+        if p not in self.positions:
+            raise UsageError(f"partition {p} is not one of the consumer's partitions", partition=p)
+        self.seeks[p] = offset
+        if p in self.open:
+            return SeekAction.RECONNECT
+        if p in self._rolling_back or p in self.repairs:
+            return SeekAction.LATER
+        was_finished = p in self.finished
+        self.finished.discard(p)
+        return SeekAction.REQUEST if was_finished else SeekAction.LATER
+
+    def _apply_seek(self, p: int, offset: StreamOffset) -> None:
+        old = self.positions[p]
+        log = tuple(e for e in old.failover_log if e.seqno <= offset.seqno)
+        self.positions[p] = PartitionPosition(p, offset, log)
+        ring = self.ring
+        if ring is not None:
+            # Nothing above the new position is applied any more (the caller says so); forward, the
+            # items skipped over were applied by other means, so the ring covers only from there.
+            ring.drop_above(p, offset.seqno)
+            floor = ring.floor(p)
+            if floor is None or floor > offset.seqno or offset.seqno > old.seqno:
+                ring.set_floor(p, offset.seqno)
 
     # ------------------------------------------------------------------ stream responses
     def stream_ok(self, p: int, failover_log: Iterable[FailoverEntry]) -> None:
@@ -239,15 +327,21 @@ class ClientSession:
         key = reason or "unspecified"
         self.rollback_counts[key] = self.rollback_counts.get(key, 0) + 1
         log = tuple(failover_log)
+        self.open.discard(p)  # a rollback answer opens no stream
+        self._rolling_back.add(p)
+        kept = [e for e in (log or self.positions[p].failover_log) if e.seqno <= seqno]
+        resume = StreamOffset.at(kept[0].uuid, seqno) if kept else StreamOffset.beginning()
+        if self.on_rollback is RollbackPolicy.REPORT:
+            return RollbackPlan(p, seqno, reason, detail, log, (), False, resume)
         ring = self.ring
         if ring is not None and ring.covers(p, seqno):
             keys = tuple(ring.keys_above(p, seqno))
             if len(keys) <= self.max_corrections:
-                return RollbackPlan(p, seqno, reason, detail, log, keys, False)
+                return RollbackPlan(p, seqno, reason, detail, log, keys, False, resume)
         if ring is None and seqno >= self.positions[p].seqno:
             # Nothing applied above the rollback seqno (a consumer with no ring can only know this).
-            return RollbackPlan(p, seqno, reason, detail, log, (), False)
-        return RollbackPlan(p, seqno, reason, detail, log, (), True)
+            return RollbackPlan(p, seqno, reason, detail, log, (), False, resume)
+        return RollbackPlan(p, seqno, reason, detail, log, (), True, StreamOffset.beginning())
 
     def finish_rollback(self, plan: RollbackPlan,
                         corrected: Sequence[tuple[bytes, int]] = ()) -> StreamRequest:
@@ -256,6 +350,7 @@ class ClientSession:
         ``corrected`` lists (key, seqno) of corrections whose current version is above the rollback
         seqno: they stay in the ring, because that version may itself be rolled back later."""
         p = plan.partition
+        self._rolling_back.discard(p)
         pos = self.positions[p]
         if plan.reset:
             self.resets += 1
@@ -301,6 +396,7 @@ class ClientSession:
 
     def connection_lost(self) -> None:
         self.open.clear()
+        self._rolling_back.clear()
         for pos in self.positions.values():
             pos.connection_lost()
 

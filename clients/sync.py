@@ -75,6 +75,10 @@ class SyncConsumer:
     def committed(self) -> dict[int, StreamOffset]:
         return self._consumer.committed()
 
+    def seek(self, partition: int, offset: StreamOffset) -> None:
+        """See ``Consumer.seek`` (e.g. while handling a ``Rollback`` event)."""
+        self._consumer.seek(partition, offset)
+
     def close(self) -> None:
         if self._closed:
             return

@@ -1,5 +1,5 @@
 """What the caller controls, against real server processes: "until now" ends lowered after an unclean
-restart."""
+restart, the "report" rollback policy with ``seek``, seeks of streaming partitions."""
 from __future__ import annotations
 
 import asyncio
@@ -7,7 +7,15 @@ from pathlib import Path
 
 import pytest
 
-from clients import Consumer, HttpApi, Mutation, StreamEnd
+from clients import (
+    Consumer,
+    HttpApi,
+    Mutation,
+    PartitionReset,
+    Rollback,
+    StreamEnd,
+    StreamOffset,
+)
 from clients.backoff import Backoff
 from tests.client.test_consumer import apply, bulk, sets
 from tests.client.test_mirror import free_port
@@ -66,3 +74,64 @@ async def test_until_now_end_is_lowered_when_an_unclean_restart_lost_the_goal(tm
         assert docs == server_docs(srv.url, keys) and len(docs) == 20  # the lost branch's keys were undone
     finally:
         srv.kill()
+
+
+async def test_report_policy_lets_the_caller_restart_where_it_holds_an_exact_state(tmp_path):
+    srv, args = crashable(tmp_path)
+    try:
+        bulk(srv.url, sets("p", 20), "persist")
+        bulk(srv.url, sets("m", 20), "memory")
+        async with Consumer(srv.url, partitions=[0], start="beginning", until_now=True) as first:
+            async for _ in first:
+                pass
+            saved = first.position(0)
+        assert saved.seqno == 40
+        srv = await asyncio.to_thread(restart, tmp_path, srv, args)
+        bulk(srv.url, sets("n", 5), "persist")  # seqnos 21..25 on the new branch
+
+        async def run(seek_to: StreamOffset | None) -> tuple[list, Consumer]:
+            seen: list = []
+            consumer = Consumer(srv.url, partitions=[0], offsets={0: saved}, until_now=True, ring_size=0,
+                                on_rollback="report")
+            async with consumer:
+                async for ev in consumer:
+                    seen.append(ev)
+                    if isinstance(ev, Rollback) and seek_to is not None:
+                        consumer.seek(0, seek_to)  # java-dcp-client's rollbackAndRestartStream
+            return seen, consumer
+
+        seen, consumer = await asyncio.wait_for(run(None), 30)
+        rollbacks = [e for e in seen if isinstance(e, Rollback)]
+        assert len(rollbacks) == 1 and rollbacks[0].seqno == 20 and rollbacks[0].corrections == 0
+        assert rollbacks[0].resume is not None and rollbacks[0].resume.seqno == 20
+        items = [e for e in seen if isinstance(e, Mutation)]
+        assert not any(e.correction for e in items) and not any(isinstance(e, PartitionReset) for e in seen)
+        assert [e.seqno for e in items] == [21, 22, 23, 24, 25]  # resumed at the rollback point
+        assert (consumer.rollbacks, consumer.resets) == (1, 0)
+
+        seen, consumer = await asyncio.wait_for(run(StreamOffset.at(saved.uuid, 10)), 30)
+        items = [e for e in seen if isinstance(e, Mutation)]
+        assert [e.seqno for e in items] == list(range(11, 26))  # restarted where the caller chose
+        assert consumer.position(0).seqno == 25
+    finally:
+        srv.kill()
+
+
+async def test_seek_of_a_streaming_partition_restarts_it(upr_server):
+    srv = upr_server(partitions=2)
+    bulk(srv.url, sets("k", 40))
+    seqnos: list[tuple[int, int]] = []
+    consumer = Consumer(srv.url, partitions=[0, 1], start="beginning", until_now=True, window_bytes=4096,
+                        backoff=Backoff(0.01, 0.05))
+    async with consumer:
+        async for ev in consumer:
+            if isinstance(ev, Mutation):
+                seqnos.append((ev.partition, ev.seqno))
+                if len(seqnos) == 3:
+                    consumer.seek(ev.partition, StreamOffset())
+    assert consumer.reconnects == 1
+    again = [s for s in seqnos[3:] if s[0] == seqnos[0][0]]
+    assert again[0][1] == 1  # the partition came again from its first item
+    ends = {p: consumer.position(p).seqno for p in (0, 1)}
+    highs = {int(i["partition"]): int(i["high_seqno"]) for i in HttpApi(srv.url).partitions()}
+    assert ends == highs

@@ -4,7 +4,7 @@ import clients
 EXPECTED = {
     "AsyncHttpApi", "AuthFailed", "BarrierReached", "ClientError", "ConnectionFailed", "Consumer", "ConsumerState",
     "Deletion", "Event", "FileStateStore", "HttpApi", "HttpError", "MemoryStateStore", "Mutation",
-    "PartitionCheckpoint", "PartitionReset", "ProtocolViolation", "Rollback", "RollbackRing", "ServerError",
+    "PartitionCheckpoint", "PartitionReset", "ProtocolViolation", "Rollback", "RollbackPolicy", "RollbackRing", "ServerError",
     "SnapshotEnd", "SnapshotStart", "StateCorrupt", "StateStore", "StreamEnd", "StreamOffset", "StreamRejected",
     "SyncConsumer", "UsageError",
 }
