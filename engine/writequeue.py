@@ -80,7 +80,10 @@ class QueueBatch:
         self.index = queue.index
 
     def add(self, item: Item, prev: Item | None) -> None:
-        """Append ``item`` (its seqno must be ``next_seqno``); ``prev`` is the key's queued version."""
+        """Append ``item`` (its seqno must be ``next_seqno``); ``prev`` is the key's queued version.
+
+        ``Engine.write_batch`` inlines these steps in its per-write loop (a method call per write
+        was ~5 % of it): change both together."""
         queue = self.queue
         if prev is not None:
             if prev.seqno > queue.persisted:
