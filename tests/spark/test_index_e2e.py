@@ -144,3 +144,26 @@ def test_job_killed_mid_run_leaves_previous_generation_and_rerun_converges(spark
     report = _job(spark, d, srv, maxOffsetsPerTrigger=100000).run()
     assert report.generation > killed_at.generation
     assert index_rows(spark, d) == brute_force(srv.url, KEYS)
+
+
+def test_follow_keeps_the_index_updated_while_writes_continue(spark, upr_server, tmp_path):
+    import threading
+
+    srv = upr_server(partitions=4)
+    rng = random.Random(3)
+    live: set[str] = set()
+    keys = KEYS[:300]
+    bulk(srv.url, random_ops(rng, keys, live, 300))
+    job = _job(spark, tmp_path / "follow", srv)
+    runner = threading.Thread(target=lambda: job.run(follow=True, interval_s=1.0, timeout_s=25), daemon=True)
+    runner.start()
+    deadline = time.monotonic() + 20
+    while (job.manifest() is None or job.manifest().batch_id < 0) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    bulk(srv.url, random_ops(rng, keys, live, 100, delete_ratio=0.3))     # while the query runs
+    expected = brute_force(srv.url, keys)
+    while index_rows(spark, tmp_path / "follow") != expected and time.monotonic() < deadline + 5:
+        time.sleep(1)
+    assert index_rows(spark, tmp_path / "follow") == expected
+    runner.join(40)
+    assert not runner.is_alive()
