@@ -112,15 +112,16 @@ class UprStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def latestOffset(self, start: dict[str, Any] | None = None, limit: ReadLimit | None = None) -> dict[str, Any]:
         meta = fetch_meta(self.opts)
         selected = select_partitions(meta, self.opts.partitions)
-        begin = SourceOffset.from_json(start) if start is not None else \
-            initial_offset(self.opts.starting, meta, selected)
+        if start is None:
+            # Spark 4.0/4.1 call latestOffset() without the start: all they can be told is "the
+            # high seqnos now" (no read limit; a branch is met by read() as a reset row).
+            return resolve_positions(Position.LATEST, meta, selected).to_json()
+        begin = SourceOffset.from_json(start)
         if begin.latest_sentinel:
             # Batch 0 of startingOffsets=latest: sentinel -> "now", planned as an empty batch, so a
             # replay of it is identical however late it runs.
             return resolve_positions(self.opts.starting, meta, selected).to_json()
         max_rows = limit.max_rows if isinstance(limit, ReadMaxRows) else None
-        if limit is None:   # Spark 4.0/4.1 call latestOffset() without a limit
-            max_rows = self.opts.max_offsets_per_trigger
         end = next_offset(begin, meta, check=local_check, policy=self.opts.on_rollback,
                           max_rows=max_rows, target=self._target)
         return end.to_json()
