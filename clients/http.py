@@ -1,23 +1,27 @@
 """The HTTP API as the client needs it: documents, partitions, status.  Sync and async flavours.
 
 The consumer uses ``AsyncHttpApi.get`` to re-read keys for rollback corrections; the CLI uses
-``HttpApi``.  Every failure becomes one typed error (``clients.errors``): unreachable server ->
+``HttpApi``; restore tools write through ``bulk`` (``POST /docs/_bulk``: one request, one durability
+wait, one result per operation; a refused item does not stop the others, so callers check
+``results``).  Both flavours offer the same reads and writes.  Every failure becomes one typed error (``clients.errors``): unreachable server ->
 ``ConnectionFailed``, 401/403 -> ``AuthFailed``, other problems -> ``HttpError`` carrying the
 problem's status and detail, so callers never parse text.
 """
 from __future__ import annotations
 
 import os
+from collections.abc import Iterable, Mapping
 from typing import Any
 from urllib.parse import quote
 
 import httpx
+import orjson
 
 from engine.types import Document
 
 from .errors import AuthFailed, ConnectionFailed, HttpError
 
-__all__ = ["DEFAULT_SERVER", "HttpApi", "AsyncHttpApi", "default_server", "default_token", "doc_path"]
+__all__ = ["DEFAULT_SERVER", "HttpApi", "AsyncHttpApi", "bulk_body", "default_server", "default_token", "doc_path"]
 
 DEFAULT_SERVER = "http://127.0.0.1:8000"
 
@@ -73,6 +77,19 @@ def _cas_header(cas: int | None) -> dict[str, str]:
     return {"If-Match": f'"{cas}"'} if cas is not None else {}
 
 
+BULK_PATH = "/docs/_bulk"
+
+
+def bulk_body(ops: Iterable[Mapping[str, Any]], *, ndjson: bool = False) -> tuple[bytes, dict[str, str]]:
+    """The body and content type of a bulk request.  ``ops`` are the server's bulk items:
+    ``{"op": "set"|"delete", "key": K, "value": <JSON> | "value_b64": <base64>, "cas": N?}``.
+    NDJSON (one operation per line) lets a caller stream operations it produces line by line."""
+    if ndjson:
+        body = b"".join(orjson.dumps(op) + b"\n" for op in ops)
+        return body, {"Content-Type": "application/x-ndjson"}
+    return orjson.dumps(list(ops)), {"Content-Type": "application/json"}
+
+
 class HttpApi:
     """Blocking client (CLI, scripts).  ``with HttpApi(url, token) as api: api.get("k")``."""
 
@@ -100,6 +117,13 @@ class HttpApi:
 
     def delete(self, key: str, *, cas: int | None = None, durability: str | None = None) -> dict[str, Any]:
         return self._json("DELETE", doc_path(key), params=_write_params(durability), headers=_cas_header(cas))
+
+    def bulk(self, ops: Iterable[Mapping[str, Any]], *, durability: str | None = None,
+             ndjson: bool = False) -> dict[str, Any]:
+        """``POST /docs/_bulk``: ``{"results": [{"status": 200, ...} | {"status": N, "error": ...}],
+        "succeeded": n, "failed": n}``, one result per operation in order (see ``bulk_body``)."""
+        body, headers = bulk_body(ops, ndjson=ndjson)
+        return self._json("POST", BULK_PATH, content=body, params=_write_params(durability), headers=headers)
 
     def partitions(self) -> list[dict[str, Any]]:
         return self._json("GET", "/partitions")["partitions"]
@@ -133,18 +157,43 @@ class AsyncHttpApi:
         except httpx.TransportError as exc:
             raise ConnectionFailed(f"{what}: cannot reach {self.server}: {exc or type(exc).__name__}") from None
 
+    async def _json(self, method: str, path: str, **kw: Any) -> Any:
+        resp = await self._call(method, path, f"{method} {path}", **kw)
+        _raise_for(resp, f"{method} {path}")
+        return resp.json()
+
     async def get(self, key: str) -> Document | None:
         return _document(key, await self._call("GET", doc_path(key), f"GET {key!r}"))
 
+    async def put(self, key: str, value: bytes, *, cas: int | None = None,
+                  durability: str | None = None) -> dict[str, Any]:
+        return await self._json("PUT", doc_path(key), content=value, params=_write_params(durability),
+                                headers={"Content-Type": "application/octet-stream", **_cas_header(cas)})
+
+    async def delete(self, key: str, *, cas: int | None = None, durability: str | None = None) -> dict[str, Any]:
+        return await self._json("DELETE", doc_path(key), params=_write_params(durability), headers=_cas_header(cas))
+
+    async def bulk(self, ops: Iterable[Mapping[str, Any]], *, durability: str | None = None,
+                   ndjson: bool = False) -> dict[str, Any]:
+        """``POST /docs/_bulk``; see ``HttpApi.bulk``."""
+        body, headers = bulk_body(ops, ndjson=ndjson)
+        return await self._json("POST", BULK_PATH, content=body, params=_write_params(durability), headers=headers)
+
     async def partitions(self) -> list[dict[str, Any]]:
-        resp = await self._call("GET", "/partitions", "GET /partitions")
-        _raise_for(resp, "GET /partitions")
-        return resp.json()["partitions"]
+        return (await self._json("GET", "/partitions"))["partitions"]
 
     async def partition(self, partition: int) -> dict[str, Any]:
-        resp = await self._call("GET", f"/partitions/{partition}", f"GET /partitions/{partition}")
-        _raise_for(resp, f"GET /partitions/{partition}")
-        return resp.json()
+        """``GET /partitions/{id}``: one partition's state, high seqno and failover log."""
+        return await self._json("GET", f"/partitions/{partition}")
+
+    async def status(self) -> dict[str, Any]:
+        return await self._json("GET", "/status")
+
+    async def __aenter__(self) -> "AsyncHttpApi":
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
 
     async def aclose(self) -> None:
         await self._client.aclose()

@@ -21,7 +21,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import httpx
 import orjson
 
 from clients.backup.archive import Archive
@@ -29,7 +28,8 @@ from clients.backup.errors import RestoreFailed
 from clients.backup.fsutil import atomic_write
 from clients.backup.manifest import RunManifest
 from clients.backup.plan import plan_partitions, runs_upto
-from clients.errors import AuthFailed, ConnectionFailed, HttpError
+from clients.errors import ConnectionFailed, HttpError
+from clients.http import HttpApi
 from engine.errors import InvalidPartition
 from engine.types import Item
 
@@ -48,38 +48,29 @@ class RestoreReport:
 
 
 class BulkClient:
-    """The one endpoint restore needs, with retries for what is safe to retry (everything: idempotent)."""
+    """The one endpoint restore needs (``HttpApi.bulk``), with retries for what is safe to retry
+    (everything: idempotent)."""
 
     def __init__(self, server: str, token: str | None = None, *, timeout: float = 60.0, retries: int = 5) -> None:
         self.server = server.rstrip("/")
-        headers = {"Authorization": f"Bearer {token}"} if token else {}
-        self._client = httpx.Client(base_url=self.server, headers=headers, timeout=timeout)
+        self._api = HttpApi(self.server, token, timeout=timeout)
         self.retries = retries
 
     def close(self) -> None:
-        self._client.close()
+        self._api.close()
 
     def write(self, ops: list[dict[str, Any]], *, persist: bool) -> list[dict[str, Any]]:
-        body = orjson.dumps(ops)
-        params = {"durability": "persist" if persist else "memory"}
+        durability = "persist" if persist else "memory"
         delay = 0.2
         for attempt in range(self.retries + 1):
             try:
-                resp = self._client.post("/docs/_bulk", content=body, params=params,
-                                         headers={"Content-Type": "application/json"})
-            except httpx.TransportError as exc:
+                return self._api.bulk(ops, durability=durability)["results"]
+            except ConnectionFailed:
                 if attempt == self.retries:
-                    raise ConnectionFailed(f"POST /docs/_bulk: cannot reach {self.server}: "
-                                           f"{exc or type(exc).__name__}") from None
-            else:
-                if resp.status_code < 400:
-                    return resp.json()["results"]
-                if resp.status_code in (401, 403):
-                    raise AuthFailed(f"POST /docs/_bulk: HTTP {resp.status_code}: a token with write access is needed",
-                                     field="token")
-                if resp.status_code not in RETRY_STATUSES or attempt == self.retries:
-                    raise HttpError(f"POST /docs/_bulk: HTTP {resp.status_code}: {resp.text[:300]}",
-                                    status=resp.status_code)
+                    raise
+            except HttpError as exc:
+                if exc.status not in RETRY_STATUSES or attempt == self.retries:
+                    raise
             time.sleep(delay)
             delay = min(delay * 2, 5.0)
         raise AssertionError("unreachable")

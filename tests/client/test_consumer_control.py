@@ -1,15 +1,18 @@
 """What the caller controls, against real server processes: "until now" ends lowered after an unclean
-restart, the "report" rollback policy with ``seek``, seeks of streaming partitions."""
+restart, the "report" rollback policy with ``seek``, seeks of streaming partitions, bulk writes."""
 from __future__ import annotations
 
 import asyncio
 from pathlib import Path
 
+import httpx
 import pytest
 
 from clients import (
+    AsyncHttpApi,
     Consumer,
     HttpApi,
+    HttpError,
     Mutation,
     PartitionReset,
     Rollback,
@@ -135,3 +138,29 @@ async def test_seek_of_a_streaming_partition_restarts_it(upr_server):
     ends = {p: consumer.position(p).seqno for p in (0, 1)}
     highs = {int(i["partition"]): int(i["high_seqno"]) for i in HttpApi(srv.url).partitions()}
     assert ends == highs
+
+
+async def test_bulk_both_flavours_and_single_partition_lookup(upr_server):
+    srv = upr_server(partitions=2)
+    with HttpApi(srv.url) as api:
+        out = api.bulk([{"op": "set", "key": "a", "value": "1"}, {"op": "set", "key": "b", "value_b64": "Mg=="}],
+                       durability="persist")
+        assert out["succeeded"] == 2 and [r["status"] for r in out["results"]] == [200, 200]
+        out = api.bulk(iter([{"op": "delete", "key": "a"}, {"op": "delete", "key": "zz"}]), ndjson=True)
+        assert [r["status"] for r in out["results"]] == [200, 404] and out["failed"] == 1
+        assert api.get("a") is None and api.get("b").value == b"2"
+        out = api.bulk([{"op": "frobnicate", "key": "a"}, {"op": "set", "key": "d", "value": 4}])
+        assert [r["status"] for r in out["results"]][1] == 200 and out["failed"] == 1  # one bad item only
+        with pytest.raises(HttpError) as err:
+            api.bulk([], ndjson=True)  # an empty body is a request-level problem
+        assert err.value.status == 422 and err.value.field == "body"
+    async with AsyncHttpApi(srv.url) as aapi:
+        out = await aapi.bulk([{"op": "set", "key": "c", "value": 3}], ndjson=True)
+        p = out["results"][0].get("partition", (await aapi.get("c")).partition)
+        info = await aapi.partition(p)
+        assert info["high_seqno"] >= 1 and info["failover_log"]
+        assert (await aapi.get("c")).value == b"3"
+        with pytest.raises(HttpError) as err:
+            await aapi.partition(99)
+        assert err.value.status in (404, 422)
+    assert httpx.get(f"{srv.url}/docs/c").content == b"3"
