@@ -82,7 +82,10 @@ def serve(settings: Settings) -> int:
         timeout_graceful_shutdown=10,
         ws_ping_interval=settings.ws_ping_interval_s,
         ws_ping_timeout=settings.ws_ping_timeout_s,
-        ws_max_size=settings.stream_max_message_bytes,
+        # The transport's hard ceiling, well above the protocol's limit: a message between the two
+        # still reaches the session, which answers with a named `message_too_large` error before
+        # closing 1009; only a message past the ceiling is cut by the transport without one.
+        ws_max_size=16 * settings.stream_max_message_bytes,
         ws_per_message_deflate=False,
         server_header=False,
     )
