@@ -7,9 +7,8 @@ missing, so cutting there would restore a state that never existed.  Hence:
 
     R inside this run's range (R >= start; only after a reconnect: the server restarted mid-run)
         cut this run's segment back to B = the newest exact boundary <= R;
-        the client may continue at R only if B == R, the client did not reconnect (its "until
-        now" end seqnos were taken on the current branch) and it is not resetting the partition;
-        otherwise a fresh stream takes the partition from B ("handoff", end = the new "now").
+        the client may continue at R only if B == R and it is not resetting the partition;
+        otherwise the partition is streamed again from B ("handoff": ``Consumer.seek``).
     R below this run's start (the history branched since an earlier run)
         the new start is B = the newest archived exact boundary <= R (0 if none); earlier runs'
         items above B are masked by the chain's ceilings, never rewritten;
@@ -31,7 +30,12 @@ class RollbackDecision:
 
 
 def decide(*, point: int, start: int, run_boundaries: Iterable[int], archived_boundaries: Iterable[int],
-           reset: bool, reconnected: bool) -> RollbackDecision:
+           reset: bool = False, reconnected: bool = False) -> RollbackDecision:
+    """``reset``: the client wants to restream the partition from 0 (its "repair" policy without
+    ring coverage); ``reconnected``: the client's "until now" ends were taken before a server
+    restart, on a branch that may end below them.  The driver needs neither any more (it uses the
+    "report" policy, and the client lowers "until now" ends on a new branch); both force a handoff
+    for callers that still do."""
     if point >= start:
         boundary = max((b for b in run_boundaries if b <= point), default=start)
         return RollbackDecision(True, boundary, boundary != point or reset or reconnected)

@@ -350,3 +350,41 @@ def test_a_failed_run_keeps_its_progress_for_the_next_one(upr_server: Callable, 
     dst = upr_server(partitions=parts, data_dir=tmp_path / "dst")
     restore(archive, dst.url)
     assert read_state(dst.url, sample) == want
+
+
+def test_rollback_to_a_point_the_archive_holds_no_exact_state_at_restarts_below_it(
+        upr_server: Callable, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The driver's restart path (``Consumer.seek`` while the rollback is reported): the archive
+    is made to hold an exact state only at 0 (as if every run were one deduplicated snapshot), so
+    the server's narrow point cannot be used and each rolled-back partition is retaken from 0."""
+    import clients.backup.driver as driver
+
+    parts = 2
+    data = tmp_path / "src"
+    src = upr_server(partitions=parts, data_dir=data, args=["--flush-interval-ms", "60000"])
+    keys = [f"key-{i}" for i in range(100)]
+    bulk(src.url, [set_op(k, b"A-" + k.encode()) for k in keys], durability="persist")
+    bulk(src.url, [set_op(k, b"B-lost") for k in keys[:30]] + [del_op(k) for k in keys[30:40]], durability="memory")
+    archive_dir = tmp_path / "archive"
+    run1 = create_backup(archive_dir, src.url, idle_timeout=30).manifest
+    state1 = read_state(src.url, keys)
+
+    src.kill()
+    src = upr_server(partitions=parts, data_dir=data)
+    bulk(src.url, [set_op(k, b"C-" + k.encode()) for k in keys[::7]] + [del_op(k) for k in keys[3::11]])
+    monkeypatch.setattr(driver, "archived_boundaries", lambda runs, ps: {p: [0] for p in ps})
+    run2 = create_backup(archive_dir, src.url, idle_timeout=30).manifest
+    rolled = {p: rec.rollbacks[0] for p, rec in run2.partitions.items() if rec.rollbacks}
+    assert rolled, "the crash should have forced at least one rollback"
+    for p, rb in rolled.items():
+        assert rb.requested == run1.partitions[p].end
+        assert rb.to_seqno == 0 and run2.partitions[p].start.seqno == 0  # retaken from the exact state below
+        assert "retaken from 0" in rb.reason
+    archive = Archive.open(archive_dir)
+    assert verify(archive).ok
+    source2 = read_state(src.url, keys)
+    for run, want, name in ((run2, source2, "after"), (run1, state1, "before")):
+        dst = upr_server(partitions=parts, data_dir=tmp_path / f"dst-{name}")
+        restore(archive, dst.url, run_spec=run.run_id)
+        assert read_state(dst.url, keys) == want, f"restore of the run {name} the crash differs"
+        dst.kill()
