@@ -46,6 +46,7 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 from .errors import StateCorrupt, UsageError
+from .files import atomic_write
 
 __all__ = ["RingEntry", "RollbackRing"]
 
@@ -256,15 +257,8 @@ class RollbackRing:
         for p, seqnos, keys, start in self._chunks:
             records.append(_batch_record(p, seqnos[start:], keys[start:]))
         payload = b"".join(records)
-        tmp = self._path.with_name(FILE_NAME + ".tmp")
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-        try:
-            os.write(fd, MAGIC + _CHUNK.pack(len(payload), zlib.crc32(payload)) + payload)
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        os.replace(tmp, self._path)
-        _fsync_dir(self._path.parent)
+        atomic_write(self._path, MAGIC + _CHUNK.pack(len(payload), zlib.crc32(payload)) + payload,
+                     tmp=self._path.with_name(FILE_NAME + ".tmp"))
         if self._fd is not None:
             os.close(self._fd)
         self._fd = os.open(self._path, os.O_WRONLY | os.O_APPEND)
@@ -278,11 +272,7 @@ class RollbackRing:
         except FileNotFoundError:
             data = b""
         if not data:
-            fd = os.open(self._path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-            os.write(fd, MAGIC)
-            os.fsync(fd)
-            os.close(fd)
-            _fsync_dir(self._path.parent)
+            atomic_write(self._path, MAGIC, tmp=self._path.with_name(FILE_NAME + ".tmp"))
             good = len(MAGIC)
         else:
             if not data.startswith(MAGIC):
@@ -350,10 +340,3 @@ def _batch_record(partition: int, seqnos: Sequence[int], keys: Sequence[bytes]) 
         ends.byteswap()
     return b"".join((_BATCH.pack(BATCH, partition, len(cols)), cols.tobytes(), ends.tobytes(), b"".join(keys)))
 
-
-def _fsync_dir(directory: Path) -> None:
-    fd = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)

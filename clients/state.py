@@ -24,6 +24,7 @@ from typing import Any, Protocol, runtime_checkable
 from engine.types import FailoverEntry
 
 from .errors import StateCorrupt, UsageError
+from .files import atomic_write
 from .offset import StreamOffset
 
 __all__ = ["PartitionCheckpoint", "ConsumerState", "StateStore", "MemoryStateStore", "FileStateStore"]
@@ -159,22 +160,7 @@ class FileStateStore:
 
     def save(self, state: ConsumerState) -> None:
         self.acquire()
-        raw = state.to_json()
-        tmp = self.directory / f"{STATE_FILE}.tmp.{os.getpid()}"
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-        try:
-            view = memoryview(raw)
-            while view:
-                view = view[os.write(fd, view):]
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        os.replace(tmp, self.path)
-        dfd = os.open(self.directory, os.O_RDONLY)
-        try:
-            os.fsync(dfd)
-        finally:
-            os.close(dfd)
+        atomic_write(self.path, state.to_json(), tmp=self.directory / f"{STATE_FILE}.tmp.{os.getpid()}")
         self.saves += 1
 
     def __repr__(self) -> str:

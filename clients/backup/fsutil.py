@@ -1,7 +1,7 @@
 """Crash-safe file primitives: every file the archive trusts appears whole or not at all.
 
-The pattern is the classic one (write a temp file, fsync it, rename it over the target, fsync
-the directory) because a rename is atomic on POSIX but only durable once the directory entry is.
+``fsync_dir`` and ``atomic_write`` are the client library's (``clients.files``, also used by the
+consumer state and the rollback ring); the archive adds batched fsyncs and durable renames.
 """
 from __future__ import annotations
 
@@ -10,30 +10,9 @@ from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+from clients.files import atomic_write, fsync_dir
 
-def fsync_dir(path: Path) -> None:
-    """Make a rename/create/unlink inside ``path`` durable."""
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def atomic_write(path: Path, data: bytes, *, sync: bool = True) -> None:
-    """Replace ``path`` with ``data`` so a crash leaves either the old or the new content.
-
-    ``sync=False`` keeps the all-or-nothing rename but skips both fsyncs: right for records that
-    are re-validated before they are trusted (a process crash keeps the page cache anyway)."""
-    tmp = path.with_name(f".{path.name}.tmp")
-    with open(tmp, "wb") as fh:
-        fh.write(data)
-        fh.flush()
-        if sync:
-            os.fsync(fh.fileno())
-    os.replace(tmp, path)
-    if sync:
-        fsync_dir(path.parent)
+__all__ = ["atomic_write", "fsync_dir", "fsync_files", "atomic_rename"]
 
 
 def fsync_files(paths: Iterable[Path], threads: int = 16) -> None:
