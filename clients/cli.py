@@ -128,24 +128,26 @@ def _err(message: str) -> None:
     print(f"upr: error: {message}", file=sys.stderr)
 
 
+#: Typed error -> exit status, most specific first (``upr backup`` shares it).
+_EXIT_CODES: tuple[tuple[type[UprError], int], ...] = (
+    (ConnectionFailed, EXIT_UNREACHABLE), (AuthFailed, EXIT_AUTH), (UsageError, EXIT_USAGE), (UprError, EXIT_ERROR),
+)
+
+
+def exit_code(exc: UprError) -> int:
+    """The exit status for a typed error: 3 unreachable, 4 bad token, 2 misuse, 1 anything else."""
+    return next(code for cls, code in _EXIT_CODES if isinstance(exc, cls))
+
+
 def _guard(fn: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Namespace], int]:
     """Turn typed errors into one stderr line and an exit code."""
 
     def run(args: argparse.Namespace) -> int:
         try:
             return fn(args)
-        except ConnectionFailed as exc:
-            _err(exc.message)
-            return EXIT_UNREACHABLE
-        except AuthFailed as exc:
-            _err(exc.message)
-            return EXIT_AUTH
-        except UsageError as exc:
-            _err(exc.message)
-            return EXIT_USAGE
         except UprError as exc:
             _err(exc.message)
-            return EXIT_ERROR
+            return exit_code(exc)
         except KeyboardInterrupt:
             return 130
         except BrokenPipeError:
@@ -225,44 +227,47 @@ def _cmd_barrier(args: argparse.Namespace) -> int:
 
 
 # ---------------------------------------------------------------------------------------------- HTTP commands
-def _cmd_status(args: argparse.Namespace) -> int:
+def _http(args: argparse.Namespace, call: Callable[[HttpApi], Any], show: Callable[[Any], None]) -> int:
+    """One HTTP call: its answer as JSON with ``--json``, else rendered for people by ``show``."""
     with HttpApi(_server(args), _token(args)) as api:
-        st = api.status()
+        result = call(api)
     if args.json:
-        _print_json(st)
-        return EXIT_OK
+        _print_json(result)
+    else:
+        show(result)
+    return EXIT_OK
+
+
+def _show_status(st: dict[str, Any]) -> None:
     t = st.get("totals", {})
     print(f"node {st.get('node_id')}  version {st.get('version')}  up {st.get('uptime_s', 0):.0f}s  "
           f"{st.get('partitions')} partitions")
     print(f"items {t.get('items')}  high seqnos {t.get('high_seqno')}  persisted {t.get('persisted_seqno')}  "
           f"queue {t.get('queue_depth')} ({t.get('queue_bytes')} B)  streams {t.get('streams_connected')}")
-    return EXIT_OK
 
 
-def _cmd_partitions(args: argparse.Namespace) -> int:
-    with HttpApi(_server(args), _token(args)) as api:
-        parts = api.partitions()
-    if args.json:
-        _print_json(parts)
-        return EXIT_OK
+def _show_partitions(parts: list[dict[str, Any]]) -> None:
     print(f"{'part':>4} {'state':<8} {'high':>10} {'persisted':>10} {'purge':>8} {'items':>9} {'queue':>6}  uuid")
     for p in parts:
         print(f"{p['partition']:>4} {p['state']:<8} {p['high_seqno']:>10} {p['persisted_seqno']:>10} "
               f"{p['purge_seqno']:>8} {p['item_count']:>9} {p['queue_depth']:>6}  {p['uuid']}")
-    return EXIT_OK
+
+
+def _cmd_status(args: argparse.Namespace) -> int:
+    return _http(args, HttpApi.status, _show_status)
+
+
+def _cmd_partitions(args: argparse.Namespace) -> int:
+    return _http(args, HttpApi.partitions, _show_partitions)
 
 
 def _cmd_failover_log(args: argparse.Namespace) -> int:
-    with HttpApi(_server(args), _token(args)) as api:
-        info = api.partition(args.partition)
-    entries = info.get("failover_log", [])
-    if args.json:
-        _print_json(entries)
-        return EXIT_OK
-    print(f"partition {args.partition} failover log (newest first):")
-    for e in entries:
-        print(f"  uuid {e['uuid']:>20}  from seqno {e['seqno']}")
-    return EXIT_OK
+    def show(entries: list[dict[str, Any]]) -> None:
+        print(f"partition {args.partition} failover log (newest first):")
+        for e in entries:
+            print(f"  uuid {e['uuid']:>20}  from seqno {e['seqno']}")
+
+    return _http(args, lambda api: api.partition(args.partition).get("failover_log", []), show)
 
 
 def _read_value(args: argparse.Namespace) -> bytes:
@@ -272,23 +277,14 @@ def _read_value(args: argparse.Namespace) -> bytes:
 
 
 def _cmd_put(args: argparse.Namespace) -> int:
-    with HttpApi(_server(args), _token(args)) as api:
-        res = api.put(args.key, _read_value(args), cas=args.cas, durability=args.durability)
-    if args.json:
-        _print_json(res)
-    else:
-        print(f"stored {res['key']!r}: partition {res['partition']} seqno {res['seqno']} cas {res['cas']}")
-    return EXIT_OK
+    value = _read_value(args)
+    return _http(args, lambda api: api.put(args.key, value, cas=args.cas, durability=args.durability),
+                 lambda r: print(f"stored {r['key']!r}: partition {r['partition']} seqno {r['seqno']} cas {r['cas']}"))
 
 
 def _cmd_delete(args: argparse.Namespace) -> int:
-    with HttpApi(_server(args), _token(args)) as api:
-        res = api.delete(args.key, cas=args.cas, durability=args.durability)
-    if args.json:
-        _print_json(res)
-    else:
-        print(f"deleted {res['key']!r}: partition {res['partition']} seqno {res['seqno']}")
-    return EXIT_OK
+    return _http(args, lambda api: api.delete(args.key, cas=args.cas, durability=args.durability),
+                 lambda r: print(f"deleted {r['key']!r}: partition {r['partition']} seqno {r['seqno']}"))
 
 
 def _cmd_get(args: argparse.Namespace) -> int:

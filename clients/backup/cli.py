@@ -14,17 +14,10 @@ import sys
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from clients.errors import AuthFailed, ConnectionFailed
+from clients.cli import exit_code, parse_partitions
 from engine.errors import UprError
 
 __all__ = ["register", "main", "parse_partitions"]
-
-
-def parse_partitions(text: str) -> list[int]:
-    """``"0,3,5-7"`` -> ``[0, 3, 5, 6, 7]`` (the client CLI's parser, imported late: it registers us)."""
-    from clients.cli import parse_partitions as parse
-
-    return parse(text)
 
 
 def _regex(text: str) -> str:
@@ -243,9 +236,7 @@ def _guarded(cmd: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Nam
             return int(cmd(args))
         except UprError as exc:
             print(f"upr backup {args.backup_command}: error: {exc}", file=sys.stderr)
-            if isinstance(exc, ConnectionFailed):
-                return 3
-            return 4 if isinstance(exc, AuthFailed) else 1
+            return exit_code(exc)
         except KeyboardInterrupt:
             print("upr backup: interrupted; the archive is still valid (a partial run resumes next time)",
                   file=sys.stderr)
