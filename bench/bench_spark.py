@@ -10,7 +10,8 @@ Prints, from one run against one server process (127.0.0.1, ephemeral port):
   into the ``noop`` sink (cold = first query in the JVM, warm = second) -- same data, same run;
 * the full index build (``IndexJob``, field ``city``; after a warm-up build into a scratch directory,
   so one-time JVM costs are not counted) and the incremental run after 1% of the documents
-  changed, and their ratio.
+  changed, and their ratio; then the same size of change picked up by a running ``--follow``
+  query (time from the writes' return to the manifest commit).
 """
 from __future__ import annotations
 
@@ -158,11 +159,37 @@ def main() -> None:
         inc = IndexJob(spark, idx, url, FieldIndex("city")).run()
         print(f"incremental after 1% changed: {inc.rows_read} changes in {inc.seconds:.1f}s {inc.phases} = "
               f"{inc.seconds / full.seconds:.0%} of the full build")
+        # The same 1% change applied by a long-running query (--follow): no per-run query start.
+        import threading
+        job = IndexJob(spark, idx, url, FieldIndex("city"))
+        runner = threading.Thread(target=lambda: job.run(follow=True, interval_s=0.5, timeout_s=120), daemon=True)
+        runner.start()
+        before = job.manifest().batch_id
+        time.sleep(8)    # let the query start and settle (its first trigger finds nothing new)
+        settled = job.manifest().batch_id
+        changed2 = rng.sample(range(docs), docs // 100)
+        with httpx.Client(timeout=120) as http:
+            for i in range(0, len(changed2), 5000):
+                ops = [{"op": "set", "key": f"doc-{k:08d}", "value": {"city": "changed2", "n": k, "pad": pad}}
+                       for k in changed2[i:i + 5000]]
+                http.post(url + "/docs/_bulk", params={"durability": "persist"}, json=ops).raise_for_status()
+        t = time.perf_counter()
+        while job.manifest().batch_id == settled and time.perf_counter() - t < 100:
+            time.sleep(0.05)
+        took = time.perf_counter() - t
+        for q in spark.streams.active:
+            q.stop()
+        runner.join(30)
+        print(f"--follow: 1% change indexed {took:.1f}s after the writes returned = {took / full.seconds:.0%} "
+              f"of the full build (batches before/after settling: {before}/{settled})")
         from pyspark.sql import functions as F
 
         from spark_connector.index.view import load_index
-        got = load_index(spark, idx).filter(F.col("value") == "changed").count()
-        print(f"check: {got} index rows with the new value (expected {len(changed)})")
+        view = load_index(spark, idx)
+        got = view.filter(F.col("value") == "changed").count()
+        got2 = view.filter(F.col("value") == "changed2").count()
+        print(f"check: {got} + {got2} index rows with the new values "
+              f"(expected {len(set(changed) - set(changed2))} + {len(changed2)})")
         spark.stop()
     finally:
         proc.kill()
