@@ -189,6 +189,8 @@ class Consumer:
         # seeks waiting for the stream loop: partitions to request, or a reconnect for open streams
         self._seek_requests: set[int] = set()
         self._seek_reconnect = False
+        self._reading = False  # the stream loop awaits the next frame (a seek from elsewhere must wake it)
+        self._wake: asyncio.Task[None] | None = None
         # the batch being handed over item by item: commit() applies it up to the current item
         self._b_pos: Any = None
         self._b_seqnos: Sequence[int] = ()
@@ -306,7 +308,8 @@ class Consumer:
         a partition whose bounded stream ended, the partition is streamed again; for a partition
         that is streaming, the consumer reconnects (other partitions resume from their processed
         positions) so that no item of the old stream is handed over after this call returns
-        (items already yielded but not yet processed still count as processed from the old stream).
+        (the event being handled when it is called counts as processed); called from another task
+        while the stream waits for frames, it closes the socket to reconnect at once.
         Nothing above ``offset`` counts as applied any more (the ring forgets it)."""
         if self._closed or self._done:
             raise UsageError("seek() after the streams ended or the consumer was closed", partition=partition)
@@ -321,6 +324,10 @@ class Consumer:
                 self._b_cut = True
                 if self._b_events is not None:
                     deque(self._b_events, maxlen=0)
+            elif self._reading and self._ws is not None:
+                # called from another task while the stream waits for a frame that may never come
+                # (idle partitions): closing the socket wakes it, and it reconnects at once
+                self._wake = asyncio.get_running_loop().create_task(self._ws.close())
 
     @property
     def rollbacks(self) -> int:
@@ -519,6 +526,7 @@ class Consumer:
                             return
                         ws = self._ws
                         assert ws is not None
+                        self._reading = True
                         try:
                             frame = await ws.recv()
                         except ConnectionClosed as exc:
@@ -529,6 +537,8 @@ class Consumer:
                                 raise ProtocolViolation(f"server closed the stream with code {code}: "
                                                         f"{exc.rcvd.reason if exc.rcvd else ''}") from None
                             raise _Reconnect(f"connection closed ({code})") from None
+                        finally:
+                            self._reading = False
                         nbytes = _frame_bytes(frame)
                         if isinstance(frame, bytes):
                             try:

@@ -140,6 +140,29 @@ async def test_seek_of_a_streaming_partition_restarts_it(upr_server):
     assert ends == highs
 
 
+async def test_seek_from_another_task_wakes_an_idle_stream(upr_server):
+    srv = upr_server(partitions=1)
+    bulk(srv.url, sets("k", 10))
+    seen: list[int] = []
+    consumer = Consumer(srv.url, start="beginning", backoff=Backoff(0.01, 0.05))  # endless: idle after 10
+    async with consumer:
+        async def consume() -> None:
+            async for ev in consumer:
+                if isinstance(ev, Mutation):
+                    seen.append(ev.seqno)
+
+        task = asyncio.create_task(consume())
+        while len(seen) < 10:
+            await asyncio.sleep(0.01)
+        await asyncio.sleep(0.1)  # the stream now waits for a frame that does not come
+        consumer.seek(0, StreamOffset.at(consumer.position(0).uuid, 4))
+        async with asyncio.timeout(10):
+            while len(seen) < 16:
+                await asyncio.sleep(0.01)
+        task.cancel()
+    assert seen == list(range(1, 11)) + list(range(5, 11))
+
+
 async def test_bulk_both_flavours_and_single_partition_lookup(upr_server):
     srv = upr_server(partitions=2)
     with HttpApi(srv.url) as api:
