@@ -68,6 +68,8 @@ class RollbackPolicy(str, enum.Enum):
             the caller undoes what it must itself, and may ``seek`` elsewhere; otherwise the
             partition resumes at the rollback seqno.  For consumers that can cut their own copy
             back exactly (backups, logs) and would only be harmed by key-wise corrections.
+            Such consumers usually keep no ring (``ring_size=0``); one that does still gets its
+            unsaved progress repaired from it at each handshake (``UNSAVED_PROGRESS``).
     """
 
     REPAIR = "repair"
