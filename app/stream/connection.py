@@ -14,7 +14,9 @@ session returns and feeds it what happened, with two tasks on the event loop:
 * the **sender** owns the socket's outgoing side: queued control messages first, then the
   session's stream loop: ``next_visit`` -> ``begin_visit`` -> snapshot and encode in executor
   threads (``PartitionCursor.produce``, at most ``chunk_bytes`` of encoded output at a time) ->
-  send marker and batch frames, each only while ``session.can_send`` -> ``end_visit``.  With
+  send marker and batch frames, each only while ``session.can_send`` -> ``end_visit``.  A pass
+  that needs only a few items still in the write queue's memory is produced on the loop instead
+  (``memtail.py``: no LMDB call, no thread hop; it was most of the tail latency).  With
   nothing to do it sleeps on one ``asyncio.Event`` set by engine notifications (``ChangeHub``),
   client messages and shutdown: no busy loop.
 
@@ -37,6 +39,7 @@ from starlette.websockets import WebSocketDisconnect
 
 from app.stream.cursor import Batch, ItemEncoder, Marker, PartitionCursor
 from app.stream.hub import ChangeHub
+from app.stream.memtail import memory_backlog, memory_snapshot
 from app.streams_registry import PartitionStreamStatus, StreamStatus
 from engine.protocol import messages as M
 from engine.protocol.errors import CloseCode
@@ -63,6 +66,9 @@ class StreamLimits:
     frame_items: int = 4096
     #: most stream visits begun together and produced in one reader-thread job
     max_visits_per_job: int = 64
+    #: a pass whose visits need only the write queue's memory, at most this many items in all, is
+    #: produced on the event loop instead of a reader thread (``memtail.py``); 0 turns that off
+    inline_items: int = 256
     #: release a pinned snapshot when the consumer made no progress for this long
     drop_after_s: float = 2.0
     #: how long a closing connection may take to flush its last messages
@@ -103,6 +109,10 @@ class StreamConnection:
         self._on_cursor_drop = on_cursor_drop
         #: partition -> when the first not yet delivered change notification arrived (loop time)
         self._notified_at: dict[int, float] = {}
+        #: the same for the partitions being visited: a visit's reading covers every notification
+        #: that came before it began, so those are delivered by its first batch or (nothing new:
+        #: an earlier visit already sent the change) need no delivery at all
+        self._visit_notified: dict[int, float] = {}
         self.session = ServerSession(node_id=engine.node_id, partition_count=engine.num_partitions,
                                      limits=limits.protocol)
         self.cursors: dict[int, PartitionCursor] = {}
@@ -121,6 +131,7 @@ class StreamConnection:
         self._job: asyncio.Future[Any] | None = None
         self._cursor_lock = asyncio.Lock()  # one reader-thread job per connection at a time
         self._progress_at = time.monotonic()  # last frame handed to the socket
+        self.inline_passes = 0  # passes produced on the loop from memory (memtail.py)
 
     @property
     def name(self) -> str:
@@ -340,9 +351,15 @@ class StreamConnection:
                      if p > first and st.visiting is None and (st.dirty or cookies))
         visits = [session.begin_visit(p) for p in [first, *due][: self.limits.max_visits_per_job]]
         cursors = [self.cursors[v.partition] for v in visits]
+        for v in visits:
+            notified = self._notified_at.pop(v.partition, None)
+            if notified is not None:
+                self._visit_notified[v.partition] = notified
         for v, cursor in zip(visits, cursors):
             cursor.last_seqno = v.after_seqno
-        produced = await self._on_reader(_produce_many, cursors, self._produce_args(), self.limits.chunk_bytes)
+        produced = self._produce_inline(cursors)
+        if produced is None:
+            produced = await self._on_reader(_produce_many, cursors, self._produce_args(), self.limits.chunk_bytes)
         for i, (visit, cursor) in enumerate(zip(visits, cursors)):
             outs, complete, changed = produced[i] if i < len(produced) else ([], False, None)
             await self._send_visit(visit, cursor, outs, complete, changed)
@@ -374,6 +391,7 @@ class StreamConnection:
                     changed = exc
         finally:
             self._visiting = None
+            self._visit_notified.pop(p, None)
         if self.cursors.get(p) is not cursor and cursor.holding:
             await self._on_reader(cursor.close)  # the stream ended during the visit
         self._carry_out(session.end_visit(visit))
@@ -392,9 +410,10 @@ class StreamConnection:
             data = item.data
         await self._transmit(data)
         if isinstance(item, Batch):
-            notified = self._notified_at.pop(p, None)
-            if notified is not None and item.last_seqno is not None:
-                self._on_delivery(time.monotonic() - notified)
+            if item.last_seqno is not None:
+                notified = self._visit_notified.pop(p, None)
+                if notified is not None:
+                    self._on_delivery(time.monotonic() - notified)
             self._carry_out(session.items_sent(p, item.last_seqno, item.last))
             await self._flush_control()
             return session.is_open(p)
@@ -430,6 +449,38 @@ class StreamConnection:
                 self._on_cursor_drop()
                 log.info("stream %s: consumer slow, released the snapshot of partition %d at seqno %d "
                          "(re-read from disk when it moves again)", self.name, cursor.partition, cursor.last_seqno)
+
+    def _produce_inline(self, cursors: list[PartitionCursor]
+                        ) -> list[tuple[list[Marker | Batch], bool, StateChanged | None]] | None:
+        """Produce the pass on the loop when every visit needs only a few items of the write
+        queue's memory (``memtail.py``: no LMDB, no thread hop); None means "use a reader thread".
+        Synchronous, so no reader-thread job can touch these cursors meanwhile (checked: none is
+        running).  If the queue was flushed past a position in between, that cursor stops
+        incomplete (``_NotInMemory``) and its visit continues on a reader thread."""
+        limit = self.limits.inline_items
+        if limit <= 0 or self._cursor_lock.locked() or self.engine.closed:
+            return None
+        total = 0
+        for cursor in cursors:
+            if cursor.holding or cursor.open_snapshot:
+                return None
+            n = memory_backlog(self.engine, cursor.partition, cursor.last_seqno)
+            if n is None:
+                return None
+            total += n
+            if total > limit:
+                return None
+        args = (self._memory_snapshot_of, ENCODERS[self.codec], self.hub.cache, self.codec, self._high_of)
+        self.inline_passes += 1
+        return _produce_many(cursors, args, self.limits.chunk_bytes)
+
+    def _memory_snapshot_of(self, partition: int, after_seqno: int) -> Any:
+        """Loop side: ``_snapshot_of`` for a snapshot with no disk part, else ``_NotInMemory``."""
+        self._check_state(partition)
+        snap = memory_snapshot(self.engine, partition, after_seqno)
+        if snap is None:
+            raise _NotInMemory(partition)
+        return snap
 
     def _produce_args(self) -> tuple[Any, ItemEncoder, Any, str, Callable[[int], int]]:
         return self._snapshot_of, ENCODERS[self.codec], self.hub.cache, self.codec, self._high_of
@@ -474,6 +525,10 @@ class StateChanged(Exception):
     """The partition left the state the stream was opened for (DCP's StateChanged end)."""
 
 
+class _NotInMemory(Exception):
+    """Inline production only: the position is no longer covered by the write queue's memory."""
+
+
 def _partition_infos(engine: Any, partitions: tuple[int, ...]) -> dict[int, M.PartitionInfo]:
     out = {}
     for p in partitions:
@@ -496,6 +551,9 @@ def _produce_many(cursors: list[PartitionCursor], args: tuple[Any, ...],
         except StateChanged as changed:
             results.append((out, True, changed))
             continue
+        except _NotInMemory:
+            results.append((out, False, None))  # the visit goes on with a reader-thread job
+            break
         results.append((out, complete, None))
         used += sum(len(x.data) for x in out if isinstance(x, Batch))
         if not complete or used >= budget:
