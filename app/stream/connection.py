@@ -357,9 +357,14 @@ class StreamConnection:
                 self._visit_notified[v.partition] = notified
         for v, cursor in zip(visits, cursors):
             cursor.last_seqno = v.after_seqno
-        produced = self._produce_inline(cursors)
-        if produced is None:
-            produced = await self._on_reader(_produce_many, cursors, self._produce_args(), self.limits.chunk_bytes)
+        if self._produce_inline(cursors, check_only=True) is not None:
+            # inline: each visit is produced right before it is sent, so the first partition's
+            # frames leave without waiting for the encoding of the others
+            for visit, cursor in zip(visits, cursors):
+                produced = self._produce_inline([cursor]) or [([], False, None)]
+                await self._send_visit(visit, cursor, *produced[0])
+            return
+        produced = await self._on_reader(_produce_many, cursors, self._produce_args(), self.limits.chunk_bytes)
         for i, (visit, cursor) in enumerate(zip(visits, cursors)):
             outs, complete, changed = produced[i] if i < len(produced) else ([], False, None)
             await self._send_visit(visit, cursor, outs, complete, changed)
@@ -450,13 +455,14 @@ class StreamConnection:
                 log.info("stream %s: consumer slow, released the snapshot of partition %d at seqno %d "
                          "(re-read from disk when it moves again)", self.name, cursor.partition, cursor.last_seqno)
 
-    def _produce_inline(self, cursors: list[PartitionCursor]
+    def _produce_inline(self, cursors: list[PartitionCursor], check_only: bool = False
                         ) -> list[tuple[list[Marker | Batch], bool, StateChanged | None]] | None:
         """Produce the pass on the loop when every visit needs only a few items of the write
         queue's memory (``memtail.py``: no LMDB, no thread hop); None means "use a reader thread".
         Synchronous, so no reader-thread job can touch these cursors meanwhile (checked: none is
         running).  If the queue was flushed past a position in between, that cursor stops
-        incomplete (``_NotInMemory``) and its visit continues on a reader thread."""
+        incomplete (``_NotInMemory``) and its visit continues on a reader thread.  ``check_only``:
+        only whether the pass qualifies (an empty list if it does)."""
         limit = self.limits.inline_items
         if limit <= 0 or self._cursor_lock.locked() or self.engine.closed:
             return None
@@ -470,6 +476,8 @@ class StreamConnection:
             total += n
             if total > limit:
                 return None
+        if check_only:
+            return []
         args = (self._memory_snapshot_of, ENCODERS[self.codec], self.hub.cache, self.codec, self._high_of)
         self.inline_passes += 1
         return _produce_many(cursors, args, self.limits.chunk_bytes)

@@ -104,3 +104,16 @@ def test_inline_pass_stops_where_memory_no_longer_covers_and_the_thread_path_fin
         assert summarize(out) == [("marker", 1, 3, "disk"), ("batch", [1, 2, 3], True)]
     finally:
         eng.close()
+
+
+@pytest.mark.parametrize(("partition", "start", "end", "source", "purge"), [
+    (0, 1, 1, "memory", 0), (1023, 6, 9_007_199_254_740_991, "disk", 5), (7, 0, 0, "memory", 123456789),
+])
+def test_marker_text_is_the_protocol_encoding(partition: int, start: int, end: int, source: str, purge: int) -> None:
+    from app.stream.cursor import marker_text
+    from engine.protocol import messages as M
+
+    expected = M.encode(M.SnapshotMarker(partition, start, end, M.SnapshotSource(source), purge))
+    assert marker_text(partition, start, end, source, purge) == expected
+    assert M.decode(expected, sender=M.Sender.SERVER) == M.SnapshotMarker(partition, start, end,
+                                                                            M.SnapshotSource(source), purge)
