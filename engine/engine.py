@@ -41,7 +41,7 @@ from engine.errors import (
 from engine.flusher import Flusher
 from engine.keys import encode_key
 from engine.partition import Partition
-from engine.snapshot import PartitionSnapshot, capture
+from engine.snapshot import PartitionSnapshot, capture, capture_memory_only, memory_backlog
 from engine.store import META, Store
 from engine.types import (
     Document,
@@ -356,6 +356,18 @@ class Engine:
 
     def state(self, partition: int) -> PartitionState:
         return self._part(partition).state
+
+    def memory_snapshot(self, partition: int, after_seqno: int) -> PartitionSnapshot | None:
+        """``snapshot(partition, after_seqno)`` when it has no disk part, taken without LMDB (safe
+        on an event loop: one attribute read of an immutable queue root); None when a disk part
+        may be needed."""
+        part = self._part(partition)
+        return capture_memory_only(partition, part.queue.root, after_seqno, part.purge_seqno)
+
+    def memory_backlog(self, partition: int, after_seqno: int) -> int | None:
+        """How many seqnos a memory-only snapshot after ``after_seqno`` covers, or None when a
+        disk part may be needed (see ``memory_snapshot``)."""
+        return memory_backlog(self._part(partition).queue.root, after_seqno)
 
     def snapshot(self, partition: int, after_seqno: int) -> PartitionSnapshot:
         """A consistent view of ``(after_seqno, high seqno now]`` (see engine.snapshot)."""

@@ -249,3 +249,28 @@ def capture(store: Store, partition: int, root_of: Callable[[], QueueRoot], afte
         parts.append(SnapshotPart("memory", mem_start, root.high, _MemoryReader(root, mem_start, root.high)))
     high = parts[-1].end if parts else after_seqno
     return PartitionSnapshot(partition, high, purge_seqno, parts)
+
+
+def memory_backlog(root: QueueRoot, after_seqno: int) -> int | None:
+    """Items a snapshot after ``after_seqno`` covers when it needs no disk part, else None."""
+    if root.persisted > after_seqno or after_seqno + 1 < root.base:
+        return None
+    return max(0, root.high - after_seqno)
+
+
+def capture_memory_only(partition: int, root: QueueRoot, after_seqno: int,
+                        purge_seqno: int) -> PartitionSnapshot | None:
+    """The snapshot ``capture`` would take, from the queue root alone, when it can have no disk
+    part; None when it may (the caller then takes a full ``capture`` off the event loop).
+
+    WHY: a consumer that keeps up asks on every wake-up for a few items still in the write queue;
+    a root is deduplicated above its own persisted seqno and its slots start no later than
+    ``persisted + 1``, so at or above that seqno the memory part alone is exact, and no LMDB read
+    transaction (nor a thread hop to take one) is needed."""
+    if memory_backlog(root, after_seqno) is None or after_seqno > root.high:
+        return None
+    parts: list[SnapshotPart] = []
+    if root.high > after_seqno:
+        start = after_seqno + 1
+        parts.append(SnapshotPart("memory", start, root.high, _MemoryReader(root, start, root.high)))
+    return PartitionSnapshot(partition, parts[-1].end if parts else after_seqno, purge_seqno, parts)

@@ -16,7 +16,7 @@ session returns and feeds it what happened, with two tasks on the event loop:
   threads (``PartitionCursor.produce``, at most ``chunk_bytes`` of encoded output at a time) ->
   send marker and batch frames, each only while ``session.can_send`` -> ``end_visit``.  A pass
   that needs only a few items still in the write queue's memory is produced on the loop instead
-  (``memtail.py``: no LMDB call, no thread hop; it was most of the tail latency).  With
+  (``Engine.memory_snapshot``: no LMDB call, no thread hop; it was most of the tail latency).  With
   nothing to do it sleeps on one ``asyncio.Event`` set by engine notifications (``ChangeHub``),
   client messages and shutdown: no busy loop.
 
@@ -39,7 +39,6 @@ from starlette.websockets import WebSocketDisconnect
 
 from app.stream.cursor import Batch, ItemEncoder, Marker, PartitionCursor
 from app.stream.hub import ChangeHub
-from app.stream.memtail import memory_backlog, memory_snapshot
 from app.streams_registry import PartitionStreamStatus, StreamStatus
 from engine.protocol import messages as M
 from engine.protocol.errors import CloseCode
@@ -67,7 +66,7 @@ class StreamLimits:
     #: most stream visits begun together and produced in one reader-thread job
     max_visits_per_job: int = 64
     #: a pass whose visits need only the write queue's memory, at most this many items in all, is
-    #: produced on the event loop instead of a reader thread (``memtail.py``); 0 turns that off
+    #: produced on the event loop instead of a reader thread (``Engine.memory_snapshot``); 0 turns that off
     inline_items: int = 256
     #: release a pinned snapshot when the consumer made no progress for this long
     drop_after_s: float = 2.0
@@ -131,7 +130,7 @@ class StreamConnection:
         self._job: asyncio.Future[Any] | None = None
         self._cursor_lock = asyncio.Lock()  # one reader-thread job per connection at a time
         self._progress_at = time.monotonic()  # last frame handed to the socket
-        self.inline_passes = 0  # passes produced on the loop from memory (memtail.py)
+        self.inline_passes = 0  # passes produced on the loop from memory (Engine.memory_snapshot)
 
     @property
     def name(self) -> str:
@@ -458,7 +457,7 @@ class StreamConnection:
     def _produce_inline(self, cursors: list[PartitionCursor], check_only: bool = False
                         ) -> list[tuple[list[Marker | Batch], bool, StateChanged | None]] | None:
         """Produce the pass on the loop when every visit needs only a few items of the write
-        queue's memory (``memtail.py``: no LMDB, no thread hop); None means "use a reader thread".
+        queue's memory (``Engine.memory_snapshot``: no LMDB, no thread hop); None means "use a reader thread".
         Synchronous, so no reader-thread job can touch these cursors meanwhile (checked: none is
         running).  If the queue was flushed past a position in between, that cursor stops
         incomplete (``_NotInMemory``) and its visit continues on a reader thread.  ``check_only``:
@@ -470,7 +469,7 @@ class StreamConnection:
         for cursor in cursors:
             if cursor.holding or cursor.open_snapshot:
                 return None
-            n = memory_backlog(self.engine, cursor.partition, cursor.last_seqno)
+            n = self.engine.memory_backlog(cursor.partition, cursor.last_seqno)
             if n is None:
                 return None
             total += n
@@ -485,7 +484,7 @@ class StreamConnection:
     def _memory_snapshot_of(self, partition: int, after_seqno: int) -> Any:
         """Loop side: ``_snapshot_of`` for a snapshot with no disk part, else ``_NotInMemory``."""
         self._check_state(partition)
-        snap = memory_snapshot(self.engine, partition, after_seqno)
+        snap = self.engine.memory_snapshot(partition, after_seqno)
         if snap is None:
             raise _NotInMemory(partition)
         return snap

@@ -1,4 +1,4 @@
-"""Tail visits produced on the event loop from the write queue's memory (``app/stream/memtail.py``),
+"""Tail visits produced on the event loop from the write queue's memory (``Engine.memory_snapshot``),
 against a real engine (LMDB in a tmp dir): the memory-only snapshot must be exactly what
 ``Engine.snapshot`` gives whenever it is used, and refused whenever a disk part could be needed."""
 from __future__ import annotations
@@ -10,7 +10,6 @@ import pytest
 
 from app.stream.connection import _NotInMemory, _produce_many
 from app.stream.cursor import Batch, Marker, PartitionCursor
-from app.stream.memtail import memory_backlog, memory_snapshot
 from engine.config import EngineConfig
 from engine.engine import Engine
 from engine.protocol.frames import decode_binary, encode_binary
@@ -56,8 +55,8 @@ CASES = [
 def test_memory_snapshot_is_the_engines_snapshot_or_refused(engine: Engine, steps: str, after: int,
                                                            in_memory: bool) -> None:
     run(engine, steps)
-    snap = memory_snapshot(engine, 0, after)
-    backlog = memory_backlog(engine, 0, after)
+    snap = engine.memory_snapshot(0, after)
+    backlog = engine.memory_backlog(0, after)
     with engine.snapshot(0, after) as reference:
         expected = shape(reference)
         has_disk = any(p.source == "disk" for p in reference.parts)
@@ -89,7 +88,7 @@ def test_inline_pass_stops_where_memory_no_longer_covers_and_the_thread_path_fin
         eng.flush_now()  # partition 0's position 0 now needs a disk part
 
         def memory_only(p: int, after: int) -> Any:
-            snap = memory_snapshot(eng, p, after)
+            snap = eng.memory_snapshot(p, after)
             if snap is None:
                 raise _NotInMemory(p)
             return snap
