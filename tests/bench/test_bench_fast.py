@@ -173,9 +173,18 @@ def test_fast_mode_runs_every_installable_system(tmp_path: Path) -> None:
     assert table.startswith("| workload") and "upr advantage" in table.splitlines()[0]
     for r in rows:
         assert f"| {r['workload']}" in table
-    if res["systems"]["upr"]["status"] == "ok":
-        peer_ok = [r for r in rows if r["system"] in ("redis", "nats", "postgres") and r["status"] == "ok"]
-        assert all(r["upr_advantage"].endswith("×") for r in peer_ok)
+    # a ratio wherever both figures exist (upr's row may be cut by the time budget on a loaded
+    # machine, and a latency p99 of 0 - every document before its ack - has no finite ratio)
+    ours = {r["workload"]: r for r in rows if r["system"] == "upr"}
+    comparable = [
+        r for r in rows
+        if r["system"] in ("redis", "nats", "postgres") and r["status"] == "ok"
+        and ours.get(r["workload"], {}).get("status") == "ok" and ours[r["workload"]]["value"] > 0
+    ]
+    assert all(r["upr_advantage"].endswith("×") for r in comparable), [
+        (r["workload"], r["system"], r["upr_advantage"]) for r in comparable]
+    assert all(r["upr_advantage"] == "—" for r in rows
+               if r["system"] in ("redis", "nats", "postgres") and r not in comparable)
 
 
 # ----------------------------------------------------------------------------- processes, installs, options
