@@ -24,13 +24,13 @@ import asyncio
 import base64
 import os
 import shutil
-import sys
 import tempfile
 import time
 from pathlib import Path
 
 import httpx
 
+from bench.server import server_env, start_upr_server
 from bench.suite.procs import ProcessGroup
 from clients.backup.archive import Archive, disk_usage
 from clients.backup.create import create_backup
@@ -45,24 +45,9 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def start_server(group: ProcessGroup, workdir: Path, name: str, partitions: int) -> str:
-    ready = workdir / f"{name}.url"
-    cmd = [sys.executable, "-m", "app.cli", "server", "--data-dir", str(workdir / name), "--host", "127.0.0.1",
-           "--port", "0", "--partitions", str(partitions), "--ready-file", str(ready), "--log-level", "warning"]
-    env = {k: v for k, v in os.environ.items() if not k.startswith("UPR_")}
-    proc = group.spawn(cmd, name=name, log=workdir / f"{name}.log", cwd=ROOT, env=env)
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"server {name} exited: {(workdir / f'{name}.log').read_text()[-2000:]}")
-        if ready.exists() and ready.read_text().strip():
-            url = ready.read_text().strip()
-            try:
-                if httpx.get(f"{url}/ready", timeout=2).status_code == 200:
-                    return url
-            except httpx.HTTPError:
-                pass
-        time.sleep(0.05)
-    raise RuntimeError(f"server {name} not ready")
+    _, url = start_upr_server(workdir, name=name, partitions=partitions,
+                              spawn=lambda argv, log: group.spawn(argv, name=name, log=log, cwd=ROOT, env=server_env()))
+    return url
 
 
 def load(url: str, keys: list[str], value_bytes: int, chunk: int = 2000) -> int:

@@ -41,6 +41,8 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from bench.server import start_upr_server
+
 import httpx
 import orjson
 import psutil
@@ -81,19 +83,7 @@ def wait_ready(url: str, proc: subprocess.Popen[bytes], timeout: float = 30) -> 
 
 
 def start_upr(data_dir: Path, partitions: int) -> tuple[subprocess.Popen[bytes], str]:
-    ready = data_dir.parent / "upr.url"
-    cmd = [sys.executable, "-m", "app.cli", "server", "--data-dir", str(data_dir), "--port", "0",
-           "--partitions", str(partitions), "--ready-file", str(ready), "--log-level", "warning"]
-    env = {k: v for k, v in os.environ.items() if not k.startswith("UPR_")}
-    proc = subprocess.Popen(cmd, cwd=ROOT, env=env)
-    deadline = time.monotonic() + 30
-    while not ready.exists():
-        if proc.poll() is not None or time.monotonic() > deadline:
-            raise RuntimeError("upr server did not start")
-        time.sleep(0.05)
-    url = ready.read_text().strip()
-    wait_ready(f"{url}/ready", proc)
-    return proc, url
+    return start_upr_server(data_dir.parent, name="upr", data_dir=data_dir, partitions=partitions)
 
 
 class RawConnection:

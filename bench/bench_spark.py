@@ -16,15 +16,14 @@ Prints, from one run against one server process (127.0.0.1, ephemeral port):
 from __future__ import annotations
 
 import argparse
-import json
-import os
 import random
 import shutil
 import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
+
+from bench.server import start_upr_server
 
 import httpx
 
@@ -33,26 +32,7 @@ CITIES = [f"city-{i:03d}" for i in range(200)]
 
 
 def start_server(work: Path, partitions: int) -> tuple[subprocess.Popen[bytes], str]:
-    ready = work / "url"
-    log = open(work / "server.log", "wb")
-    proc = subprocess.Popen([sys.executable, "-m", "app.cli", "server", "--data-dir", str(work / "data"),
-                             "--host", "127.0.0.1", "--port", "0", "--partitions", str(partitions),
-                             "--ready-file", str(ready), "--log-level", "warning"],
-                            cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise SystemExit(f"server exited: {(work / 'server.log').read_text()[-2000:]}")
-        if ready.exists() and ready.read_text().strip():
-            url = ready.read_text().strip()
-            try:
-                if httpx.get(url + "/ready", timeout=2).status_code == 200:
-                    return proc, url
-            except httpx.HTTPError:
-                pass
-        time.sleep(0.05)
-    proc.kill()
-    raise SystemExit("server not ready")
+    return start_upr_server(work, data_dir=work / "data", partitions=partitions)
 
 
 def load(url: str, keys: range, rng: random.Random, pad: str) -> None:

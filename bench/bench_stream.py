@@ -33,6 +33,8 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+
+from bench.server import start_upr_server
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -111,30 +113,7 @@ async def _consumer(url: str, mode: str, connections: int, seconds: float, out_p
 
 
 def start_server(workdir: Path, data_dir: Path, extra: list[str] | None = None) -> tuple[subprocess.Popen[bytes], str]:
-    ready = workdir / "server.url"
-    ready.unlink(missing_ok=True)
-    log = open(workdir / "server.log", "ab")
-    cmd = [sys.executable, "-m", "app.cli", "server", "--data-dir", str(data_dir), "--host", "127.0.0.1",
-           "--port", "0", "--partitions", str(PARTITIONS), "--ready-file", str(ready), "--log-level", "warning",
-           *(extra or [])]
-    env = {k: v for k, v in os.environ.items() if not k.startswith("UPR_")}
-    proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
-    import httpx
-
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"server exited: {(workdir / 'server.log').read_text()[-2000:]}")
-        if ready.exists():
-            url = ready.read_text().strip()
-            try:
-                if httpx.get(f"{url}/ready", timeout=2).status_code == 200:
-                    return proc, url
-            except httpx.HTTPError:
-                pass
-        time.sleep(0.05)
-    proc.kill()
-    raise RuntimeError("server not ready")
+    return start_upr_server(workdir, data_dir=data_dir, partitions=PARTITIONS, extra=extra or ())
 
 
 def stop_server(proc: subprocess.Popen[bytes]) -> None:
