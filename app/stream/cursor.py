@@ -129,8 +129,8 @@ class PartitionCursor:
         bytes are encoded or the snapshot is complete.  Returns True when complete (or idle).
 
         With a ``TailCache`` (and ``high_of``, the partition's current high seqno after the state
-        check), memory snapshots other connections already encoded from this position are
-        replayed first; a fresh snapshot is taken only if the partition has moved past them."""
+        check), snapshot parts (disk or memory) other connections already encoded from this
+        position are replayed first; a fresh snapshot is taken only if the partition has moved past them."""
         p = self.partition
         used = 0
         if self._snapshot is None:
@@ -177,7 +177,7 @@ class PartitionCursor:
                         self._continuation_sent = True
                     marker_at = -1
                 else:
-                    marker_at = len(out) if part.source == "memory" else -1
+                    marker_at = len(out)
                     out.append(Marker(p, part.start, part.end, part.source, self.purge_seqno))
                     self.snap_start = part.start
                 self.open_snapshot = True

@@ -1,13 +1,20 @@
-"""Encoded memory snapshots shared by every connection tailing a partition.
+"""Encoded snapshot parts shared by every connection tailing a partition.
 
 Theory of operation
 -------------------
 Fifty consumers tailing the same partitions would otherwise read and encode the same new items
-fifty times.  When a visit's snapshot part comes from memory and is encoded whole (marker through
-``last`` batch, not a continuation), the cursor stores it here under ``(codec, partition, after)``
-where ``after = part.start - 1``: the position a consumer must hold for that part to be exactly
-the snapshot it would get itself (a memory part is a deduplicated, self-contained DCP snapshot of
-its range).  A cursor at position ``after`` replays the stored marker and frames instead of
+fifty times.  When a visit's snapshot part is encoded whole (marker through ``last`` batch, not a
+continuation), the cursor stores it here under ``(codec, partition, after)`` where
+``after = part.start - 1``: the position a consumer must hold for that part to be exactly a
+snapshot it could have got itself (a disk or memory part is a deduplicated, self-contained DCP
+snapshot of its range, taken after the position).
+
+Disk parts count as much as memory parts: the flusher persists every few milliseconds, so a
+consumer more than a flush interval behind gets a disk part (persisted range) and a memory part.
+When only memory parts were shared, fifty consumers each read and encoded the same disk range
+(over half of the server's CPU under fan-out, profiled), and their positions then drifted apart so that the
+memory entries stopped matching as well.  With both, consumers that start at the same position
+stay on one chain of entries: each replays what the first one read and continues from its end.  A cursor at position ``after`` replays the stored marker and frames instead of
 reading and encoding, then continues after ``end`` with a fresh reading.
 
 Barrier cookies stay exact: a replayed entry only saves encoding of an older range; the visit's
@@ -15,7 +22,8 @@ own reading (the high seqno check, or a fresh snapshot after the replayed entrie
 after the visit began.
 
 Bounded: at most ``max_entries`` per partition and ``max_bytes`` overall; the oldest entries go
-first.  Reader threads share it under one lock (held for dict operations only).
+first.  ``max_bytes`` is the binding limit (32 MiB is seconds of history at 20k small writes/s): a
+consumer that lags the chain by more falls off it and reads for itself.  Reader threads share it under one lock (held for dict operations only).
 """
 from __future__ import annotations
 
@@ -36,7 +44,7 @@ class CachedSnapshot:
 
 
 class TailCache:
-    def __init__(self, max_bytes: int = 32 * 1024 * 1024, max_entries: int = 64) -> None:
+    def __init__(self, max_bytes: int = 32 * 1024 * 1024, max_entries: int = 1024) -> None:
         self.max_bytes = max_bytes
         self.max_entries = max_entries
         self._lock = threading.Lock()

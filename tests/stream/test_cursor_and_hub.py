@@ -212,8 +212,35 @@ def test_tail_cache_replays_a_memory_snapshot_to_a_cursor_at_the_same_position(e
     assert third.produce(counting_snapshot, encode_binary, 1 << 20, out3, cache, "binary", engine.high_seqno)
     assert summarize(out3) == summarize(out1) + [("marker", 16, 16, "memory"), ("batch", [16], True)]
     assert snapshots_taken == [15]
-    # a disk part (or a continuation) is never cached; another codec has its own entries
+    # another codec has its own entries
     assert cache.get("json", 0, 10) is None
+
+
+def test_tail_cache_replays_disk_parts_too_so_lagging_cursors_stay_on_one_chain(engine: Engine) -> None:
+    """Fan-out: consumers behind the flusher get a disk part; sharing only memory parts left each
+    of them reading and encoding the same disk range itself (most of the server's CPU at 50
+    consumers), and their positions drifted apart so memory entries stopped matching too."""
+    from app.stream.tailcache import TailCache
+
+    cache = TailCache()
+    for i in range(10):
+        put(engine, f"k{i}")
+    engine.flush_now()
+    for i in range(5):
+        put(engine, f"m{i}")  # seqnos 11..15, memory only
+    first = PartitionCursor(0, 0, 0)
+    out1: list[Marker | Batch] = []
+    assert first.produce(engine.snapshot, encode_binary, 1 << 20, out1, cache, "binary", engine.high_seqno)
+    assert [x for x in summarize(out1) if x[0] == "marker"] == [("marker", 1, 10, "disk"), ("marker", 11, 15, "memory")]
+    assert len(cache) == 2
+
+    def no_snapshot(p: int, after: int) -> Any:
+        raise AssertionError(f"read after {after}: should have been replayed")
+
+    second = PartitionCursor(0, 0, 0)
+    out2: list[Marker | Batch] = []
+    assert second.produce(no_snapshot, encode_binary, 1 << 20, out2, cache, "binary", engine.high_seqno)
+    assert out2 == out1 and second.last_seqno == 15 and cache.hits == 2
 
 
 def test_tail_cache_is_bounded() -> None:
