@@ -45,11 +45,14 @@ VALUE = b"x" * 200
 # ============================================================================ consumer process
 
 
-async def _consumer(url: str, mode: str, connections: int, seconds: float, out_path: str) -> None:
+async def _consumer(url: str, mode: str, connections: int, seconds: float, out_path: str,
+                    bundle: bool = True) -> None:
     """Runs in a child process: ``backfill`` (stream everything, then report) or ``tail``
-    (stream from now, record receipt times of keys starting with ``lat-``)."""
+    (stream from now, record receipt times of keys starting with ``lat-``).  With ``bundle`` the
+    hello accepts bundle frames (as ``clients.Consumer`` does) and every part is handled."""
     from websockets.asyncio.client import connect
 
+    from engine.protocol.bundle import BUNDLE_MAGIC, decode_bundle
     from engine.protocol.frames import decode_binary
 
     ws_url = url.replace("http://", "ws://") + "/stream"
@@ -58,7 +61,7 @@ async def _consumer(url: str, mode: str, connections: int, seconds: float, out_p
     async def one(index: int) -> None:
         ws = await connect(ws_url, compression=None, max_size=None, max_queue=64)
         await ws.send(json.dumps({"type": "hello", "name": f"bench-{mode}-{index}", "codec": "binary",
-                                  "window_bytes": 16 << 20, "protocol": 1}))
+                                  "window_bytes": 16 << 20, "protocol": 1, "bundle": bundle}))
         hello = json.loads(await ws.recv())
         parts = hello["partitions"]
         unacked = 0
@@ -86,18 +89,23 @@ async def _consumer(url: str, mode: str, connections: int, seconds: float, out_p
             if unacked >= 1 << 20:
                 await ws.send(json.dumps({"type": "ack", "bytes": unacked}))
                 unacked = 0
-            if isinstance(data, bytes):
-                batch = decode_binary(data)
-                items += len(batch)
-                if mode == "tail":
-                    now = time.monotonic_ns()
-                    for key in batch.keys:
-                        if key.startswith(b"lat-"):
-                            receipts[key.decode()] = now
-                elif mode == "fan" and len(batch):
-                    # per frame only: its oldest write bounds the delay of every item in it
-                    frames.append((batch.keys[0].decode(), len(batch), time.monotonic_ns()))
-            elif mode == "backfill" and '"barrier"' in data:
+            parts = decode_bundle(data) if isinstance(data, bytes) and data[:4] == BUNDLE_MAGIC else (data,)
+            done = False
+            for part in parts:
+                if isinstance(part, bytes):
+                    batch = decode_binary(part)
+                    items += len(batch)
+                    if mode == "tail":
+                        now = time.monotonic_ns()
+                        for key in batch.keys:
+                            if key.startswith(b"lat-"):
+                                receipts[key.decode()] = now
+                    elif mode == "fan" and len(batch):
+                        # per frame only: its oldest write bounds the delay of every item in it
+                        frames.append((batch.keys[0].decode(), len(batch), time.monotonic_ns()))
+                elif mode == "backfill" and '"barrier"' in part:
+                    done = True
+            if done:
                 break
         elapsed = time.perf_counter() - t0
         cpu = time.process_time() - c0
@@ -126,12 +134,17 @@ def stop_server(proc: subprocess.Popen[bytes]) -> None:
             proc.wait()
 
 
+BUNDLE = True  # consumers accept bundle frames (--no-bundle: one message per WebSocket message)
+
+
 def spawn_consumers(url: str, mode: str, connections: int, seconds: float, workdir: Path,
                     tag: str) -> tuple[subprocess.Popen[bytes], Path]:
     out = workdir / f"consumer-{tag}.json"
     out.unlink(missing_ok=True)
     cmd = [sys.executable, "-m", "bench.bench_stream", "--role", "consumer", "--url", url, "--mode", mode,
            "--connections", str(connections), "--seconds", str(seconds), "--out", str(out)]
+    if not BUNDLE:
+        cmd.append("--no-bundle")
     return subprocess.Popen(cmd, cwd=ROOT), out
 
 
@@ -330,6 +343,7 @@ def bench_fanout(workdir: Path, consumers: int, rate: int, seconds: float) -> di
                 complete += got == len(acks)
                 lags = [(t - acks[k]) / 1e9 for k, _, t in r["frames"] if k in acks]
                 worst.append(max(lags) if lags else float("inf"))
+        c2 = server.cpu_times()  # consumers done: the server's CPU for the whole delivery
     finally:
         stop_server(proc)
     return {
@@ -337,6 +351,7 @@ def bench_fanout(workdir: Path, consumers: int, rate: int, seconds: float) -> di
         "consumers_complete": complete, "worst_delay_s_max": max(worst), "worst_delay_s_median": percentile(worst, 0.5),
         "aggregate_delivery_rate": total / seconds, "server_cpu_util": server_util,
         "consumer_cpu_util": consumer_cpu,
+        "server_us_per_delivery": ((c2.user + c2.system) - (c0.user + c0.system)) / max(total, 1) * 1e6,
     }
 
 
@@ -348,6 +363,8 @@ def main() -> int:
     ap.add_argument("--full", action="store_true", help="1e6-item backfill, longer tail and fan-out runs")
     ap.add_argument("--items", type=int, default=None, help="backfill size (default 200k, --full 1e6)")
     ap.add_argument("--only", choices=["backfill", "tail", "fanout"], action="append")
+    ap.add_argument("--no-bundle", action="store_true",
+                    help="consumers do not accept bundle frames (hello bundle false), for A/B runs")
     ap.add_argument("--role", default="bench", help=argparse.SUPPRESS)
     ap.add_argument("--url", help=argparse.SUPPRESS)
     ap.add_argument("--mode", help=argparse.SUPPRESS)
@@ -356,14 +373,17 @@ def main() -> int:
     ap.add_argument("--out", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.role == "consumer":
-        asyncio.run(_consumer(args.url, args.mode, args.connections, args.seconds, args.out))
+        asyncio.run(_consumer(args.url, args.mode, args.connections, args.seconds, args.out, not args.no_bundle))
         return 0
+    global BUNDLE
+    BUNDLE = not args.no_bundle
     only = set(args.only or ["backfill", "tail", "fanout"])
     count = args.items or (1_000_000 if args.full else 200_000)
     tail_s = 10.0 if args.full else 4.0
     fan_s = 10.0 if args.full else 5.0
     workdir = Path(tempfile.mkdtemp(prefix="upr-bench-stream-"))
-    print(f"load average {os.getloadavg()[0]:.1f}, {os.cpu_count()} cores; workdir {workdir}")
+    print(f"load average {os.getloadavg()[0]:.1f}, {os.cpu_count()} cores; bundles {'on' if BUNDLE else 'off'}; "
+          f"workdir {workdir}")
     try:
         if "backfill" in only:
             r = bench_backfill(workdir, count)
@@ -392,7 +412,8 @@ def main() -> int:
                   f"worst delay behind the writer: max {r['worst_delay_s_max']:.2f} s, median "
                   f"{r['worst_delay_s_median']:.2f} s; aggregate delivery {r['aggregate_delivery_rate'] / 1e3:,.0f} "
                   f"k items/s; server process CPU {r['server_cpu_util'] * 100:.0f} % of one core, the 5 consumer "
-                  f"processes {r['consumer_cpu_util'] * 100:.0f} % together")
+                  f"processes {r['consumer_cpu_util'] * 100:.0f} % together; server CPU per delivered item "
+                  f"{r['server_us_per_delivery']:.2f} us (writes included)")
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
     return 0

@@ -41,6 +41,7 @@ from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidStatus
 
 from engine.protocol import messages as M
+from engine.protocol.bundle import BUNDLE_MAGIC, decode_bundle
 from engine.protocol.errors import ProtocolError
 from engine.protocol.frames import ItemBatch, decode_binary
 from engine.types import Document
@@ -132,6 +133,7 @@ class Consumer:
         commit: str = "item",
         handler: Handler | None = None,
         on_rollback: str | RollbackPolicy = RollbackPolicy.REPAIR,
+        bundle: bool = True,
     ) -> None:
         self.server = (server or default_server()).rstrip("/")
         self.url = stream_url(self.server)
@@ -139,6 +141,9 @@ class Consumer:
         self.name = name
         self.codec = M.Codec(codec)
         self.window_bytes = window_bytes
+        #: accept bundle frames (several server messages in one WebSocket message): fewer
+        #: messages for the server to send, the same messages for this loop to process
+        self.bundle = bundle
         if commit not in ("item", "snapshot"):
             raise UsageError(f"commit must be 'item' or 'snapshot', got {commit!r}", field="commit")
         if isinstance(state, (str, os.PathLike)):
@@ -198,6 +203,8 @@ class Consumer:
         self._b_i = -1
         self._b_events: Any = None  # its per-item iterator, drained by a seek of its partition
         self._b_cut = False
+        # the rest of a bundle being processed: (message, bytes it accounts for) of this connection
+        self._parts: deque[tuple[str | bytes, int]] = deque()
         # counters
         self.reconnects = 0
         self.items_processed = 0
@@ -384,7 +391,7 @@ class Consumer:
         try:
             partitions = self.session.requested_partitions
             await ws.send(M.encode(M.Hello(self.name, tuple(sorted(partitions)) if partitions is not None else None,
-                                           self.codec, self.window_bytes)))
+                                           self.codec, self.window_bytes, bundle=self.bundle)))
             first = await asyncio.wait_for(ws.recv(), self.open_timeout)
             msg = self._decode_text(first) if isinstance(first, str) else None
             if isinstance(msg, M.Error):
@@ -417,6 +424,7 @@ class Consumer:
         """Drop the connection and handshake again, with capped exponential backoff and jitter."""
         self.session.connection_lost()
         self.acks.reset()
+        self._parts.clear()  # the rest of a bundle of the old connection is not processed
         if self._ws is not None:
             ws, self._ws = self._ws, None
             await ws.close()
@@ -524,22 +532,27 @@ class Consumer:
                             self._done = True
                             self._save()
                             return
-                        ws = self._ws
-                        assert ws is not None
-                        self._reading = True
-                        try:
-                            frame = await ws.recv()
-                        except ConnectionClosed as exc:
-                            if self._closed:  # close() from another task: stop, do not reconnect
-                                return
-                            code = exc.rcvd.code if exc.rcvd is not None else None
-                            if code in _PROTOCOL_CLOSE_CODES:
-                                raise ProtocolViolation(f"server closed the stream with code {code}: "
-                                                        f"{exc.rcvd.reason if exc.rcvd else ''}") from None
-                            raise _Reconnect(f"connection closed ({code})") from None
-                        finally:
-                            self._reading = False
-                        nbytes = _frame_bytes(frame)
+                        if self._parts:
+                            frame, nbytes = self._parts.popleft()
+                        else:
+                            ws = self._ws
+                            assert ws is not None
+                            self._reading = True
+                            try:
+                                frame = await ws.recv()
+                            except ConnectionClosed as exc:
+                                if self._closed:  # close() from another task: stop, do not reconnect
+                                    return
+                                code = exc.rcvd.code if exc.rcvd is not None else None
+                                if code in _PROTOCOL_CLOSE_CODES:
+                                    raise ProtocolViolation(f"server closed the stream with code {code}: "
+                                                            f"{exc.rcvd.reason if exc.rcvd else ''}") from None
+                                raise _Reconnect(f"connection closed ({code})") from None
+                            finally:
+                                self._reading = False
+                            nbytes = _frame_bytes(frame)
+                            if isinstance(frame, bytes) and frame[:4] == BUNDLE_MAGIC:
+                                frame, nbytes = self._unbundle(frame, nbytes)
                         if isinstance(frame, bytes):
                             try:
                                 batch = decode_binary(frame)
@@ -588,6 +601,20 @@ class Consumer:
                     await self._reconnect(str(exc))
         finally:
             self._iterating = False
+
+    def _unbundle(self, frame: bytes, nbytes: int) -> tuple[str | bytes, int]:
+        """Queue a bundle's parts (``engine.protocol.bundle``) and return the first.  Each part
+        accounts for its own size and the last one also for the bundle's header bytes, so the
+        acknowledgements add up to the message's size once every part is processed."""
+        try:
+            parts = decode_bundle(frame)
+        except ProtocolError as exc:
+            raise ProtocolViolation(f"server sent a corrupt bundle: {exc.message}", field=exc.field) from None
+        shares = [(part, _frame_bytes(part)) for part in parts]
+        last, size = shares[-1]
+        shares[-1] = (last, size + nbytes - sum(n for _, n in shares))
+        self._parts.extend(shares)
+        return self._parts.popleft()
 
     async def _control(self, msg: Any, nbytes: int) -> AsyncIterator[Event]:
         """Every server message except item batches; events are yielded before bookkeeping that

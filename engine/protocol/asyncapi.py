@@ -14,7 +14,7 @@ from __future__ import annotations
 import inspect
 from typing import Any
 
-from engine.protocol import frames
+from engine.protocol import bundle, frames
 from engine.protocol.errors import CloseCode, ErrorCode
 from engine.protocol.messages import (
     CLIENT_MESSAGES,
@@ -59,6 +59,10 @@ range_error (naming the field).  The server then walks the open streams in parti
 for each one with news it sends `snapshot` and item batches (binary frames or JSON `items`), and
 `cycle_complete` at the end of each pass.  `barrier` cookies come back once every stream was
 visited after the cookie arrived, with the per-partition positions: a consistent cut.
+
+Bundles: a client that sends `hello` with `bundle: true` may receive several of these messages
+(e.g. a pass's snapshot markers and item batches) in one binary `bundle` message, in the order
+they would otherwise have been sent; it counts as one frame of its full size for flow control.
 
 Flow control: every frame the server sends after `hello` counts against the client's window
 (text frames are ASCII, so characters = bytes); the client acknowledges processed bytes with
@@ -114,8 +118,16 @@ def build_document() -> dict[str, Any]:
         "contentType": "application/octet-stream",
         "payload": {"type": "string", "format": "binary"},
     }
+    messages["bundle"] = {
+        "name": "bundle",
+        "title": "Bundle (hello bundle true)",
+        "summary": "Several server messages, in order, in one binary message.",
+        "description": "Layout, " + _between(inspect.getdoc(bundle) or "", "Layout,", "``Bundler``"),
+        "contentType": "application/octet-stream",
+        "payload": {"type": "string", "format": "binary"},
+    }
     client = [component_name(c) for c in CLIENT_MESSAGES.values()]
-    server = [component_name(c) for c in SERVER_MESSAGES.values()] + ["items", "items_binary"]
+    server = [component_name(c) for c in SERVER_MESSAGES.values()] + ["items", "items_binary", "bundle"]
     return {
         "asyncapi": "3.0.0",
         "info": {

@@ -388,6 +388,8 @@ def message(type_name: str, sender: Sender, **kinds: Kind) -> Callable[[type[_T]
     codec=Enum(Codec, "item batch codec: binary frames or JSON items messages"),
     window_bytes=Nullable(Int(0, MAX_WINDOW_BYTES), "flow-control window in bytes; null: server default"),
     protocol=Int(1, 1 << 16, "protocol version; this server speaks 1"),
+    bundle=Bool("the client accepts bundle frames (several messages in one binary message, "
+                "engine.protocol.bundle); false: one WebSocket message per message"),
 )
 @dataclass(frozen=True, slots=True)
 class Hello:
@@ -398,6 +400,7 @@ class Hello:
     codec: Codec = Codec.JSON
     window_bytes: int | None = None
     protocol: int = PROTOCOL_VERSION
+    bundle: bool = False
 
 
 @message(

@@ -65,10 +65,11 @@ class Writers:
             t.join(timeout=30)
 
 
+@pytest.mark.parametrize("bundle", [False, True], ids=["messages", "bundles"])
 async def test_every_write_acknowledged_before_the_cookie_is_delivered_before_it_returns(
-    server: ServerProcess,
+    server: ServerProcess, bundle: bool,
 ) -> None:
-    stream = await RawStream.open(server.url, name="barrier-checker", window=1 << 20)
+    stream = await RawStream.open(server.url, name="barrier-checker", window=1 << 20, bundle=bundle)
     mirror = Mirror()
     latest: dict[str, int] = {}  # key -> highest seqno delivered
 

@@ -22,7 +22,9 @@ async def test_concurrent_tailing_consumers_all_converge_on_the_written_state(tm
     try:
         write_docs(srv.url, {f"base{i}": b"base" for i in range(500)})
         codecs = ["binary", "json"]
-        streams = [await RawStream.open(srv.url, name=f"fan-{i}", codec=codecs[i % 2]) for i in range(CONSUMERS)]
+        # half of them accept bundles (several messages per WebSocket message), with either codec
+        streams = [await RawStream.open(srv.url, name=f"fan-{i}", codec=codecs[i % 2], bundle=i % 4 >= 2)
+                   for i in range(CONSUMERS)]
         mirrors = [Mirror() for _ in streams]
         for s, m in zip(streams, mirrors):
             await s.stream(range(PARTITIONS), m)
@@ -60,6 +62,7 @@ async def test_concurrent_tailing_consumers_all_converge_on_the_written_state(tm
             await s.send({"type": "barrier", "cookie": f"end-{i}"})
             await s.consume(m, until=lambda msg, i=i: isinstance(msg, dict) and msg.get("cookie") == f"end-{i}")
             assert {k: v for k, (_, v) in m.docs.items()} == model, f"consumer {i} diverged"
+            assert (s.bundles > 0) == (i % 4 >= 2), (i, s.bundles)  # bundles only to those that accept them
             await s.close()
     finally:
         srv.kill()

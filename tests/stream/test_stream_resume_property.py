@@ -49,7 +49,8 @@ async def run_schedule(url: str, steps: list[tuple[str, Any]]) -> None:
     saved: dict[int, Position] = {}
     mirror = Mirror()
     # a fresh consumer mirrors the whole history: start from what it would have persisted
-    stream = await RawStream.open(url, name="resumer", window=64 * 1024)
+    bundle = True  # alternate per connection: resuming works whether a cut falls in a bundle or not
+    stream = await RawStream.open(url, name="resumer", window=64 * 1024, bundle=bundle)
     await stream.stream(range(PARTITIONS), mirror)
     for kind, arg in steps:
         if kind == "write":
@@ -68,7 +69,8 @@ async def run_schedule(url: str, steps: list[tuple[str, Any]]) -> None:
             saved = {p: Position(**vars(pos)) for p, pos in mirror.positions.items()}
             docs = dict(mirror.docs)
             mirror = Mirror(docs=docs, positions={p: Position(**vars(pos)) for p, pos in saved.items()})
-            stream = await RawStream.open(url, name="resumer", window=64 * 1024)
+            bundle = not bundle
+            stream = await RawStream.open(url, name="resumer", window=64 * 1024, bundle=bundle)
             responses = await stream.stream(range(PARTITIONS), mirror)
             assert all(r["status"] == "ok" for r in responses.values()), responses
     await stream.send({"type": "barrier", "cookie": "end"})

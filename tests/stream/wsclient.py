@@ -17,6 +17,7 @@ import httpx
 from websockets.asyncio.client import ClientConnection, connect
 
 from engine.protocol import frames as F
+from engine.protocol.bundle import decode_bundle, is_bundle
 
 __all__ = ["Position", "Mirror", "RawStream", "write_docs", "ws_url"]
 
@@ -91,17 +92,20 @@ class RawStream:
         self.failover: dict[str, Any] = {}
         self.window = 0
         self.early: list[Any] = []
+        self.parts: list[str | bytes] = []  # the rest of the bundle being read
+        self.bundles = 0  # bundle messages received
 
     @classmethod
     async def open(cls, http_url: str, *, name: str = "test", partitions: Iterable[int] | None = None,
                    codec: str = "binary", window: int | None = None, token: str | None = None,
-                   auto_ack: bool = True, max_queue: int | None = 16) -> "RawStream":
+                   auto_ack: bool = True, max_queue: int | None = 16, bundle: bool = False) -> "RawStream":
         ws = await connect(ws_url(http_url, token), compression=None, max_size=None, open_timeout=10,
                            max_queue=max_queue)
         self = cls(ws, auto_ack)
         self.window = window or 0
         await self.send({"type": "hello", "name": name, "codec": codec, "window_bytes": window,
-                         "partitions": None if partitions is None else list(partitions), "protocol": 1})
+                         "partitions": None if partitions is None else list(partitions), "protocol": 1,
+                         "bundle": bundle})
         msg = await self.recv()
         assert isinstance(msg, dict) and msg["type"] == "failover_logs", msg
         self.failover = msg
@@ -111,9 +115,17 @@ class RawStream:
         await self.ws.send(json.dumps(obj))
 
     async def recv(self, timeout: float = 30.0) -> dict[str, Any] | F.ItemBatch:
-        data = await asyncio.wait_for(self.ws.recv(), timeout)
-        size = len(data) if isinstance(data, bytes) else len(data.encode())
-        self.unacked += size
+        """The next message (a bundle's parts one by one; its whole size counts when it arrives)."""
+        if self.parts:
+            data = self.parts.pop(0)
+        else:
+            data = await asyncio.wait_for(self.ws.recv(), timeout)
+            size = len(data) if isinstance(data, bytes) else len(data.encode())
+            self.unacked += size
+            if isinstance(data, bytes) and is_bundle(data):
+                self.bundles += 1
+                self.parts = list(decode_bundle(data))
+                data = self.parts.pop(0)
         if isinstance(data, bytes):
             out: dict[str, Any] | F.ItemBatch = F.decode_binary(data)
         else:

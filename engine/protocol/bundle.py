@@ -1,0 +1,162 @@
+"""Bundle frames: several stream messages carried by one binary WebSocket message.
+
+Theory of operation
+-------------------
+A live tail sends, per partition visited, a ``snapshot`` marker (text) and an item batch (binary
+or text), and the messages are small: at 20k writes/s over 64 partitions a visit carries a few
+items.  Each WebSocket message costs the server ~13 µs of Python (Starlette -> uvicorn ->
+websockets -> transport) whatever its size, so with 50 consumers the per-message cost, not the
+items, bounded fan-out.  A client that says ``bundle: true`` in ``hello`` accepts *bundles*: one
+binary message holding, in order, the messages the server would otherwise have sent one by one.
+Nothing else changes: the parts are exactly those messages (same bytes), in the same order, so a
+snapshot marker still precedes its batches and a cookie (sent as its own message, after the
+bundle carrying the items it covers) still follows them.  Flow control counts the bundle's
+WebSocket message size, as for any other frame; the client acknowledges that size once it has
+processed every part.
+
+Layout, all integers little-endian::
+
+    offset  size   field
+    0       4      magic b"UPRM"
+    4       1      version (1)
+    5       1      flags (0)
+    6       2      reserved (0)
+    8       4      count n (u32, at least 1)
+    12      4      reserved (0)
+    16      ...    n parts, each: kind (u8: 1 = text message, UTF-8 JSON; 2 = binary item
+                   batch frame), 3 reserved bytes (0), length L (u32), then L bytes
+
+The message length must be exactly the header plus the parts.  Any inconsistency raises
+``ProtocolError(corrupt_frame)`` naming the field.  A binary item batch frame starts with
+``b"UPRB"`` (``frames.MAGIC``), so a client tells the two binary messages apart by the magic.
+
+``Bundler`` (sans-I/O) decides what goes together: parts are added until the next one would take
+the bundle past ``max_bytes`` (so flow control's overshoot stays bounded by one frame, as before);
+a single pending part is sent as itself (no wrapper).
+"""
+from __future__ import annotations
+
+import struct
+from collections.abc import Sequence
+
+from engine.protocol.errors import ErrorCode, ProtocolError
+
+__all__ = ["BUNDLE_MAGIC", "Bundler", "PART_BINARY", "PART_TEXT", "decode_bundle", "encode_bundle", "is_bundle"]
+
+BUNDLE_MAGIC = b"UPRM"
+BUNDLE_VERSION = 1
+HEADER = struct.Struct("<4sBBHII")
+PART = struct.Struct("<B3xI")
+PART_TEXT = 1
+PART_BINARY = 2
+#: bytes a bundle adds to its parts: the header once, a part header per part
+OVERHEAD = HEADER.size
+
+
+def is_bundle(data: bytes | bytearray | memoryview) -> bool:
+    return bytes(data[:4]) == BUNDLE_MAGIC
+
+
+def encode_bundle(parts: Sequence[str | bytes]) -> bytes:
+    """One bundle message for ``parts`` (text messages are pure ASCII, as the server sends them)."""
+    if not parts:
+        raise ValueError("a bundle needs at least one part")
+    chunks: list[bytes] = [HEADER.pack(BUNDLE_MAGIC, BUNDLE_VERSION, 0, 0, len(parts), 0)]
+    pack = PART.pack
+    for part in parts:
+        if isinstance(part, str):
+            data = part.encode("utf-8")
+            chunks.append(pack(PART_TEXT, len(data)))
+        else:
+            data = part
+            chunks.append(pack(PART_BINARY, len(data)))
+        chunks.append(data)
+    return b"".join(chunks)
+
+
+def _corrupt(field: str, message: str) -> ProtocolError:
+    return ProtocolError(ErrorCode.CORRUPT_FRAME, f"corrupt bundle: {field}: {message}", field=field)
+
+
+def decode_bundle(data: bytes | bytearray | memoryview) -> list[str | bytes]:
+    """The parts of a bundle, in order: ``str`` for text messages, ``bytes`` for binary frames."""
+    view = memoryview(data).cast("B")
+    size = len(view)
+    if size < HEADER.size:
+        raise _corrupt("header", f"message of {size} bytes is shorter than the {HEADER.size}-byte header")
+    magic, version, flags, reserved1, count, reserved2 = HEADER.unpack_from(view, 0)
+    if magic != BUNDLE_MAGIC:
+        raise _corrupt("magic", f"expected {BUNDLE_MAGIC!r}, got {bytes(magic)!r}")
+    if version != BUNDLE_VERSION:
+        raise _corrupt("version", f"unsupported bundle version {version}")
+    if flags:
+        raise _corrupt("flags", f"unknown flag bits {flags:#04x}")
+    if reserved1 or reserved2:
+        raise _corrupt("reserved", "must be 0")
+    if count < 1:
+        raise _corrupt("count", "a bundle holds at least one part")
+    parts: list[str | bytes] = []
+    off = HEADER.size
+    unpack = PART.unpack_from
+    for i in range(count):
+        if off + PART.size > size:
+            raise _corrupt("count", f"part {i} of {count} starts past the end of the message")
+        if bytes(view[off + 1 : off + 4]) != b"\x00\x00\x00":
+            raise _corrupt("reserved", f"part {i}: must be 0")
+        kind, length = unpack(view, off)
+        off += PART.size
+        if off + length > size:
+            raise _corrupt("length", f"part {i} of {length} bytes runs past the end of the message")
+        chunk = bytes(view[off : off + length])
+        off += length
+        if kind == PART_BINARY:
+            parts.append(chunk)
+        elif kind == PART_TEXT:
+            try:
+                parts.append(chunk.decode("utf-8"))
+            except UnicodeDecodeError:
+                raise _corrupt("kind", f"part {i}: text part is not UTF-8") from None
+        else:
+            raise _corrupt("kind", f"part {i}: unknown kind {kind}")
+    if off != size:
+        raise _corrupt("length", f"{size - off} bytes after the last part")
+    return parts
+
+
+class Bundler:
+    """Collects the messages of a pass into bundles of at most ``max_bytes`` (sans-I/O).
+
+    The caller asks ``fits(size)`` before ``add``: when the part does not fit with the pending
+    ones it sends ``flush()`` first (a part bigger than ``max_bytes`` always fits an empty
+    bundler, and goes alone).  ``flush`` returns what is pending, the part itself when there is
+    only one, or None.  ``pending_bytes`` is the size of the pending parts without the bundle's
+    own header bytes."""
+
+    __slots__ = ("max_bytes", "_parts", "pending_bytes")
+
+    def __init__(self, max_bytes: int = 64 * 1024) -> None:
+        if max_bytes <= 0:
+            raise ValueError("max_bytes must be positive")
+        self.max_bytes = max_bytes
+        self._parts: list[str | bytes] = []
+        self.pending_bytes = 0
+
+    def __len__(self) -> int:
+        return len(self._parts)
+
+    def fits(self, size: int) -> bool:
+        n = len(self._parts)
+        return n == 0 or OVERHEAD + PART.size * (n + 1) + self.pending_bytes + size <= self.max_bytes
+
+    def add(self, part: str | bytes) -> None:
+        self._parts.append(part)
+        self.pending_bytes += len(part)
+
+    def flush(self) -> str | bytes | None:
+        parts, self._parts = self._parts, []
+        self.pending_bytes = 0
+        if not parts:
+            return None
+        if len(parts) == 1:
+            return parts[0]
+        return encode_bundle(parts)

@@ -1,0 +1,115 @@
+"""Bundle frames (engine.protocol.bundle): layout, every corruption named, and the Bundler's cuts."""
+from __future__ import annotations
+
+import struct
+
+import pytest
+
+from engine.protocol.bundle import (
+    BUNDLE_MAGIC,
+    HEADER,
+    PART,
+    PART_BINARY,
+    PART_TEXT,
+    Bundler,
+    decode_bundle,
+    encode_bundle,
+    is_bundle,
+)
+from engine.protocol.errors import ErrorCode, ProtocolError
+from engine.protocol.frames import decode_binary, encode_binary
+from engine.types import Item
+
+MARKER = '{"type":"snapshot","partition":3,"start":5,"end":6,"source":"memory","purge_seqno":0}'
+BATCH = encode_binary(3, [Item(b"k", 5, 1, 1, False, b"v"), Item(b"j", 6, 2, 1, True, b"")], True)
+
+
+@pytest.mark.parametrize("parts", [
+    [MARKER],
+    [BATCH],
+    [MARKER, BATCH],
+    [MARKER, BATCH, MARKER, BATCH, '{"type":"cycle_complete","cycle":1}'],
+    ["", b""],
+])
+def test_round_trip_keeps_every_part_and_its_kind_in_order(parts: list[str | bytes]) -> None:
+    data = encode_bundle(parts)
+    assert is_bundle(data) and not is_bundle(BATCH)
+    assert decode_bundle(data) == parts
+    assert len(data) == HEADER.size + sum(PART.size + len(p) for p in parts)
+
+
+def test_layout_is_the_documented_one() -> None:
+    data = encode_bundle([MARKER, BATCH])
+    assert data[:16] == BUNDLE_MAGIC + bytes([1, 0, 0, 0]) + struct.pack("<II", 2, 0)
+    kind, length = PART.unpack_from(data, 16)
+    assert (kind, length) == (PART_TEXT, len(MARKER))
+    off = 16 + PART.size + len(MARKER)
+    assert PART.unpack_from(data, off) == (PART_BINARY, len(BATCH))
+    assert decode_binary(data[off + PART.size:]).last
+
+
+def _patch(data: bytes, offset: int, new: bytes) -> bytes:
+    return data[:offset] + new + data[offset + len(new):]
+
+
+GOOD = encode_bundle([MARKER, BATCH])
+P2 = 16 + PART.size + len(MARKER)  # offset of the second part's header
+
+
+@pytest.mark.parametrize("data, field", [
+    (GOOD[:10], "header"),
+    (_patch(GOOD, 0, b"UPRX"), "magic"),
+    (_patch(GOOD, 4, b"\x02"), "version"),
+    (_patch(GOOD, 5, b"\x01"), "flags"),
+    (_patch(GOOD, 6, b"\x01"), "reserved"),
+    (_patch(GOOD, 12, b"\x01"), "reserved"),
+    (_patch(GOOD, 8, struct.pack("<I", 0)), "count"),
+    (_patch(GOOD, 8, struct.pack("<I", 3)), "count"),
+    (_patch(GOOD, 8, struct.pack("<I", 1)), "length"),  # bytes left after the last part
+    (GOOD[:-1], "length"),  # the last part runs past the end
+    (_patch(GOOD, P2, b"\x07"), "kind"),
+    (_patch(GOOD, P2 + 1, b"\x01"), "reserved"),
+    (encode_bundle([b"\xff\xfe"])[:16] + PART.pack(PART_TEXT, 2) + b"\xff\xfe", "kind"),  # text not UTF-8
+])
+def test_every_corruption_is_refused_naming_the_field(data: bytes, field: str) -> None:
+    with pytest.raises(ProtocolError) as info:
+        decode_bundle(data)
+    assert info.value.code == ErrorCode.CORRUPT_FRAME and info.value.field == field
+
+
+def test_encoding_nothing_is_a_usage_error() -> None:
+    with pytest.raises(ValueError):
+        encode_bundle([])
+
+
+# Bundler: (max_bytes, sizes of the parts added) -> the messages sent, as lists of part sizes
+# (a single part goes out as itself, shown as an int).
+@pytest.mark.parametrize("max_bytes, sizes, sent", [
+    (1000, [100], [100]),                          # one part: no wrapper
+    (1000, [100, 200], [[100, 200]]),              # a marker and its batch: one message
+    (1000, [400, 400, 400], [[400, 400], 400]),    # the third does not fit with the header bytes
+    (1000, [2000, 10], [2000, 10]),                # bigger than max_bytes: alone
+    (1000, [10, 2000], [10, 2000]),                # ... also after a small one
+    (16 + 2 * 8 + 60, [30, 30], [[30, 30]]),       # exactly max_bytes with the header bytes
+    (16 + 2 * 8 + 59, [30, 30], [30, 30]),         # one byte over
+])
+def test_bundler_cuts_at_max_bytes_counting_its_own_header_bytes(max_bytes: int, sizes: list[int],
+                                                                 sent: list[object]) -> None:
+    bundler = Bundler(max_bytes)
+    out: list[str | bytes] = []
+    pending = 0
+    for i, size in enumerate(sizes):
+        if not bundler.fits(size):
+            flushed = bundler.flush()
+            assert flushed is not None
+            out.append(flushed)
+            pending = 0
+        bundler.add(bytes([i]) * size)
+        pending += size
+        assert bundler.pending_bytes == pending  # what the server has counted against the window
+    last = bundler.flush()
+    assert last is not None and bundler.flush() is None and len(bundler) == 0 and bundler.pending_bytes == 0
+    out.append(last)
+    shapes = [[len(p) for p in decode_bundle(m)] if is_bundle(m) else len(m) for m in out]
+    assert shapes == sent
+    assert all(len(m) <= max_bytes for m in out if is_bundle(m))
