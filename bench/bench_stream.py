@@ -61,7 +61,8 @@ async def _consumer(url: str, mode: str, connections: int, seconds: float, out_p
     async def one(index: int) -> None:
         ws = await connect(ws_url, compression=None, max_size=None, max_queue=64)
         await ws.send(json.dumps({"type": "hello", "name": f"bench-{mode}-{index}", "codec": "binary",
-                                  "window_bytes": 16 << 20, "protocol": 1, "bundle": bundle}))
+                                  "window_bytes": 16 << 20, "protocol": 1,
+                                  **({"bundle": True} if bundle else {})}))
         hello = json.loads(await ws.recv())
         parts = hello["partitions"]
         unacked = 0
@@ -251,13 +252,18 @@ def bench_backfill(workdir: Path, count: int) -> dict[str, Any]:
     }
 
 
+WRITER_LATENCIES: list[float] = []  # seconds per bulk request of the last _paced_writer run
+
+
 def _paced_writer(url: str, rate: int, seconds: float, prefix: str, tick_s: float = 0.004) -> dict[str, int]:
     """Writes ``rate`` keys/s as one small bulk batch every ``tick_s`` (catching up with a bigger
-    batch when behind, sleeping, never spinning, in between); returns each key's ack time."""
+    batch when behind, sleeping, never spinning, in between); returns each key's ack time.
+    ``WRITER_LATENCIES`` gets each request's round trip (a writer short of its rate waited for them)."""
     import httpx
 
     acks: dict[str, int] = {}
     n = 0
+    WRITER_LATENCIES.clear()
     with httpx.Client(base_url=url, timeout=30) as client:
         start = time.monotonic()
         while True:
@@ -269,8 +275,10 @@ def _paced_writer(url: str, rate: int, seconds: float, prefix: str, tick_s: floa
                 time.sleep(tick_s)
                 continue
             batch = [{"op": "set", "key": f"{prefix}-{n + i}", "value_b64": "eHh4eA=="} for i in range(due)]
+            t0 = time.monotonic_ns()
             client.post("/docs/_bulk", json=batch).raise_for_status()
             t = time.monotonic_ns()
+            WRITER_LATENCIES.append((t - t0) / 1e9)
             for item in batch:
                 acks[item["key"]] = t
             n += due
@@ -351,6 +359,7 @@ def bench_fanout(workdir: Path, consumers: int, rate: int, seconds: float) -> di
         "consumers_complete": complete, "worst_delay_s_max": max(worst), "worst_delay_s_median": percentile(worst, 0.5),
         "aggregate_delivery_rate": total / seconds, "server_cpu_util": server_util,
         "consumer_cpu_util": consumer_cpu,
+        "writer_request_ms": (percentile(WRITER_LATENCIES, 0.5) * 1e3, percentile(WRITER_LATENCIES, 0.99) * 1e3),
         "server_us_per_delivery": ((c2.user + c2.system) - (c0.user + c0.system)) / max(total, 1) * 1e6,
     }
 
@@ -413,7 +422,8 @@ def main() -> int:
                   f"{r['worst_delay_s_median']:.2f} s; aggregate delivery {r['aggregate_delivery_rate'] / 1e3:,.0f} "
                   f"k items/s; server process CPU {r['server_cpu_util'] * 100:.0f} % of one core, the 5 consumer "
                   f"processes {r['consumer_cpu_util'] * 100:.0f} % together; server CPU per delivered item "
-                  f"{r['server_us_per_delivery']:.2f} us (writes included)")
+                  f"{r['server_us_per_delivery']:.2f} us (writes included); writer's bulk requests p50 "
+                  f"{r['writer_request_ms'][0]:.1f} ms, p99 {r['writer_request_ms'][1]:.1f} ms")
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
     return 0

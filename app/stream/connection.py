@@ -68,6 +68,9 @@ class StreamLimits:
     frame_items: int = 4096
     #: most stream visits begun together and produced in one reader-thread job
     max_visits_per_job: int = 64
+    #: the sender yields to the event loop after this many visits of a pass (fairness to HTTP
+    #: requests and other connections; sends alone seldom suspend)
+    visits_per_yield: int = 8
     #: a pass whose visits need only the write queue's memory, at most this many items in all, is
     #: produced on the event loop instead of a reader thread (``Engine.memory_snapshot``); 0 turns that off
     inline_items: int = 256
@@ -324,10 +327,17 @@ class StreamConnection:
             await self._wake.wait()
 
     async def _flush_control(self) -> None:
+        """Send the queued control messages.  Bundling, they join the pending bundle, after the
+        items before them (a cookie or stream end never overtakes those), and it goes out now:
+        a pass's last batches and its ``cycle_complete`` travel as one message."""
         if self._control:
-            await self._flush_bundle()  # a cookie or stream end never overtakes the items before it
-        while self._control:
-            await self._transmit(M.encode(self._control.popleft()))
+            if self._bundler is not None or (self.session.hello is not None and self.session.hello.bundle):
+                while self._control:
+                    await self._emit(M.encode(self._control.popleft()))
+                await self._flush_bundle()
+            else:
+                while self._control:
+                    await self._transmit(M.encode(self._control.popleft()))
         self._drained.set()
 
     async def _transmit(self, data: str | bytes, counted: int = 0) -> None:
@@ -401,12 +411,19 @@ class StreamConnection:
                 self._visit_notified[v.partition] = notified
         for v, cursor in zip(visits, cursors):
             cursor.last_seqno = v.after_seqno
+        # Sends rarely suspend (the socket buffer takes them), so without these yields one
+        # connection's pass ran start to end in one loop step: with 50 consumers a loop iteration
+        # took ~100 ms and HTTP writes waited that long per step (the fan-out writer fell to 9k/s).
+        yield_every = self.limits.visits_per_yield
         if self._produce_inline(cursors, check_only=True) is not None:
             # inline: each visit is produced right before it is sent, so the first partition's
             # frames leave without waiting for the encoding of the others
-            for visit, cursor in zip(visits, cursors):
+            for i, (visit, cursor) in enumerate(zip(visits, cursors)):
                 produced = self._produce_inline([cursor]) or [([], False, None)]
                 await self._send_visit(visit, cursor, *produced[0])
+                if i % yield_every == yield_every - 1:
+                    await asyncio.sleep(0)
+            await self._flush_control()  # with cycle_complete, if the pass is over
             await self._flush_bundle()
             return
         await self._flush_bundle()
@@ -414,6 +431,9 @@ class StreamConnection:
         for i, (visit, cursor) in enumerate(zip(visits, cursors)):
             outs, complete, changed = produced[i] if i < len(produced) else ([], False, None)
             await self._send_visit(visit, cursor, outs, complete, changed)
+            if i % yield_every == yield_every - 1:
+                await asyncio.sleep(0)  # let the loop's other work (HTTP writes, other connections) in
+        await self._flush_control()
         await self._flush_bundle()
 
     async def _send_visit(self, visit: Any, cursor: PartitionCursor, out: list[Marker | Batch], complete: bool,
@@ -458,7 +478,7 @@ class StreamConnection:
         if not session.is_open(p):
             return False
         if isinstance(item, Marker):
-            session.snapshot_marker(p, item.start, item.end, item.source, item.purge_seqno)
+            session.marker_sent(p, item.start, item.end, item.purge_seqno)
             data: str | bytes = item.text  # encoded on the reader thread
         else:
             data = item.data

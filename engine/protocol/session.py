@@ -466,11 +466,17 @@ class ServerSession:
         self, partition: int, start: int, end: int, source: SnapshotSource | str, purge_seqno: int
     ) -> SnapshotMarker:
         """Record that a snapshot part starts; returns the marker to send before its batches."""
+        self.marker_sent(partition, start, end, purge_seqno)
+        return SnapshotMarker(partition, start, end, SnapshotSource(source), purge_seqno)
+
+    def marker_sent(self, partition: int, start: int, end: int, purge_seqno: int) -> None:
+        """``snapshot_marker`` for an adapter that encoded the marker itself (the stream server
+        formats marker text off the loop; building the message again cost ~8 % of a fan-out
+        pass): the same bookkeeping, no message."""
         stream = self.streams[partition]
         stream.snap_start, stream.snap_end = start, end
         stream.purge_seqno = purge_seqno
         stream.in_snapshot = True
-        return SnapshotMarker(partition, start, end, SnapshotSource(source), purge_seqno)
 
     def items_sent(self, partition: int, last_seqno: int | None, last: bool) -> list[Output]:
         """A batch of ``partition`` was sent (``last``: it completed its snapshot)."""

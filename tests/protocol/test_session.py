@@ -613,3 +613,21 @@ def test_full_conversation_transcript() -> None:
     ]
     assert s.flow is not None and s.flow.acked == 10
     assert s.receive_message(Ack(0)) == []
+
+
+@pytest.mark.parametrize("start, end, source, purge", [(1, 100, "disk", 0), (101, 140, "memory", 7)])
+def test_marker_sent_is_snapshot_marker_without_the_message(start: int, end: int, source: str, purge: int) -> None:
+    states = []
+    for use_message in (True, False):
+        h = Harness()
+        h.hello()
+        h.open(2)
+        s = h.session
+        s.begin_visit(2)
+        if use_message:
+            assert s.snapshot_marker(2, start, end, source, purge).end == end
+        else:
+            assert s.marker_sent(2, start, end, purge) is None
+        st = s.streams[2]
+        states.append((st.snap_start, st.snap_end, st.purge_seqno, st.in_snapshot))
+    assert states[0] == states[1] == (start, end, purge, True)
