@@ -318,8 +318,9 @@ class StreamConnection:
             if self._close is not None:
                 await self._close_socket(int(self._close.code), self._close.reason)
                 return
-            if session.next_visit() is not None:
-                await self._visit_batch()
+            first = session.next_visit()
+            if first is not None:
+                await self._visit_batch(first)
                 continue
             self._wake.clear()
             if self._control or self._close is not None or self._peer_closed or session.next_visit() is not None:
@@ -333,11 +334,11 @@ class StreamConnection:
         if self._control:
             if self._bundler is not None or (self.session.hello is not None and self.session.hello.bundle):
                 while self._control:
-                    await self._emit(M.encode(self._control.popleft()))
+                    await self._emit(control_text(self._control.popleft()))
                 await self._flush_bundle()
             else:
                 while self._control:
-                    await self._transmit(M.encode(self._control.popleft()))
+                    await self._transmit(control_text(self._control.popleft()))
         self._drained.set()
 
     async def _transmit(self, data: str | bytes, counted: int = 0) -> None:
@@ -388,16 +389,13 @@ class StreamConnection:
         for t in notified:
             self._on_delivery(now - t)
 
-    async def _visit_batch(self) -> None:
+    async def _visit_batch(self, first: int) -> None:
         """Visit the due streams of this pass, in id order: their visits begin together (each draws
         its barrier token before its snapshot is taken), one reader-thread job takes the snapshots
         and encodes them up to the chunk budget, then each visit is sent and ended in order.  A busy
         tail with many partitions thus costs one executor hop per wake-up, not one per partition."""
         session = self.session
-        first = session.next_visit()
-        if first is None:
-            return
-        # The session's next_visit() would return, one call each, the due streams after ``first``
+        # ``first`` is what session.next_visit() just returned.  The session's next_visit() would return, one call each, the due streams after ``first``
         # in id order; one scan of the public stream fields gives the same list (a superset while
         # cookies are pending: an extra visit is merely idle) without an O(streams) call per visit.
         cookies = bool(session.pending_cookies)
@@ -422,6 +420,7 @@ class StreamConnection:
                 produced = self._produce_inline([cursor]) or [([], False, None)]
                 await self._send_visit(visit, cursor, *produced[0])
                 if i % yield_every == yield_every - 1:
+                    await self._flush_bundle()
                     await asyncio.sleep(0)
             await self._flush_control()  # with cycle_complete, if the pass is over
             await self._flush_bundle()
@@ -432,6 +431,7 @@ class StreamConnection:
             outs, complete, changed = produced[i] if i < len(produced) else ([], False, None)
             await self._send_visit(visit, cursor, outs, complete, changed)
             if i % yield_every == yield_every - 1:
+                await self._flush_bundle()  # what is ready goes out before others run
                 await asyncio.sleep(0)  # let the loop's other work (HTTP writes, other connections) in
         await self._flush_control()
         await self._flush_bundle()
@@ -602,6 +602,14 @@ class StreamConnection:
             connected_at=self.connected_at, window_bytes=flow.window if flow else 0,
             cursor_drops=self.cursor_drops, rollbacks=self.rollbacks,
         )
+
+
+def control_text(msg: Any) -> str:
+    """``M.encode(msg)``, with ``cycle_complete`` (one per pass per connection, the most frequent
+    control message) formatted directly: the generic encoder was ~5 % of a fan-out pass."""
+    if type(msg) is M.CycleComplete and type(msg.cycle) is int:
+        return f'{{"type":"cycle_complete","cycle":{msg.cycle}}}'
+    return M.encode(msg)
 
 
 class StateChanged(Exception):

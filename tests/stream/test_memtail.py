@@ -8,6 +8,8 @@ from typing import Any
 
 import pytest
 
+from engine.protocol import messages as M
+
 from app.stream.connection import _NotInMemory, _produce_many
 from app.stream.cursor import Batch, Marker, PartitionCursor
 from engine.config import EngineConfig
@@ -116,3 +118,11 @@ def test_marker_text_is_the_protocol_encoding(partition: int, start: int, end: i
     assert marker_text(partition, start, end, source, purge) == expected
     assert M.decode(expected, sender=M.Sender.SERVER) == M.SnapshotMarker(partition, start, end,
                                                                             M.SnapshotSource(source), purge)
+
+
+@pytest.mark.parametrize("msg", [M.CycleComplete(0), M.CycleComplete(123456789), M.BarrierReached("c", {1: 2}),
+                                 M.StreamEnd(3, M.StreamEndReason.CLOSED, 7)])
+def test_control_text_is_the_protocol_encoding(msg: object) -> None:
+    from app.stream.connection import control_text
+
+    assert control_text(msg) == M.encode(msg)
