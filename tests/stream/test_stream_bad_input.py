@@ -104,8 +104,12 @@ async def test_refused_request_keeps_the_connection(server: ServerProcess) -> No
     """Per-stream refusals (partition out of range or not in hello, duplicate stream, closing a
     stream that is not open, duplicate cookie, range error) leave the connection and its other
     streams open."""
-    stream = await RawStream.open(server.url, partitions=[0, 1], name="keeps")
+    stream = await RawStream.open(server.url, partitions=[0, 1], name="keeps", window=4096, auto_ack=False)
     await stream.stream([0])
+    # A visit of partition 0 that stalls on the window (two ~64 KiB frames against 4 KiB, nothing
+    # acknowledged) keeps the first "twice" cookie pending whatever the timing; without it the
+    # server could return that cookie before reading the second one (a race seen under load).
+    write_docs(server.url, {key_in(0, f"fill{i}"): b"x" * 1000 for i in range(100)})
     await stream.send({**REQUEST, "partition": 99})
     msg = await next_error(stream)
     assert (msg["code"], msg["field"], msg["partition"]) == ("invalid_partition", "partition", 99)
@@ -126,6 +130,8 @@ async def test_refused_request_keeps_the_connection(server: ServerProcess) -> No
     await stream.send(bad_range)
     responses = await stream.responses(1)
     assert responses[1]["status"] == "range_error" and responses[1]["field"] == "snap_start"
+    stream.auto_ack = True
+    await stream.ack()
     await stream.send({"type": "barrier", "cookie": "still-open"})
     await stream.consume(Mirror(), until=is_msg("barrier", cookie="still-open"))
     await stream.close()
