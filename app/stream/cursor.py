@@ -95,7 +95,7 @@ class PartitionCursor:
     """One partition of one connection: position and the snapshot being encoded (executor side)."""
 
     def __init__(self, partition: int, position: int, snap_start: int, *,
-                 frame_bytes: int = 64 * 1024, frame_items: int = 4096) -> None:
+                 frame_bytes: int = 64 * 1024, frame_items: int = 4096, tailing: bool = False) -> None:
         self.partition = partition
         #: last seqno encoded (== the stream's position once everything encoded is sent)
         self.last_seqno = position
@@ -116,6 +116,8 @@ class PartitionCursor:
         self._lookahead: list[Item] | None = None
         self._continuing = False  # the current reading continues a snapshot left open by a drop
         self._continuation_sent = False
+        #: may replay the tail cache: not before the stream's first reading (see ``produce``)
+        self.tailing = tailing
 
     @property
     def holding(self) -> bool:
@@ -130,11 +132,18 @@ class PartitionCursor:
 
         With a ``TailCache`` (and ``high_of``, the partition's current high seqno after the state
         check), snapshot parts (disk or memory) other connections already encoded from this
-        position are replayed first; a fresh snapshot is taken only if the partition has moved past them."""
+        position are replayed first; a fresh snapshot is taken only if the partition has moved past them.
+
+        Not on a stream's first reading: a new stream (a consumer starting or resuming, a backup
+        run, a re-request after a rollback) gets the deduplicated state as of now, as before the
+        cache, not an old encoded snapshot of its start position followed by everything since
+        (valid DCP, but every key changed meanwhile comes twice: a full backup run counted twice
+        the items).  Tailing consumers that started together still share: their first readings
+        are taken at the same position, and the first of them to read further stores the entries."""
         p = self.partition
         used = 0
         if self._snapshot is None:
-            if cache is not None and high_of is not None and not self.open_snapshot:
+            if cache is not None and high_of is not None and not self.open_snapshot and self.tailing:
                 while used < budget:
                     entry = cache.get(codec, p, self.last_seqno)
                     if entry is None:
@@ -150,6 +159,7 @@ class PartitionCursor:
                     self.high_seqno = self.last_seqno
                     return True
             snap = snapshot_of(p, self.last_seqno)
+            self.tailing = True
             self.high_seqno = max(snap.high_seqno, self.last_seqno)
             self.purge_seqno = snap.purge_seqno
             if not snap.parts:

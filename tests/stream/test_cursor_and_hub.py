@@ -200,14 +200,14 @@ def test_tail_cache_replays_a_memory_snapshot_to_a_cursor_at_the_same_position(e
         snapshots_taken.append(after)
         return engine.snapshot(p, after)
 
-    second = PartitionCursor(0, 10, 10)
+    second = PartitionCursor(0, 10, 10, tailing=True)
     out2: list[Marker | Batch] = []
     assert second.produce(counting_snapshot, encode_binary, 1 << 20, out2, cache, "binary", engine.high_seqno)
     assert out2 == out1 and snapshots_taken == []  # replayed, nothing read or encoded again
     assert second.last_seqno == 15 and cache.hits == 1
 
     put(engine, "m9")  # seqno 16: replay, then a fresh reading after the replayed range
-    third = PartitionCursor(0, 10, 10)
+    third = PartitionCursor(0, 10, 10, tailing=True)
     out3: list[Marker | Batch] = []
     assert third.produce(counting_snapshot, encode_binary, 1 << 20, out3, cache, "binary", engine.high_seqno)
     assert summarize(out3) == summarize(out1) + [("marker", 16, 16, "memory"), ("batch", [16], True)]
@@ -237,7 +237,7 @@ def test_tail_cache_replays_disk_parts_too_so_lagging_cursors_stay_on_one_chain(
     def no_snapshot(p: int, after: int) -> Any:
         raise AssertionError(f"read after {after}: should have been replayed")
 
-    second = PartitionCursor(0, 0, 0)
+    second = PartitionCursor(0, 0, 0, tailing=True)
     out2: list[Marker | Batch] = []
     assert second.produce(no_snapshot, encode_binary, 1 << 20, out2, cache, "binary", engine.high_seqno)
     assert out2 == out1 and second.last_seqno == 15 and cache.hits == 2
@@ -313,3 +313,23 @@ async def test_job_batcher_runs_queued_jobs_in_one_hop_in_order() -> None:
     assert results[:3] == [0, 10, 20] and isinstance(results[3], ValueError) and results[4:] == [40, 50]
     assert order == list(range(6))
     assert sum(hops) == 6 and len(hops) <= 2  # the first job alone, then everything queued meanwhile
+
+
+def test_a_new_stream_reads_fresh_even_where_the_tail_cache_has_its_position(engine: Engine) -> None:
+    """The first reading of a stream is the state as of now (deduplicated), not an old encoded
+    snapshot of its start position plus everything since: a key rewritten meanwhile comes once."""
+    from app.stream.tailcache import TailCache
+
+    cache = TailCache()
+    put(engine, "k", b"old")
+    engine.flush_now()
+    tail = PartitionCursor(0, 0, 0)
+    assert tail.produce(engine.snapshot, encode_binary, 1 << 20, [], cache, "binary", engine.high_seqno)
+    assert cache.get("binary", 0, 0) is not None  # (0, 1] stored
+    put(engine, "k", b"new")  # seqno 2 supersedes seqno 1
+    engine.flush_now()  # on disk only seqno 2 is left
+    fresh = PartitionCursor(0, 0, 0)  # e.g. a full backup run starting from 0
+    out: list[Marker | Batch] = []
+    assert fresh.produce(engine.snapshot, encode_binary, 1 << 20, out, cache, "binary", engine.high_seqno)
+    assert [x for x in summarize(out) if x[0] == "batch"] == [("batch", [2], True)]
+    assert fresh.tailing  # later visits may replay what other connections stored
