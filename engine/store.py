@@ -593,51 +593,80 @@ class Store:
         WHY here and not per rewrite: cutting one superseded item out of its block at once would
         copy a whole block per rewritten key; marking it stale costs one small-tree entry, and a
         compaction that runs once stale entries outnumber live ones (or blocks are many and
-        small) copies at most about two items per stale one.  Source blocks are read, deleted
-        and replaced a bounded chunk at a time, in seqno order, so memory stays bounded; the new
-        blocks' keys fall within the range their source blocks covered."""
+        small) copies at most about two items per stale one.  A block whose items are all stale
+        is dropped without being decoded, and a large block without stale items (or tombstones
+        to purge) is left where it is.  The rest is decoded, filtered and merged a bounded chunk
+        at a time, in seqno order, so memory stays bounded; the new blocks' keys fall within the
+        range their source blocks covered, so they never collide with blocks not yet visited."""
         bdb, xdb, kdb = self.block_dbs[p], self.stale_dbs[p], self.key_dbs[p]
-        stale = {int.from_bytes(k, "big") for k in txn.cursor(xdb).iternext(keys=True, values=False)}
+        marks = array("Q")
+        marks.frombytes(b"".join(txn.cursor(xdb).iternext(keys=True, values=False)))
+        if not _BIG_ENDIAN:
+            marks.byteswap()  # the keys are big-endian
         highest = 0
+        blocks_out = 0
+        source: list[bytes] = []
+        acc = ColsBuffer()
+        budget = 4 * BLOCK_VALUE_BYTES
         cur = txn.cursor(bdb)
         ok = cur.first()
-        blocks_out = 0
         while ok:
-            # one chunk: source blocks up to ~BLOCK_VALUE_BYTES * 4 of values
-            source_keys: list[bytes] = []
-            acc = ColsBuffer()
-            budget = 4 * BLOCK_VALUE_BYTES
-            while ok and budget > 0:
-                k, blob = cur.item()
-                source_keys.append(k)
+            k, blob = cur.item()
+            n, klen, _vlen = _BLOCK_HEADER.unpack_from(blob)
+            first = int.from_bytes(k, "big")
+            last = _U64.unpack_from(blob, _BLOCK_HEADER.size + 8 * (n - 1))[0]
+            lo = bisect_left(marks, first)
+            hi = bisect_right(marks, last)
+            o = _BLOCK_HEADER.size + 32 * n
+            purge_here = should_purge is not None and b"\x01" in blob[o : o + n]
+            if hi - lo == n:
+                source.append(k)  # every item superseded: drop it undecoded
+            elif hi == lo and not purge_here and n >= BLOCK_ITEMS // 2:
+                if source or len(acc):  # keep this block: first write out what precedes it
+                    blocks_out += self._replace_blocks(txn, bdb, source, acc)
+                    source, acc, budget = [], ColsBuffer(), 4 * BLOCK_VALUE_BYTES
+                    cur.set_key(k)
+                blocks_out += 1
+            else:
                 cols = decode_block(blob)
-                keys, seqnos, cas, revs, deleted, values = cols
-                drop = [s in stale for s in seqnos] if stale else None
-                if should_purge is not None:
-                    for i, (s, c, d) in enumerate(zip(seqnos, cas, deleted)):
-                        if d and not (drop and drop[i]) and should_purge(s, c):
-                            if drop is None:
-                                drop = [False] * len(seqnos)
-                            drop[i] = True
-                            txn.delete(keys[i], db=kdb)
-                            highest = max(highest, s)
-                if drop is not None and any(drop):
-                    keep = [not x for x in drop]
+                if hi > lo or purge_here:
+                    dead = set(marks[lo:hi])
+                    keys, seqnos, cas, _revs, deleted, _values = cols
+                    keep = [s not in dead for s in seqnos]
+                    if purge_here:
+                        for i, d in enumerate(deleted):
+                            if d and keep[i] and should_purge(seqnos[i], cas[i]):  # type: ignore[misc]
+                                keep[i] = False
+                                txn.delete(keys[i], db=kdb)  # a live entry: its by-key record is this one
+                                highest = max(highest, seqnos[i])
                     cols = compress_cols(cols, keep)
+                source.append(k)
                 acc.extend(cols)
-                budget -= sum(map(len, values))
-                ok = cur.next()
-            next_key = cur.key() if ok else None
-            for k in source_keys:
-                txn.delete(k, db=bdb)
-            records = list(_blocks(*acc.columns())) if len(acc) else []
-            for rk, rv in records:
-                txn.put(rk, rv, db=bdb)
-            blocks_out += len(records)
-            ok = cur.set_range(next_key) if next_key is not None else False
+                budget -= sum(map(len, cols[5]))
+                if budget <= 0:
+                    ok = cur.next()
+                    resume = cur.key() if ok else None
+                    blocks_out += self._replace_blocks(txn, bdb, source, acc)
+                    source, acc, budget = [], ColsBuffer(), 4 * BLOCK_VALUE_BYTES
+                    ok = resume is not None and cur.set_range(resume)
+                    continue
+            ok = cur.next()
+        blocks_out += self._replace_blocks(txn, bdb, source, acc)
         txn.drop(xdb, delete=False)
         self._pending[p] = (0, blocks_out)
         return highest
+
+    @staticmethod
+    def _replace_blocks(txn: lmdb.Transaction, bdb: object, source: list[bytes], acc: ColsBuffer) -> int:
+        """Delete the ``source`` blocks and write ``acc`` as new blocks; returns blocks written."""
+        for k in source:
+            txn.delete(k, db=bdb)
+        if not len(acc):
+            return 0
+        records = list(_blocks(*acc.columns()))
+        for rk, rv in records:
+            txn.put(rk, rv, db=bdb)
+        return len(records)
 
 
 class LongRead:
