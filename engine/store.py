@@ -12,7 +12,7 @@ A **block** holds the items one flush wrote for the partition (at most ``BLOCK_I
 about ``BLOCK_VALUE_BYTES`` of values), laid out as columns, little-endian::
 
     n u32, keys-blob bytes u32, values-blob bytes u64,
-    seqnos u64[n], cas u64[n], revs u64[n], value end offsets u64[n], deleted u8[n],
+    seqnos u64[n], cas u64[n], revs u64[n], value ends u64[n] (offsets in the block), deleted u8[n],
     keys blob (keys joined by 0xFF, a byte UTF-8 never contains), values blob
 
 WHY blocks: a by-seqno scan feeds the stream's column encoder, and with one LMDB record per
@@ -25,8 +25,8 @@ concatenation and a B-tree insert per item.
 Couchstore semantics (a by-seqno scan yields each live key's latest version once): when a key is
 rewritten, ``Cursor.replace`` on the by-key tree returns the old record, whose seqno is marked
 stale in ``x<p>`` in the same transaction; readers drop marked entries, and a compaction
-(``Store._rewrite``) rewrites the blocks without them once they outnumber the live entries (or
-blocks are many and small).  A stale entry is therefore never visible, and disk space held by
+(``Store._compact``) rewrites the blocks without them once they outnumber the live entries (or
+small blocks are many), a bounded step per flush.  A stale entry is therefore never visible, and disk space held by
 superseded values is bounded by about the live data (plus ``COMPACT_MIN_STALE`` entries).
 
 Discipline: every transaction in ``with``; all write transactions go through ``write`` (one
@@ -69,11 +69,13 @@ _tuple_new = tuple.__new__
 #: small blocks up to this size).
 BLOCK_ITEMS = 1024
 #: A block closes once its values would pass this many bytes (one bigger value travels alone).
-BLOCK_VALUE_BYTES = 1 << 20
+BLOCK_VALUE_BYTES = 64 << 10
 #: Compaction runs when a partition's stale entries exceed max(this, its live entries) ...
 COMPACT_MIN_STALE = 4096
-#: ... or its blocks exceed max(this, entries // 64) (many small flushes: single persisted writes).
+#: ... or its small blocks exceed max(this, entries // 64) (many small flushes: single persisted writes).
 COMPACT_MIN_BLOCKS = 512
+#: A compaction pass advances by about this many bytes of source values per flush.
+COMPACT_STEP_BYTES = 4 << 20
 KEY_SEP = b"\xff"
 _BLOCK_HEADER = struct.Struct("<IIQ")
 _U64 = struct.Struct("<Q")
@@ -114,13 +116,16 @@ class CorruptStore(UprError):
 def encode_block(keys: Sequence[bytes], seqnos: Sequence[int], cas: Sequence[int], revs: Sequence[int],
                  deleted: Sequence[int], values: Sequence[bytes]) -> bytes:
     """One block for a non-empty run of items in seqno order (columns as in the module doc)."""
-    vends = array("Q", accumulate(map(len, values)))
+    n = len(values)
     kblob = KEY_SEP.join(keys)
+    base = _BLOCK_HEADER.size + 33 * n + len(kblob)  # where the values blob starts
+    vends = array("Q", accumulate(map(len, values), initial=base))
+    del vends[0]
     cols = [array("Q", seqnos), array("Q", cas), array("Q", revs), vends]
     if _BIG_ENDIAN:  # pragma: no cover - little-endian machines only in CI
         for col in cols:
             col.byteswap()
-    return b"".join((_BLOCK_HEADER.pack(len(vends), len(kblob), vends[-1]), *cols, bytes(deleted), kblob, *values))
+    return b"".join((_BLOCK_HEADER.pack(n, len(kblob), vends[-1] - base), *cols, bytes(deleted), kblob, *values))
 
 
 def decode_block(blob: bytes) -> Cols:
@@ -141,12 +146,11 @@ def decode_block(blob: bytes) -> Cols:
     o += n
     keys = blob[o : o + klen].split(KEY_SEP)
     o += klen
-    if len(keys) != n or o + vlen != len(blob) or (n and vends[-1] != vlen):
+    if len(keys) != n or o + vlen != len(blob) or (n and vends[-1] != len(blob)):
         raise CorruptStore(f"block of seqno {seqnos[0] if n else '?'} does not decode")
-    vblob = blob[o:]
-    starts = array("Q", (0,))
+    starts = array("Q", (o,))
     starts += vends[:-1]
-    values = list(map(vblob.__getitem__, map(slice, starts, vends)))
+    values = list(map(blob.__getitem__, map(slice, starts, vends)))  # no copy of the values region
     return keys, seqnos, cas, revs, deleted, values
 
 
@@ -162,10 +166,8 @@ def _block_value(blob: bytes, seqno: int) -> bytes | None:
     if i == n or seqnos[i] != seqno:
         return None
     ends = o + 24 * n
-    start = _U64.unpack_from(blob, ends + 8 * (i - 1))[0] if i else 0
-    end = _U64.unpack_from(blob, ends + 8 * i)[0]
-    base = o + 32 * n + n + klen
-    return blob[base + start : base + end]
+    start = _U64.unpack_from(blob, ends + 8 * (i - 1))[0] if i else o + 33 * n + klen
+    return blob[start : _U64.unpack_from(blob, ends + 8 * i)[0]]
 
 
 def _blocks(keys: Sequence[bytes], seqnos: Sequence[int], cas: Sequence[int], revs: Sequence[int],
@@ -185,6 +187,11 @@ def _blocks(keys: Sequence[bytes], seqnos: Sequence[int], cas: Sequence[int], re
                                                   values[a:b])
         base = sizes[b - 1]
         a = b
+
+
+def _is_small(n: int, value_bytes: int) -> bool:
+    """A block worth merging: under half full by items and by bytes."""
+    return 2 * n < BLOCK_ITEMS and 2 * value_bytes < BLOCK_VALUE_BYTES
 
 
 def compress_cols(cols: Cols, keep: Sequence[bool]) -> Cols:
@@ -312,11 +319,11 @@ class Store:
             self.block_dbs.append(env.open_db(b))
             self.key_dbs.append(env.open_db(k))
             self.stale_dbs.append(env.open_db(x))
-        # (stale marks, blocks) per partition as committed (None: not read yet), and the values
+        # (stale marks, small blocks, compaction resume key) per partition as committed (None: not read yet), and the values
         # the open write transaction will commit (applied by ``write`` after the commit only,
         # so a transaction re-run after MapFullError never counts twice)
-        self._counts: list[tuple[int, int] | None] = [None] * partitions
-        self._pending: dict[int, tuple[int, int]] = {}
+        self._counts: list[tuple[int, int, bytes | None] | None] = [None] * partitions
+        self._pending: dict[int, tuple[int, int, bytes | None]] = {}
         self.fsyncs = 0
         self._lock_fd: int | None = None
 
@@ -526,28 +533,40 @@ class Store:
             if not deleted:
                 delta += 1
         keys, seqnos, cas_, revs, deleted_, values = zip(*items)
-        records = list(_blocks(keys, seqnos, cas_, revs, deleted_, values))
-        consumed, added = txn.cursor(self.block_dbs[p]).putmulti(records, append=True)
-        if added != len(records):
-            raise RuntimeError(f"by-seqno append rejected {len(records) - added} blocks in partition {p}")
-        counts = self._counts_in(txn, p)
+        nbytes = sum(map(len, values))
+        bdb = self.block_dbs[p]
+        if len(items) <= BLOCK_ITEMS and nbytes <= BLOCK_VALUE_BYTES:  # the usual case: one block
+            blocks = 1
+            if not txn.put(SEQNO.pack(seqnos[0]), encode_block(keys, seqnos, cas_, revs, deleted_, values),
+                           append=True, db=bdb):
+                raise RuntimeError(f"by-seqno append rejected a block in partition {p}")
+        else:  # one block at a time: a big flush never holds a second copy of all its values
+            blocks = 0
+            for record_key, blob in _blocks(keys, seqnos, cas_, revs, deleted_, values):
+                if not txn.put(record_key, blob, append=True, db=bdb):
+                    raise RuntimeError(f"by-seqno append rejected a block in partition {p}")
+                blocks += 1
+        marks, small, resume = self._pending.get(p) or self._counts[p] or self._read_counts(txn, p)
         if stale:
             stale.sort()
             txn.cursor(self.stale_dbs[p]).putmulti(zip(stale, repeat(b"")))
-        counts = (counts[0] + len(stale), counts[1] + len(records))
-        self._pending[p] = counts
-        if counts[0] > COMPACT_MIN_STALE or counts[1] > COMPACT_MIN_BLOCKS:
+            marks += len(stale)
+        if blocks == 1:
+            small += _is_small(len(items), nbytes)
+        self._pending[p] = (marks, small, resume)
+        if resume is not None:
+            self._compact(txn, p, resume, COMPACT_STEP_BYTES)
+        elif marks > COMPACT_MIN_STALE or small > COMPACT_MIN_BLOCKS:
             entries = txn.stat(self.key_dbs[p])["entries"]
-            if counts[0] > max(COMPACT_MIN_STALE, entries) or counts[1] > max(COMPACT_MIN_BLOCKS, entries // 64):
-                self._rewrite(txn, p, None)
-        return delta, sum(map(len, values))
+            if marks > max(COMPACT_MIN_STALE, entries) or small > max(COMPACT_MIN_BLOCKS, entries // 64):
+                self._compact(txn, p, None, COMPACT_STEP_BYTES)
+        return delta, nbytes
 
-    def _counts_in(self, txn: lmdb.Transaction, p: int) -> tuple[int, int]:
-        """(stale marks, blocks) of partition ``p`` as of this write transaction."""
-        counts = self._pending.get(p) or self._counts[p]
-        if counts is None:
-            counts = (txn.stat(self.stale_dbs[p])["entries"], txn.stat(self.block_dbs[p])["entries"])
-        return counts
+    def _read_counts(self, txn: lmdb.Transaction, p: int) -> tuple[int, int, bytes | None]:
+        """(stale marks, small blocks, compaction resume key) of partition ``p`` at the first
+        flush after open: marks counted by LMDB; small blocks are counted from then on (an
+        estimate that only decides when to merge them)."""
+        return txn.stat(self.stale_dbs[p])["entries"], 0, None
 
     def lookup(self, txn: lmdb.Transaction, p: int, key: bytes) -> tuple[int, int, int, bool] | None:
         """(seqno, cas, rev, deleted) of the persisted version of ``key``, or None."""
@@ -578,61 +597,72 @@ class Store:
         and the purge seqno moved, in one transaction.
         """
         def purge(txn: lmdb.Transaction) -> int:
-            highest = self._rewrite(txn, p, should_purge)
+            highest, _ = self._compact(txn, p, None, None, should_purge)
             if highest > purge_seqno:
                 self.put_purge(txn, p, highest)
             return highest
 
         return self.write(purge)
 
-    def _rewrite(self, txn: lmdb.Transaction, p: int, should_purge: Callable[[int, int], bool] | None) -> int:
-        """Compaction: rewrite partition ``p``'s blocks without stale entries (and, with
-        ``should_purge``, without the tombstones it selects), merging small blocks; clear the
-        stale marks.  Returns the highest purged seqno.
+    def _compact(self, txn: lmdb.Transaction, p: int, resume: bytes | None, budget: int | None,
+                 should_purge: Callable[[int, int], bool] | None = None) -> tuple[int, bytes | None]:
+        """One compaction step over partition ``p``'s blocks from ``resume`` (None: the first):
+        drop stale entries (and, with ``should_purge``, the tombstones it selects), merge small
+        blocks, delete the stale marks visited.  Stops after about ``budget`` bytes of source
+        values (None: at the end).  Returns (highest purged seqno, where to resume or None).
 
         WHY here and not per rewrite: cutting one superseded item out of its block at once would
         copy a whole block per rewritten key; marking it stale costs one small-tree entry, and a
-        compaction that runs once stale entries outnumber live ones (or blocks are many and
-        small) copies at most about two items per stale one.  A block whose items are all stale
-        is dropped without being decoded, and a large block without stale items (or tombstones
-        to purge) is left where it is.  The rest is decoded, filtered and merged a bounded chunk
-        at a time, in seqno order, so memory stays bounded; the new blocks' keys fall within the
-        range their source blocks covered, so they never collide with blocks not yet visited."""
+        compaction pass, run once stale entries outnumber live ones (or small blocks are many),
+        copies about two items per stale one.  A pass runs in bounded steps, one per flush, so
+        neither a flush's latency nor its transaction's memory grows with the partition.  A
+        block whose items are all stale is dropped undecoded, and a large block with nothing to
+        drop stays where it is.  The new blocks' keys fall within the range their source blocks
+        covered, so they never collide with blocks not yet visited."""
         bdb, xdb, kdb = self.block_dbs[p], self.stale_dbs[p], self.key_dbs[p]
-        marks = array("Q")
-        marks.frombytes(b"".join(txn.cursor(xdb).iternext(keys=True, values=False)))
-        if not _BIG_ENDIAN:
-            marks.byteswap()  # the keys are big-endian
+        marks, small, _ = self._pending.get(p) or self._counts[p] or self._read_counts(txn, p)
+        xcur = txn.cursor(xdb)
+        cur = txn.cursor(bdb)
+        ok = cur.set_range(resume) if resume is not None else cur.first()
+        has_mark = ok and xcur.set_range(cur.key())
         highest = 0
-        blocks_out = 0
         source: list[bytes] = []
         acc = ColsBuffer()
-        budget = 4 * BLOCK_VALUE_BYTES
-        cur = txn.cursor(bdb)
-        ok = cur.first()
+        chunk = 0
+        spent = 0
         while ok:
             k, blob = cur.item()
-            n, klen, _vlen = _BLOCK_HEADER.unpack_from(blob)
-            first = int.from_bytes(k, "big")
+            n, klen, vlen = _BLOCK_HEADER.unpack_from(blob)
             last = _U64.unpack_from(blob, _BLOCK_HEADER.size + 8 * (n - 1))[0]
-            lo = bisect_left(marks, first)
-            hi = bisect_right(marks, last)
+            dead = []
+            while has_mark:
+                mark = xcur.key()
+                if not mark:  # Cursor.delete() of the last mark returns True but leaves no current key
+                    has_mark = False
+                    break
+                s = int.from_bytes(mark, "big")
+                if s > last:
+                    break
+                dead.append(s)
+                xcur.delete()  # deletes and moves to the next mark
+            marks -= len(dead)
             o = _BLOCK_HEADER.size + 32 * n
             purge_here = should_purge is not None and b"\x01" in blob[o : o + n]
-            if hi - lo == n:
+            was_small = _is_small(n, vlen)
+            if len(dead) == n:
                 source.append(k)  # every item superseded: drop it undecoded
-            elif hi == lo and not purge_here and n >= BLOCK_ITEMS // 2:
-                if source or len(acc):  # keep this block: first write out what precedes it
-                    blocks_out += self._replace_blocks(txn, bdb, source, acc)
-                    source, acc, budget = [], ColsBuffer(), 4 * BLOCK_VALUE_BYTES
+                small -= was_small
+            elif not dead and not purge_here and not was_small:
+                if source or len(acc):  # leave this block: first write out what precedes it
+                    small += self._replace_blocks(txn, bdb, source, acc)
+                    source, acc, chunk = [], ColsBuffer(), 0
                     cur.set_key(k)
-                blocks_out += 1
             else:
                 cols = decode_block(blob)
-                if hi > lo or purge_here:
-                    dead = set(marks[lo:hi])
+                if dead or purge_here:
+                    gone = set(dead)
                     keys, seqnos, cas, _revs, deleted, _values = cols
-                    keep = [s not in dead for s in seqnos]
+                    keep = [s not in gone for s in seqnos]
                     if purge_here:
                         for i, d in enumerate(deleted):
                             if d and keep[i] and should_purge(seqnos[i], cas[i]):  # type: ignore[misc]
@@ -641,32 +671,38 @@ class Store:
                                 highest = max(highest, seqnos[i])
                     cols = compress_cols(cols, keep)
                 source.append(k)
+                small -= was_small
                 acc.extend(cols)
-                budget -= sum(map(len, cols[5]))
-                if budget <= 0:
-                    ok = cur.next()
-                    resume = cur.key() if ok else None
-                    blocks_out += self._replace_blocks(txn, bdb, source, acc)
-                    source, acc, budget = [], ColsBuffer(), 4 * BLOCK_VALUE_BYTES
-                    ok = resume is not None and cur.set_range(resume)
-                    continue
+                chunk += vlen
+            spent += vlen
             ok = cur.next()
-        blocks_out += self._replace_blocks(txn, bdb, source, acc)
-        txn.drop(xdb, delete=False)
-        self._pending[p] = (0, blocks_out)
-        return highest
+            if ok and (chunk >= 4 * BLOCK_VALUE_BYTES or (budget is not None and spent >= budget)):
+                resume = cur.key()
+                small += self._replace_blocks(txn, bdb, source, acc)
+                source, acc, chunk = [], ColsBuffer(), 0
+                if budget is not None and spent >= budget:
+                    self._pending[p] = (marks, max(small, 0), resume)
+                    return highest, resume
+                ok = cur.set_range(resume)
+                has_mark = xcur.set_range(resume)
+        small += self._replace_blocks(txn, bdb, source, acc)
+        self._pending[p] = (marks, max(small, 0), None)
+        return highest, None
 
     @staticmethod
     def _replace_blocks(txn: lmdb.Transaction, bdb: object, source: list[bytes], acc: ColsBuffer) -> int:
-        """Delete the ``source`` blocks and write ``acc`` as new blocks; returns blocks written."""
+        """Delete the ``source`` blocks and write ``acc`` as new blocks; returns how many of
+        those are small."""
         for k in source:
             txn.delete(k, db=bdb)
         if not len(acc):
             return 0
-        records = list(_blocks(*acc.columns()))
-        for rk, rv in records:
-            txn.put(rk, rv, db=bdb)
-        return len(records)
+        small = 0
+        for record_key, blob in _blocks(*acc.columns()):
+            txn.put(record_key, blob, db=bdb)
+            n, _klen, vlen = _BLOCK_HEADER.unpack_from(blob)
+            small += _is_small(n, vlen)
+        return small
 
 
 class LongRead:

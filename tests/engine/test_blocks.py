@@ -53,8 +53,25 @@ def run_random(engine, seed, rounds, partitions):
             model[op.key.encode()] = Item(op.key.encode(), res.seqno, res.cas, res.rev, res.deleted, op.value)
         if rnd.random() < 0.7:
             engine.flush_now()
+            check_invariants(engine)
     engine.flush_now()
     return model
+
+
+def check_invariants(engine) -> None:
+    """Every by-key record names a seqno held by exactly one block and not marked stale; every
+    stale mark names a seqno some block holds (so a block's marks count its dead items)."""
+    s = engine._store
+    with s.read_txn() as txn:
+        for p in range(s.num_partitions):
+            held: list[int] = []
+            for _k, blob in txn.cursor(s.block_dbs[p]).iternext():
+                held.extend(decode_block(blob)[1])
+            assert held == sorted(set(held))
+            marks = {int.from_bytes(k, "big") for k in txn.cursor(s.stale_dbs[p]).iternext(values=False)}
+            live = [store.META.unpack(v)[0] for v in txn.cursor(s.key_dbs[p]).iternext(keys=False)]
+            assert marks <= set(held) and not marks & set(live)
+            assert set(live) | marks == set(held)
 
 
 @pytest.mark.parametrize("seed", [1, 2, 3])
@@ -64,8 +81,25 @@ def test_random_history_scans_like_the_model(make_engine, monkeypatch, seed) -> 
     monkeypatch.setattr(store, "BLOCK_VALUE_BYTES", 900)
     monkeypatch.setattr(store, "COMPACT_MIN_STALE", 20)
     monkeypatch.setattr(store, "COMPACT_MIN_BLOCKS", 15)
+    monkeypatch.setattr(store, "COMPACT_STEP_BYTES", 1500)  # passes take several flushes
     engine = make_engine(partitions=3, **SLOW_FLUSH)
     model = run_random(engine, seed, 120, 3)
+    check_against_model(engine, model)
+    # a full pass that purges nothing, then one that purges the older half of the tombstones
+    engine.compact(purge_before_seqno={p: 1 for p in range(3)})
+    check_against_model(engine, model)
+    bounds = {p: engine.persisted_seqno(p) // 2 for p in range(3)}
+    engine.compact(purge_before_seqno=bounds)
+    for key, it in list(model.items()):
+        if it.deleted and it.seqno < bounds[engine.partition_of(key.decode())]:
+            del model[key]
+    check_against_model(engine, model)
+    check_invariants(engine)
+    with engine._store.read_txn() as txn:
+        assert all(txn.stat(engine._store.stale_dbs[p])["entries"] == 0 for p in range(3))
+
+
+def check_against_model(engine, model) -> None:
     for p in range(3):
         high = engine.persisted_seqno(p)
         for after in sorted({0, 1, high // 3, high // 2, high - 1, high}):
