@@ -48,6 +48,7 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from itertools import accumulate, compress, repeat
+from operator import itemgetter
 from pathlib import Path
 from typing import TypeVar
 
@@ -64,6 +65,8 @@ META_SIZE = META.size
 SEQNO = struct.Struct(">Q")
 _PERSISTED = struct.Struct(">QQQ")
 _tuple_new = tuple.__new__
+_seqno_of = itemgetter(slice(0, 8))  # of a by-key record
+_deleted_of = itemgetter(24)
 
 #: Most items one block holds (a flush writes bigger runs as several blocks; compaction merges
 #: small blocks up to this size).
@@ -519,20 +522,13 @@ class Store:
         """
         if not items:
             return 0, 0
-        replace = txn.cursor(self.key_dbs[p]).replace
-        pack = META.pack
-        stale = []
-        add_stale = stale.append
-        delta = 0
-        for key, seqno, cas, rev, deleted, _value in items:
-            old = replace(key, pack(seqno, cas, rev, deleted))
-            if old is not None:
-                add_stale(old[:8])
-                if not old[24]:
-                    delta -= 1
-            if not deleted:
-                delta += 1
         keys, seqnos, cas_, revs, deleted_, values = zip(*items)
+        # C-level maps, no bytecode per item: pack each by-key record, replace it, keep the old
+        # records that existed (bytes are truthy, None is not)
+        replace = txn.cursor(self.key_dbs[p]).replace
+        olds = list(filter(None, map(replace, keys, map(META.pack, seqnos, cas_, revs, deleted_))))
+        delta = len(items) - sum(deleted_) - len(olds) + sum(map(_deleted_of, olds))
+        stale = list(map(_seqno_of, olds))
         nbytes = sum(map(len, values))
         bdb = self.block_dbs[p]
         if len(items) <= BLOCK_ITEMS and nbytes <= BLOCK_VALUE_BYTES:  # the usual case: one block
