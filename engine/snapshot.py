@@ -26,7 +26,18 @@ from operator import itemgetter
 from typing import Literal
 
 from engine.protocol.frames import Columns
-from engine.store import SEQNO, Cols, ColsBuffer, LongRead, Store, compress_cols, decode_block, seek_block
+from engine.store import (
+    SEQNO,
+    Cols,
+    ColsBuffer,
+    LongRead,
+    StaleMarks,
+    Store,
+    block_span,
+    compress_cols,
+    decode_block,
+    seek_block,
+)
 from engine.types import Item
 from engine.writequeue import QueueRoot
 
@@ -95,32 +106,30 @@ class _DiskReader:
     def _live_blocks(self) -> Iterator[Cols]:
         """Each block's columns from ``start`` on, without stale entries (see ``engine.store``).
 
-        The stale marks are walked alongside the blocks (both in seqno order), so a block
-        without marks costs no per-item Python work at all."""
+        The stale marks are read alongside the blocks (both in seqno order, a window of marks
+        per C-level walk): a block without marks costs no per-item Python work at all, and a
+        block whose items are all marked is skipped without being decoded."""
         txn = self._read.txn
         store, p, start = self._store, self._partition, self._start
-        first = SEQNO.pack(start)
         blocks = txn.cursor(store.block_dbs[p])
-        if not seek_block(blocks, first):
+        if not seek_block(blocks, SEQNO.pack(start)):
             return
-        marks = txn.cursor(store.stale_dbs[p])
-        mark = int.from_bytes(marks.key(), "big") if marks.set_range(first) else None
-        for _key, blob in blocks.iternext():
+        marks = StaleMarks(txn, store.stale_dbs[p], start)
+        for key, blob in blocks.iternext():
+            n, first, last = block_span(key, blob)
+            if last < start:
+                continue
+            dead = marks.between(first, last)
+            if len(dead) == n:
+                continue  # every item superseded
             cols = decode_block(blob)
-            seqnos = cols[1]
-            if seqnos[0] < start:
-                i = bisect_left(seqnos, start)
-                if i == len(seqnos):
-                    continue
-                cols = tuple(col[i:] for col in cols)
+            if first < start:
                 seqnos = cols[1]
-            last = seqnos[-1]
-            if mark is not None and mark <= last:
-                dead = set()
-                while mark is not None and mark <= last:
-                    dead.add(mark)
-                    mark = int.from_bytes(marks.key(), "big") if marks.next() else None
-                cols = compress_cols(cols, [s not in dead for s in seqnos])
+                i = bisect_left(seqnos, start)
+                cols = tuple(col[i:] for col in cols)
+            if dead:
+                gone = set(dead)
+                cols = compress_cols(cols, [s not in gone for s in cols[1]])
                 if not cols[1]:
                     continue
             yield cols

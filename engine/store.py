@@ -44,10 +44,12 @@ import threading
 import uuid as uuidlib
 from array import array
 from bisect import bisect_left, bisect_right
+from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
-from itertools import accumulate, compress, repeat
+from functools import partial
+from itertools import accumulate, compress, islice, repeat
 from operator import itemgetter
 from pathlib import Path
 from typing import TypeVar
@@ -82,6 +84,9 @@ COMPACT_STEP_BYTES = 4 << 20
 KEY_SEP = b"\xff"
 _BLOCK_HEADER = struct.Struct("<IIQ")
 _U64 = struct.Struct("<Q")
+_U32 = struct.Struct("<I")
+#: Stale marks read per window by ``StaleMarks``.
+MARK_WINDOW = 1 << 14
 _BIG_ENDIAN = sys.byteorder == "big"
 assert array("Q").itemsize == 8
 
@@ -134,27 +139,60 @@ def encode_block(keys: Sequence[bytes], seqnos: Sequence[int], cas: Sequence[int
 def decode_block(blob: bytes) -> Cols:
     """(keys list, seqnos, cas, revs as ``array('Q')``, deleted bytes (0/1), values list)."""
     n, klen, vlen = _BLOCK_HEADER.unpack_from(blob)
-    mv = memoryview(blob)
-    o = _BLOCK_HEADER.size
-    cols = []
-    for _ in range(4):
-        col = array("Q")
-        col.frombytes(mv[o : o + 8 * n])
-        if _BIG_ENDIAN:  # pragma: no cover
-            col.byteswap()
-        cols.append(col)
-        o += 8 * n
-    seqnos, cas, revs, vends = cols
+    o = _BLOCK_HEADER.size + 32 * n
+    nums = array("Q")
+    nums.frombytes(memoryview(blob)[_BLOCK_HEADER.size : o])  # the four u64 columns in one copy
+    if _BIG_ENDIAN:  # pragma: no cover
+        nums.byteswap()
+    vends = nums[3 * n :]
     deleted = blob[o : o + n]
     o += n
     keys = blob[o : o + klen].split(KEY_SEP)
     o += klen
     if len(keys) != n or o + vlen != len(blob) or (n and vends[-1] != len(blob)):
-        raise CorruptStore(f"block of seqno {seqnos[0] if n else '?'} does not decode")
+        raise CorruptStore(f"block of {n} items at seqno {nums[0] if n else '?'} does not decode")
     starts = array("Q", (o,))
     starts += vends[:-1]
     values = list(map(blob.__getitem__, map(slice, starts, vends)))  # no copy of the values region
-    return keys, seqnos, cas, revs, deleted, values
+    return keys, nums[:n], nums[n : 2 * n], nums[2 * n : 3 * n], deleted, values
+
+
+def block_span(key: bytes, blob: bytes) -> tuple[int, int, int]:
+    """(items, first seqno, last seqno) of a block without decoding it."""
+    n = _U32.unpack_from(blob)[0]
+    return n, int.from_bytes(key, "big"), _U64.unpack_from(blob, _BLOCK_HEADER.size + 8 * (n - 1))[0]
+
+
+class StaleMarks:
+    """The stale marks of one partition from a seqno on, read forward a window at a time (one
+    C-level cursor walk and one ``array`` per window), asked for by ascending block ranges."""
+
+    __slots__ = ("_walk", "_marks", "_pos", "_more")
+
+    def __init__(self, txn: lmdb.Transaction, db: object, start: int) -> None:
+        cur = txn.cursor(db)
+        self._more = cur.set_range(SEQNO.pack(start))
+        self._walk = cur.iternext(keys=True, values=False)
+        self._marks = array("Q")
+        self._pos = 0
+
+    def between(self, first: int, last: int) -> array:
+        """The marks in ``[first, last]`` (ascending calls: never below a previous ``last``)."""
+        marks = self._marks
+        while self._more and (len(marks) == self._pos or marks[-1] <= last):
+            chunk = b"".join(islice(self._walk, MARK_WINDOW))
+            if len(chunk) < 8 * MARK_WINDOW:
+                self._more = False
+            window = array("Q")
+            window.frombytes(chunk)
+            if not _BIG_ENDIAN:
+                window.byteswap()  # the keys are big-endian
+            marks = self._marks = marks[self._pos :] + window
+            self._pos = 0
+        lo = bisect_left(marks, first, self._pos)
+        hi = bisect_right(marks, last, lo)
+        self._pos = hi
+        return marks[lo:hi]
 
 
 def _block_value(blob: bytes, seqno: int) -> bytes | None:
@@ -617,10 +655,14 @@ class Store:
         covered, so they never collide with blocks not yet visited."""
         bdb, xdb, kdb = self.block_dbs[p], self.stale_dbs[p], self.key_dbs[p]
         marks, small, _ = self._pending.get(p) or self._counts[p] or self._read_counts(txn, p)
-        xcur = txn.cursor(xdb)
+        from_start = resume is None
         cur = txn.cursor(bdb)
         ok = cur.set_range(resume) if resume is not None else cur.first()
-        has_mark = ok and xcur.set_range(cur.key())
+        if not ok:
+            self._pending[p] = (marks, max(small, 0), None)
+            return 0, None
+        walker = StaleMarks(txn, xdb, int.from_bytes(cur.key(), "big"))
+        visited: list[array] = []  # marks to delete once the walk is over
         highest = 0
         source: list[bytes] = []
         acc = ColsBuffer()
@@ -629,19 +671,10 @@ class Store:
         while ok:
             k, blob = cur.item()
             n, klen, vlen = _BLOCK_HEADER.unpack_from(blob)
-            last = _U64.unpack_from(blob, _BLOCK_HEADER.size + 8 * (n - 1))[0]
-            dead = []
-            while has_mark:
-                mark = xcur.key()
-                if not mark:  # Cursor.delete() of the last mark returns True but leaves no current key
-                    has_mark = False
-                    break
-                s = int.from_bytes(mark, "big")
-                if s > last:
-                    break
-                dead.append(s)
-                xcur.delete()  # deletes and moves to the next mark
-            marks -= len(dead)
+            dead = walker.between(*block_span(k, blob)[1:])
+            if dead:
+                visited.append(dead)
+                marks -= len(dead)
             o = _BLOCK_HEADER.size + 32 * n
             purge_here = should_purge is not None and b"\x01" in blob[o : o + n]
             was_small = _is_small(n, vlen)
@@ -677,11 +710,16 @@ class Store:
                 small += self._replace_blocks(txn, bdb, source, acc)
                 source, acc, chunk = [], ColsBuffer(), 0
                 if budget is not None and spent >= budget:
+                    _delete_marks(txn, xdb, visited)
                     self._pending[p] = (marks, max(small, 0), resume)
                     return highest, resume
                 ok = cur.set_range(resume)
-                has_mark = xcur.set_range(resume)
         small += self._replace_blocks(txn, bdb, source, acc)
+        if from_start:
+            txn.drop(xdb, delete=False)  # a whole pass visited every mark
+            marks = 0
+        else:
+            _delete_marks(txn, xdb, visited)
         self._pending[p] = (marks, max(small, 0), None)
         return highest, None
 
@@ -699,6 +737,13 @@ class Store:
             n, _klen, vlen = _BLOCK_HEADER.unpack_from(blob)
             small += _is_small(n, vlen)
         return small
+
+
+def _delete_marks(txn: lmdb.Transaction, xdb: object, visited: list[array]) -> None:
+    """Delete the stale marks a compaction step visited (C-level map, no bytecode per mark)."""
+    delete = partial(txn.delete, db=xdb)
+    for marks in visited:
+        deque(map(delete, map(SEQNO.pack, marks)), maxlen=0)
 
 
 class LongRead:

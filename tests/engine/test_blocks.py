@@ -82,6 +82,7 @@ def test_random_history_scans_like_the_model(make_engine, monkeypatch, seed) -> 
     monkeypatch.setattr(store, "COMPACT_MIN_STALE", 20)
     monkeypatch.setattr(store, "COMPACT_MIN_BLOCKS", 15)
     monkeypatch.setattr(store, "COMPACT_STEP_BYTES", 1500)  # passes take several flushes
+    monkeypatch.setattr(store, "MARK_WINDOW", 3)  # stale marks are read in many windows
     engine = make_engine(partitions=3, **SLOW_FLUSH)
     model = run_random(engine, seed, 120, 3)
     check_against_model(engine, model)
