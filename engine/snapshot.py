@@ -10,8 +10,8 @@ A ``PartitionSnapshot`` covers ``(after_seqno, high]`` in up to two parts:
   seqno, so if a flush committed and reached the queue between the two reads
   (``root.persisted > P``), ``capture`` simply retries.
 
-Each part holds every key at most once (the by-seqno tree keeps only a key's latest version;
-the queue drops a key's older queued slot), so each part is a deduplicated DCP snapshot.
+Each part holds every key at most once (the disk reader drops block entries marked stale,
+so it yields only a key's latest version; the queue drops a key's older queued slot), so each part is a deduplicated DCP snapshot.
 The two parts together may hold a key twice (an older version on disk, a newer in memory),
 exactly as two consecutive DCP snapshots may.
 """
@@ -66,13 +66,16 @@ class SnapshotPart:
         return self._reader.batches(max_items, max_bytes)
 
     def columns(self, max_items: int = 1000, max_bytes: int = 1 << 20) -> Iterator[Columns]:
-        """The same batches as ``batches()`` (same cuts), as ``frames.Columns`` (one list per
-        field) for ``frames.encode_binary_columns`` / ``encode_json_columns``.
+        """The same batches as ``batches()`` (same cuts), as ``frames.Columns`` (one sequence
+        per field) for ``frames.encode_binary_columns`` / ``encode_json_columns``.
 
         WHY: building an ``Item`` per scanned record (and transposing them again in the
-        encoder) cost more than the LMDB walk itself; columns are built with C-level
-        ``zip``/``map`` and one ``struct`` unpack per batch.  Iterate once (either this or
-        ``batches()``); the disk part releases its read transaction when exhausted or closed.
+        encoder) cost more than the LMDB walk itself.  The disk part decodes whole blocks
+        (``engine.store``): seqnos, cas and revs come out as ``array('Q')`` (one memcpy each),
+        deleted flags as ``bytes``, keys by one ``bytes.split`` and values by one C-level
+        ``map`` of slices; the memory part transposes its items with one ``zip``.  Iterate once
+        (either this or ``batches()``); the disk part releases its read transaction when
+        exhausted or closed.
         """
         if max_items < 1:
             raise ValueError("max_items must be at least 1")
