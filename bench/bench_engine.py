@@ -133,9 +133,10 @@ def engine_figures(path: Path, count: int, value: bytes, partitions: int) -> dic
     return out
 
 
-def rewrite_figures(path: Path, keys: int, rounds: int, partitions: int) -> dict[str, float]:
-    """Flusher CPU per rewrite in rounds of 1000 random-order rewrites of ``keys`` keys, each
-    round flushed on its own (as ``durability=persist`` bulk requests are), then a scan."""
+def rewrite_figures(path: Path, keys: int, rounds: int, partitions: int, per_flush: int = 1) -> dict[str, float]:
+    """Flusher CPU per rewrite in rounds of 1000 random-order rewrites of ``keys`` keys, every
+    ``per_flush`` rounds flushed together (as concurrent ``durability=persist`` bulk requests
+    share a flush), then a scan."""
     rnd = random.Random(7)
     bodies = [[WriteOp(Op.MUTATION, f"bulk-{b}-{i}", rnd.randbytes(75)) for i in range(BATCH)]
               for b in range(keys // BATCH)]
@@ -150,7 +151,9 @@ def rewrite_figures(path: Path, keys: int, rounds: int, partitions: int) -> dict
         if r % len(order) == 0:
             rnd.shuffle(order)
         engine.write_batch(bodies[order[r % len(order)]])
-        engine.flush_now()
+        if (r + 1) % per_flush == 0:
+            engine.flush_now()
+    engine.flush_now()
     stats = engine.engine_stats()
     out = {"flush_cpu_us": (stats["flush_cpu_seconds_total"] - cpu0) / (stats["flush_items_total"] - n0) * 1e6,
            "rounds": stats["flush_count"] - commits0}
@@ -206,6 +209,7 @@ def main() -> None:
     parser.add_argument("--full", action="store_true", help="1M items for every figure")
     parser.add_argument("--rewrite-keys", type=int, default=40_000)
     parser.add_argument("--rewrite-rounds", type=int, default=600)
+    parser.add_argument("--rewrite-per-flush", type=int, default=1, help="rewrite rounds persisted by one flush")
     args = parser.parse_args()
     count = 1_000_000 if args.full else args.items
     count -= count % BATCH
@@ -239,9 +243,9 @@ def main() -> None:
                             ("scan_columns_encode", "columns() + encode_binary_columns")):
             t = e[name]
             print(f"  {label:37}{rate(count, t)}  = {scan.wall / t.wall:.0%} of raw wall, {scan.cpu / t.cpu:.0%} cpu")
-        rw = rewrite_figures(tmp, args.rewrite_keys, args.rewrite_rounds, args.partitions)
+        rw = rewrite_figures(tmp, args.rewrite_keys, args.rewrite_rounds, args.partitions, args.rewrite_per_flush)
         print(f"rewrites ({args.rewrite_keys} keys x 75 B, {args.rewrite_rounds} rounds of {BATCH} random-order"
-              f" rewrites, one flush each)")
+              f" rewrites, a flush every {args.rewrite_per_flush})")
         print(f"  flusher thread cpu per rewrite        {rw['flush_cpu_us']:6.2f} us  ({rw['rounds']:.0f} flushes)")
         print(f"  columns() scan of the result          {rw['scan_cpu_mps']:6.3f} M/s cpu")
         one, hundred = snapshot_memory(args.queue_items if not args.full else 1_000_000)
