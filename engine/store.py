@@ -413,8 +413,8 @@ class Store:
             found = stored_format.decode(errors="replace") if stored_format else "unknown"
             raise IncompatibleDataDir(
                 f"data dir {data_dir} holds storage format {found}; this engine reads format "
-                f"{FORMAT.decode()} only and does not convert in place: restore a backup into a new "
-                "data dir", field="data_dir")
+                f"{FORMAT.decode()} only and does not convert in place: back it up with the version that "
+                "wrote it (upr backup create) and restore into a new data dir", field="data_dir")
         store = cls(env, count, node_raw.decode(), map_size)
         store._lock_fd = lock_fd
 
