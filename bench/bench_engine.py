@@ -11,7 +11,11 @@ Figures printed (compare the ratios; absolute numbers move on shared machines):
 2. scan: a raw LMDB cursor walk over the raw database vs the engine's snapshot reader over
    the engine's by-seqno trees (same items), as ``Item`` lists (``batches()``) and as
    ``frames.Columns`` (``columns()``), each also with the binary frame encoding on top.
-3. memory: a queue of N items (default 1e6), then 100 live snapshots of it with 10 new
+3. rewrites (the HTTP bulk benchmark's pattern): 40k keys of 75 bytes, then rounds of 1000
+   rewrites in random key order, each round persisted by its own flush (``flush_now``): the
+   flusher's thread CPU per rewrite (``engine_stats()["flush_cpu_seconds_total"]``), and a
+   ``columns()`` scan of the resulting disk data (small blocks, stale entries, compactions).
+4. memory: a queue of N items (default 1e6), then 100 live snapshots of it with 10 new
    writes and 10 rewrites between consecutive snapshots.
 """
 from __future__ import annotations
@@ -19,6 +23,7 @@ from __future__ import annotations
 import argparse
 import gc
 import os
+import random
 import shutil
 import struct
 import tempfile
@@ -128,61 +133,41 @@ def engine_figures(path: Path, count: int, value: bytes, partitions: int) -> dic
     return out
 
 
-def layout_comparison(path: Path, count: int, value: bytes) -> None:
-    """Why the by-seqno tree carries the value: the chosen layout against the layout first
-    proposed (by-seqno: seqno -> key + meta; by-key: key -> meta + value), same items, in
-    flush-sized transactions of 50k, random key order (CPU time, one thread)."""
-    from engine.store import META
-
-    seq = struct.Struct(">Q").pack
-    keys = [b"key-%010d" % ((i * 7919) % count) for i in range(count)]
-    new = tuple.__new__
-
-    def env_for(name: str) -> tuple[lmdb.Environment, object, object]:
-        env = lmdb.open(str(path / name), map_size=1 << 36, max_dbs=4)
-        return env, env.open_db(b"s"), env.open_db(b"k")
-
-    def write(env: lmdb.Environment, sdb: object, kdb: object, chosen: bool) -> Timer:
-        with Timer() as t:
-            for b in range(0, count, 50_000):
-                with env.begin(write=True) as txn:
-                    replace = txn.cursor(kdb).replace
-                    records = []
-                    for i in range(b, min(b + 50_000, count)):
-                        meta = META.pack(i + 1, 1_795_000_000_000_000_000 + i, 1, False)
-                        if chosen:
-                            replace(keys[i], meta)
-                            records.append((meta + keys[i], value))
-                        else:
-                            replace(keys[i], meta + value)
-                            records.append((seq(i + 1), meta[8:] + keys[i]))
-                    txn.cursor(sdb).putmulti(records, append=True)
-        return t
-
-    def scan(env: lmdb.Environment, sdb: object, kdb: object, chosen: bool) -> Timer:
-        unpack = META.unpack_from
-        with Timer() as t:
-            with env.begin() as txn:
-                get = txn.get
-                for k, v in txn.cursor(sdb):
-                    if chosen:
-                        new(Item, (k[25:], *unpack(k), v))
-                    else:
-                        key = v[17:]
-                        rec = get(key, db=kdb)
-                        new(Item, (key, *unpack(rec), rec[25:]))
-        return t
-
-    print("layout (cpu, same items)          chosen: value in by-seqno   proposed: value in by-key")
-    envs = {True: env_for("chosen"), False: env_for("proposed")}
-    w = {c: write(*envs[c], c) for c in (True, False)}
-    r = {c: scan(*envs[c], c) for c in (True, False)}
-    print(f"  flush                            {count / w[True].cpu / 1e6:6.3f} M/s"
-          f"               {count / w[False].cpu / 1e6:6.3f} M/s")
-    print(f"  by-seqno scan to Items           {count / r[True].cpu / 1e6:6.3f} M/s"
-          f"               {count / r[False].cpu / 1e6:6.3f} M/s")
-    for env, _s, _k in envs.values():
-        env.close()
+def rewrite_figures(path: Path, keys: int, rounds: int, partitions: int, per_flush: int = 1) -> dict[str, float]:
+    """Flusher CPU per rewrite in rounds of 1000 random-order rewrites of ``keys`` keys, every
+    ``per_flush`` rounds flushed together (as concurrent ``durability=persist`` bulk requests
+    share a flush), then a scan."""
+    rnd = random.Random(7)
+    bodies = [[WriteOp(Op.MUTATION, f"bulk-{b}-{i}", rnd.randbytes(75)) for i in range(BATCH)]
+              for b in range(keys // BATCH)]
+    engine = Engine.open(EngineConfig(data_dir=path / "r", partitions=partitions, flush_interval_ms=3.6e6))
+    for ops in bodies:
+        engine.write_batch(ops)
+        engine.flush_now()
+    stats = engine.engine_stats()
+    cpu0, n0, commits0 = stats["flush_cpu_seconds_total"], stats["flush_items_total"], stats["flush_count"]
+    order = list(range(len(bodies)))
+    for r in range(rounds):
+        if r % len(order) == 0:
+            rnd.shuffle(order)
+        engine.write_batch(bodies[order[r % len(order)]])
+        if (r + 1) % per_flush == 0:
+            engine.flush_now()
+    engine.flush_now()
+    stats = engine.engine_stats()
+    out = {"flush_cpu_us": (stats["flush_cpu_seconds_total"] - cpu0) / (stats["flush_items_total"] - n0) * 1e6,
+           "rounds": stats["flush_count"] - commits0}
+    seen = 0
+    with Timer() as t:
+        for p in range(partitions):
+            with engine.snapshot(p, 0) as snap:
+                for part in snap.parts:
+                    for cols in part.columns():
+                        seen += len(cols)
+    assert seen == keys, (seen, keys)
+    out["scan_cpu_mps"] = seen / t.cpu / 1e6
+    engine.close()
+    return out
 
 
 def snapshot_memory(count: int) -> tuple[int, int]:
@@ -222,7 +207,9 @@ def main() -> None:
     parser.add_argument("--queue-items", type=int, default=1_000_000)
     parser.add_argument("--partitions", type=int, default=64)
     parser.add_argument("--full", action="store_true", help="1M items for every figure")
-    parser.add_argument("--layout", action="store_true", help="also compare the two storage layouts")
+    parser.add_argument("--rewrite-keys", type=int, default=40_000)
+    parser.add_argument("--rewrite-rounds", type=int, default=600)
+    parser.add_argument("--rewrite-per-flush", type=int, default=1, help="rewrite rounds persisted by one flush")
     args = parser.parse_args()
     count = 1_000_000 if args.full else args.items
     count -= count % BATCH
@@ -256,8 +243,11 @@ def main() -> None:
                             ("scan_columns_encode", "columns() + encode_binary_columns")):
             t = e[name]
             print(f"  {label:37}{rate(count, t)}  = {scan.wall / t.wall:.0%} of raw wall, {scan.cpu / t.cpu:.0%} cpu")
-        if args.layout:
-            layout_comparison(tmp, count, value)
+        rw = rewrite_figures(tmp, args.rewrite_keys, args.rewrite_rounds, args.partitions, args.rewrite_per_flush)
+        print(f"rewrites ({args.rewrite_keys} keys x 75 B, {args.rewrite_rounds} rounds of {BATCH} random-order"
+              f" rewrites, a flush every {args.rewrite_per_flush})")
+        print(f"  flusher thread cpu per rewrite        {rw['flush_cpu_us']:6.2f} us  ({rw['rounds']:.0f} flushes)")
+        print(f"  columns() scan of the result          {rw['scan_cpu_mps']:6.3f} M/s cpu")
         one, hundred = snapshot_memory(args.queue_items if not args.full else 1_000_000)
         print(f"memory of write-queue snapshots ({args.queue_items if not args.full else 1_000_000} items)")
         print(f"  one queue (items + vector)          {one / 1e6:8.1f} MB")

@@ -10,44 +10,39 @@ A ``PartitionSnapshot`` covers ``(after_seqno, high]`` in up to two parts:
   seqno, so if a flush committed and reached the queue between the two reads
   (``root.persisted > P``), ``capture`` simply retries.
 
-Each part holds every key at most once (the by-seqno tree keeps only a key's latest version;
-the queue drops a key's older queued slot), so each part is a deduplicated DCP snapshot.
+Each part holds every key at most once (the disk reader drops block entries marked stale,
+so it yields only a key's latest version; the queue drops a key's older queued slot), so each part is a deduplicated DCP snapshot.
 The two parts together may hold a key twice (an older version on disk, a newer in memory),
 exactly as two consecutive DCP snapshots may.
 """
 from __future__ import annotations
 
-import struct
 from bisect import bisect_left
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from functools import partial
 from itertools import accumulate, chain, islice
 from operator import itemgetter
-from dataclasses import dataclass, field
 from typing import Literal
 
 from engine.protocol.frames import Columns
-from engine.store import META, META_SIZE, SEQNO, LongRead, Store
+from engine.store import (
+    SEQNO,
+    Cols,
+    ColsBuffer,
+    LongRead,
+    StaleMarks,
+    Store,
+    block_span,
+    compress_cols,
+    decode_block,
+    seek_block,
+)
 from engine.types import Item
 from engine.writequeue import QueueRoot
 
-_tuple_new = tuple.__new__
 _value_of = itemgetter(5)
-_meta_of = itemgetter(slice(0, META_SIZE))
-_key_of = itemgetter(slice(META_SIZE, None))
-_META_FORMAT = META.format.lstrip("><=!@")
-_EMPTY_COLUMNS = Columns((), (), (), (), (), ())
-
-
-def _metas_struct(n: int, cache: dict[int, struct.Struct] = {}) -> struct.Struct:  # noqa: B006 - a cache
-    """One ``Struct`` that unpacks the metadata of ``n`` records joined back to back."""
-    st = cache.get(n)
-    if st is None:
-        if len(cache) > 64:
-            cache.clear()
-        st = cache[n] = struct.Struct(">" + _META_FORMAT * n)
-    return st
-
-
+_item_of = partial(tuple.__new__, Item)
 
 
 @dataclass(eq=False)
@@ -71,13 +66,16 @@ class SnapshotPart:
         return self._reader.batches(max_items, max_bytes)
 
     def columns(self, max_items: int = 1000, max_bytes: int = 1 << 20) -> Iterator[Columns]:
-        """The same batches as ``batches()`` (same cuts), as ``frames.Columns`` (one list per
-        field) for ``frames.encode_binary_columns`` / ``encode_json_columns``.
+        """The same batches as ``batches()`` (same cuts), as ``frames.Columns`` (one sequence
+        per field) for ``frames.encode_binary_columns`` / ``encode_json_columns``.
 
         WHY: building an ``Item`` per scanned record (and transposing them again in the
-        encoder) cost more than the LMDB walk itself; columns are built with C-level
-        ``zip``/``map`` and one ``struct`` unpack per batch.  Iterate once (either this or
-        ``batches()``); the disk part releases its read transaction when exhausted or closed.
+        encoder) cost more than the LMDB walk itself.  The disk part decodes whole blocks
+        (``engine.store``): seqnos, cas and revs come out as ``array('Q')`` (one memcpy each),
+        deleted flags as ``bytes``, keys by one ``bytes.split`` and values by one C-level
+        ``map`` of slices; the memory part transposes its items with one ``zip``.  Iterate once
+        (either this or ``batches()``); the disk part releases its read transaction when
+        exhausted or closed.
         """
         if max_items < 1:
             raise ValueError("max_items must be at least 1")
@@ -97,74 +95,90 @@ class _DiskReader:
         self._start = start
 
     def batches(self, max_items: int, max_bytes: int) -> Iterator[list[Item]]:
+        for cols in self.columns(max_items, max_bytes):
+            yield list(map(_item_of, zip(cols.keys, cols.seqnos, cols.cas, cols.revs, map(bool, cols.deleted),
+                                         cols.values)))
+
+    def columns(self, max_items: int, max_bytes: int) -> Iterator[Columns]:
         read = self._read
         try:
-            cursor = read.txn.cursor(self._store.seq_dbs[self._partition])
-            if not cursor.set_range(SEQNO.pack(self._start)):
-                return
-            unpack = META.unpack_from
-            new = _tuple_new
-            item_type = Item
-            ks = META_SIZE
-            batch: list[Item] = []
-            append = batch.append
-            room = max_items
-            nbytes = 0
-            for k, v in cursor.iternext():
-                seqno, cas, rev, deleted = unpack(k)
-                append(new(item_type, (k[ks:], seqno, cas, rev, deleted, v)))
-                nbytes += len(v)
-                room -= 1
-                if room == 0 or nbytes >= max_bytes:
-                    yield batch
-                    batch = []
-                    append = batch.append
-                    room = max_items
-                    nbytes = 0
-            if batch:
-                yield batch
+            yield from _cut(self._live_blocks(), max_items, max_bytes)
         finally:
             read.close()
 
-    def columns(self, max_items: int, max_bytes: int) -> Iterator[Columns]:
-        # Two cursors over the same range of the same read transaction, one yielding keys and
-        # one values: walking twice is cheaper than a (key, value) tuple per record and a
-        # transposing zip (measured ~90 ns per item less).  The transaction is read-only, so
-        # both walks see exactly the same records in the same order.
-        read = self._read
-        try:
-            db = self._store.seq_dbs[self._partition]
-            first = SEQNO.pack(self._start)
-            kcur = read.txn.cursor(db)
-            vcur = read.txn.cursor(db)
-            if not kcur.set_range(first) or not vcur.set_range(first):
-                return
-            key_walk = kcur.iternext(keys=True, values=False)
-            value_walk = vcur.iternext(keys=False, values=True)
-            rest_keys: list[bytes] = []
-            rest_values: list[bytes] = []
-            while True:
-                keys = list(islice(key_walk, max_items - len(rest_keys)))
-                values = list(islice(value_walk, len(keys)))
-                if rest_keys:
-                    keys[:0] = rest_keys
-                    values[:0] = rest_values
-                if not keys:
-                    return
-                sizes = list(accumulate(map(len, values)))
-                if sizes[-1] >= max_bytes:
-                    cut = bisect_left(sizes, max_bytes) + 1  # the item reaching max_bytes closes the batch
-                    rest_keys, keys = keys[cut:], keys[:cut]
-                    rest_values, values = values[cut:], values[:cut]
-                else:
-                    rest_keys = rest_values = []
-                flat = _metas_struct(len(keys)).unpack(b"".join(map(_meta_of, keys)))
-                yield Columns(list(map(_key_of, keys)), flat[0::4], flat[1::4], flat[2::4], flat[3::4], values)
-        finally:
-            read.close()
+    def _live_blocks(self) -> Iterator[Cols]:
+        """Each block's columns from ``start`` on, without stale entries (see ``engine.store``).
+
+        The stale marks are read alongside the blocks (both in seqno order, a window of marks
+        per C-level walk): a block without marks costs no per-item Python work at all, and a
+        block whose items are all marked is skipped without being decoded."""
+        txn = self._read.txn
+        store, p, start = self._store, self._partition, self._start
+        blocks = txn.cursor(store.block_dbs[p])
+        if not seek_block(blocks, SEQNO.pack(start)):
+            return
+        marks = StaleMarks(txn, store.stale_dbs[p], start)
+        for key, blob in blocks.iternext():
+            n, first, last = block_span(key, blob)
+            if last < start:
+                continue
+            dead = marks.between(first, last)
+            if len(dead) == n:
+                continue  # every item superseded
+            cols = decode_block(blob)
+            if first < start:
+                seqnos = cols[1]
+                i = bisect_left(seqnos, start)
+                cols = tuple(col[i:] for col in cols)
+            if dead:
+                gone = set(dead)
+                cols = compress_cols(cols, [s not in gone for s in cols[1]])
+                if not cols[1]:
+                    continue
+            yield cols
 
     def close(self) -> None:
         self._read.close()
+
+
+def _cut(blocks: Iterator[Cols], max_items: int, max_bytes: int) -> Iterator[Columns]:
+    """Re-cut block columns into batches of at most ``max_items`` items that close once their
+    values reach ``max_bytes`` (the same rule as the memory part's ``batches``)."""
+    buf: ColsBuffer | None = None
+    count = nbytes = 0
+    for cols in blocks:
+        values = cols[5]
+        n = len(values)
+        a = 0
+        while a < n:
+            room = max_items - count
+            b = min(n, a + room)
+            piece = values[a:b] if (a or b < n) else values
+            size = sum(map(len, piece))
+            if nbytes + size >= max_bytes:
+                sizes = list(accumulate(map(len, piece)))
+                c = bisect_left(sizes, max_bytes - nbytes) + 1  # the item reaching max_bytes closes the batch
+                b = a + c
+                size = sizes[c - 1]
+                close = True
+            else:
+                close = b - a == room
+            part = cols if (a == 0 and b == n) else tuple(col[a:b] for col in cols)
+            if buf is None and close:
+                yield Columns(*part)
+            else:
+                if buf is None:
+                    buf = ColsBuffer()
+                buf.extend(part)
+                count += b - a
+                nbytes += size
+                if close:
+                    yield Columns(*buf.columns())
+                    buf = None
+                    count = nbytes = 0
+            a = b
+    if buf is not None:
+        yield Columns(*buf.columns())
 
 
 class _MemoryReader:
