@@ -57,3 +57,38 @@ def test_fast_path_matches_to_op(index: int) -> None:
     else:
         assert recorder.ops == []
         assert result == {"index": 0, "status": expected.status, "error": expected.body()}
+
+
+@pytest.mark.parametrize("index", range(len(ITEMS)))
+def test_plain_sets_builds_what_to_op_builds_or_declines(index: int) -> None:
+    """A batch of one item shape: the whole-batch path (``plain_sets``) gives exactly the operations
+    ``to_op`` gives, or declines the batch (then the per-item path answers, as above)."""
+    items = [ITEMS[index]] * 3
+    plain = bulk.plain_sets(items)
+    expected = [bulk.to_op(i, item) for i, item in enumerate(items)]
+    if plain is None:
+        return
+    assert all(type(op) is WriteOp for op in expected)
+    keys, values = plain
+    assert [WriteOp(Op.MUTATION, k, v, None) for k, v in zip(keys, values)] == expected
+    recorder = _Recorder()
+    body, _targets = bulk.apply(recorder, items, "memory")
+    assert recorder.ops == expected and all(type(op) is WriteOp for op in recorder.ops)
+    assert [r["status"] for r in body["results"]] == [200, 200, 200]
+
+
+@pytest.mark.parametrize("other", [i for i in range(len(ITEMS)) if bulk.plain_sets([ITEMS[i]]) is None] + [2])
+def test_one_other_item_sends_the_batch_item_by_item(other: int) -> None:
+    """A value batch with one item of another shape (a value_b64 one included) is not "plain"."""
+    items = [ITEMS[0], ITEMS[other], ITEMS[1]]
+    assert bulk.plain_sets(items) is None
+    recorder = _Recorder()
+    body, _targets = bulk.apply(recorder, items, "memory")
+    assert [r["index"] for r in body["results"]] == [0, 1, 2]
+
+
+def test_plain_sets_of_value_b64() -> None:
+    items = [ITEMS[2], ITEMS[3], ITEMS[2]]
+    assert bulk.plain_sets(items) == (["c", "d", "c"], [b"\x00\xff\x10", b"", b"\x00\xff\x10"])
+    assert bulk.plain_sets([ITEMS[2], ITEMS[4]]) is None  # one bad base64 value
+    assert bulk.plain_sets([]) is None

@@ -300,3 +300,29 @@ def test_rate_sampler() -> None:
     assert s.update(5, 10.5) == 0.0
     assert s.update(20, 12.0) == 10.0
     assert s.update(21, 12.1) == 10.0
+
+
+@pytest.mark.parametrize("items", [
+    [{"op": "set", "key": "a", "value": 1}, {"op": "nope"}, {"op": "set", "key": "bad", "value": 1, "cas": 1},
+     {"op": "delete", "key": "cc"}, {"op": "set", "key": "e", "value": 2}],
+    [{"op": "set", "key": "a", "value": 1}, {"op": "set", "key": "bb", "value": 2}],
+    [{"op": "set", "key": "a", "value": 1}, {"op": "set", "key": "bad", "value": 2}],
+    [{"op": "nope"}],
+    [],
+])
+def test_columns_say_what_each_item_got_as_the_objects_do(items: list[object]) -> None:
+    """``results=columns`` carries the per-item outcome of the objects form: element i of every
+    column is item i's; failed items have null fields and an entry in ``errors``."""
+    objects, targets = bulk.apply(_FakeBatchWriter(), items, "persist")
+    columns, targets2 = bulk.apply(_FakeBatchWriter(), items, "persist", columns=True)
+    assert targets == targets2
+    assert (columns["succeeded"], columns["failed"], columns["durability"]) == (
+        objects["succeeded"], objects["failed"], "persist")
+    cols = orjson.loads(orjson.dumps(columns))["columns"]
+    assert set(cols) == {"status", "partition", "seqno", "cas", "rev", "deleted"}
+    assert all(len(col) == len(items) for col in cols.values())
+    for i, res in enumerate(objects["results"]):
+        assert cols["status"][i] == res["status"]
+        for name in ("partition", "seqno", "cas", "rev", "deleted"):
+            assert cols[name][i] == res.get(name)
+    assert columns["errors"] == [r for r in objects["results"] if r["status"] != 200]
