@@ -1,7 +1,6 @@
 """``POST /docs/_bulk``: many sets/deletes in one request, one durability wait."""
 from __future__ import annotations
 
-import asyncio
 from typing import Any
 
 import orjson
@@ -34,14 +33,15 @@ _BULK_BODY: dict[str, Any] = {
 
 
 def _run(engine: Any, body: bytes, ndjson: bool, max_items: int, durability: Durability,
-         columns: bool = False) -> tuple[bytes, Any, int, int]:
-    """Writer thread: parse, write the batch, and take its persist future in one hop."""
+         columns: bool = False) -> tuple[tuple[bytes, int, int], Any]:
+    """Writer thread: parse, write the batch, and take its persist future in one hop; returns
+    (the encoded answer and its counts, the persist future or None)."""
     with bulk.gc_paused():
         items = bulk.parse_items(body, ndjson, max_items)
         out, targets = bulk.apply(engine, items, durability.value, columns)
         encoded = orjson.dumps(out)
     future = engine.persist_future(targets) if durability is Durability.PERSIST and targets else None
-    return encoded, future, out["succeeded"], out["failed"]
+    return (encoded, out["succeeded"], out["failed"]), future
 
 
 @router.post(
@@ -65,10 +65,8 @@ async def post_bulk(
     columns = columns_wanted(request)
     body = await read_body(request, settings.max_bulk_bytes, "the bulk body")
     ndjson = bulk.is_ndjson(request.headers.get("content-type"), body)
-    out, future, ok, failed = await runner.write(_run, runner.engine, body, ndjson, settings.max_bulk_items, durability,
-                                               columns)
-    if future is not None:
-        await asyncio.wrap_future(future)
+    out, ok, failed = await runner.write_durable(_run, runner.engine, body, ndjson, settings.max_bulk_items,
+                                                 durability, columns)
     metrics.bulk_items.labels("ok").inc(ok)
     if failed:
         metrics.bulk_items.labels("failed").inc(failed)
