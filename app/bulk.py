@@ -35,7 +35,7 @@ _seqno_of = itemgetter(2)  # WriteResult.seqno
 
 
 class BatchWriter(Protocol):
-    def write_batch(self, ops: Sequence[WriteOp]) -> list[WriteResult | UprError]: ...
+    def write_batch(self, ops: Sequence[tuple[Op, str, bytes, int | None]]) -> list[WriteResult | UprError]: ...
 
 
 @contextlib.contextmanager
@@ -199,7 +199,9 @@ def apply(engine: BatchWriter, items: list[Any], durability: str,
     plain = plain_sets(items)
     if plain is not None:
         keys, values = plain
-        ops = list(map(tuple.__new__, repeat(WriteOp, n), zip(repeat(Op.MUTATION, n), keys, values, repeat(None, n))))
+        # plain (op, key, value, cas) tuples: the engine unpacks them like WriteOps; building
+        # WriteOp instances as well cost ≈ 0.1 µs per item (docs/benchmarks.md)
+        ops = list(zip(repeat(Op.MUTATION, n), keys, values, repeat(None, n)))
         slots: list[int] | range = range(n)
     else:
         ops, slots = _ops_one_by_one(items, refused)

@@ -103,11 +103,11 @@ class _FakeBatchWriter:
         from engine.types import WriteResult
 
         out = []
-        for i, op in enumerate(ops):
-            if op.key == "bad":
+        for i, (kind, key, _value, _cas) in enumerate(ops):  # WriteOps or plain tuples, as the engine takes
+            if key == "bad":
                 out.append(E.CasMismatch("nope", expected=1, actual=2, field="cas", partition=0))
             else:
-                out.append(WriteResult(op.key, len(op.key) % 2, 10 + i, 99, 1, op.op is Op.DELETION))
+                out.append(WriteResult(key, len(key) % 2, 10 + i, 99, 1, kind is Op.DELETION))
         return out
 
 
