@@ -90,7 +90,8 @@ class EngineRunner:
             if persisted is None:
                 wake(result, None)
             else:
-                persisted.add_done_callback(lambda f: wake(result, f.exception()))
+                persisted.add_done_callback(
+                    lambda f: wake(result, concurrent.futures.CancelledError() if f.cancelled() else f.exception()))
 
         self._writer.submit(job)
         return await done

@@ -10,7 +10,7 @@ import pytest
 
 from app import bulk
 from app.auth import AuthError, Role, TokenConfigError, TokenTable, authorize, check_bind, is_loopback
-from app.problems import ENGINE_PROBLEMS, Problem, problem_type_of
+from app.problems import ENGINE_PROBLEMS, INVALID_INPUT, Problem, problem_type_of
 from app.params import parse_if_match
 from app.routes.status import RateSampler
 from app.settings import ConfigFileError, Settings
@@ -326,3 +326,33 @@ def test_columns_say_what_each_item_got_as_the_objects_do(items: list[object]) -
         for name in ("partition", "seqno", "cas", "rev", "deleted"):
             assert cols[name][i] == res.get(name)
     assert columns["errors"] == [r for r in objects["results"] if r["status"] != 200]
+
+
+async def test_write_durable_settles_once_both_are_done() -> None:
+    """``runner.write_durable``: the result once the persist future is done; its error, the call's
+    error, or a cancelled persist future reach the caller (never a hang)."""
+    import concurrent.futures
+
+    from app.runner import EngineRunner
+
+    runner = EngineRunner(engine=None)  # type: ignore[arg-type]
+    try:
+        assert await runner.write_durable(lambda: (1, None)) == 1
+        done: concurrent.futures.Future[None] = concurrent.futures.Future()
+        done.set_result(None)
+        assert await runner.write_durable(lambda: (2, done)) == 2
+        failed: concurrent.futures.Future[None] = concurrent.futures.Future()
+        failed.set_exception(OSError("disk"))
+        with pytest.raises(OSError):
+            await runner.write_durable(lambda: (3, failed))
+        cancelled: concurrent.futures.Future[None] = concurrent.futures.Future()
+        cancelled.cancel()
+        with pytest.raises(concurrent.futures.CancelledError):
+            await runner.write_durable(lambda: (4, cancelled))
+
+        def boom() -> tuple[int, None]:
+            raise Problem(INVALID_INPUT, "bad", field="body")
+        with pytest.raises(Problem):
+            await runner.write_durable(boom)
+    finally:
+        runner.shutdown()
