@@ -62,10 +62,34 @@ class BulkItemResult(BaseModel):
 
 
 class BulkResult(BaseModel):
+    """``?results=objects`` (the default): one object per item, in item order."""
+
     durability: Literal["memory", "persist"]
     succeeded: int
     failed: int
     results: list[BulkItemResult]
+
+
+class BulkColumns(BaseModel):
+    """Element ``i`` of each array belongs to item ``i``; all arrays have one element per item."""
+
+    status: list[int] = Field(description="200 ok, or the HTTP status the item alone would have had")
+    partition: list[int | None] = Field(description="partition of a written item (null if it failed)")
+    seqno: list[int | None] = Field(description="its seqno within that partition (null if it failed)")
+    cas: list[int | None] = Field(description="its new CAS (null if it failed)")
+    rev: list[int | None] = Field(description="its revision (null if it failed)")
+    deleted: list[bool | None] = Field(description="true for a delete (null if it failed)")
+
+
+class BulkColumnsResult(BaseModel):
+    """``?results=columns``: the same per-item outcome as ``BulkResult`` as one array per field
+    (no keys: they are the request's, in order), plus the failed items with their problems."""
+
+    durability: Literal["memory", "persist"]
+    succeeded: int
+    failed: int
+    columns: BulkColumns
+    errors: list[BulkItemResult] = Field(description="every failed item (index, status, key if known, problem)")
 
 
 class FailoverEntry(BaseModel):

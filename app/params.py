@@ -29,6 +29,12 @@ DURABILITY_PARAM: dict[str, Any] = {
     "description": "memory: answer once queued; persist: answer once fsynced",
     "schema": {"type": "string", "enum": ["memory", "persist"], "default": "memory"},
 }
+RESULTS_PARAM: dict[str, Any] = {
+    "name": "results", "in": "query", "required": False,
+    "description": "objects: `results`, one object per item; columns: `columns` (one array per field, element i "
+                   "for item i) and `errors` (the failed items), far cheaper for large batches",
+    "schema": {"type": "string", "enum": ["objects", "columns"], "default": "objects"},
+}
 IF_MATCH_PARAM: dict[str, Any] = {
     "name": "If-Match", "in": "header", "required": False,
     "description": 'CAS the document must currently have, as returned in ETag ("123" or 123)',
@@ -44,6 +50,16 @@ def durability_of(request: Request) -> Durability:
     if found is None:
         raise Problem(INVALID_INPUT, "durability must be memory or persist", field="query.durability")
     return found
+
+
+def columns_wanted(request: Request) -> bool:
+    """``?results=columns`` (True) or ``objects``/absent (False)."""
+    raw = request.query_params.get("results")
+    if raw is None or raw == "objects":
+        return False
+    if raw == "columns":
+        return True
+    raise Problem(INVALID_INPUT, "results must be objects or columns", field="query.results")
 
 
 def parse_if_match(value: str | None) -> int | None:

@@ -90,5 +90,7 @@ def serve(settings: Settings) -> int:
         server_header=False,
     )
     server = _Server(config, settings.ready_file)
-    asyncio.run(server.serve())
+    # server.run(), not asyncio.run(server.serve()): only run() builds the loop from config.loop, so
+    # the plain asyncio loop ran here instead of uvloop (measured: see docs/benchmarks.md, HTTP)
+    server.run()
     return 0 if server.started else 1

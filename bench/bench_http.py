@@ -1,6 +1,6 @@
 """HTTP write throughput of ``upr server``, beside trivial endpoints measured in the same run.
 
-    .venv/bin/python -m bench.bench_http               # 3 rounds x 6 phases x 2.5 s, ~1 minute
+    .venv/bin/python -m bench.bench_http               # 3 rounds x 7 phases x 2.5 s, ~1.5 minutes
     .venv/bin/python -m bench.bench_http --full        # 5 rounds x 10 s phases
     .venv/bin/python -m bench.bench_http --breakdown   # + bulk path CPU per stage, in process
 
@@ -12,7 +12,8 @@ Phases (each ``--seconds`` long after a short warm-up, same client, same concurr
 * ``upr GET /health``: upr's cheapest endpoint, through its middleware.
 * ``upr PUT /docs/{key}`` (memory, and persist): single-document writes, 200-byte values.
 * ``upr POST /docs/_bulk`` durability=persist, 1000-item batches, JSON-object values and
-  base64 values: mutations/s.
+  base64 values, per-item results as columns (``results=columns``): mutations/s; and base64
+  values once more with the default per-item result objects.
 
 Client (``--client``): ``raw`` (default) is a minimal asyncio HTTP/1.1 keep-alive client,
 one connection per in-flight request; ``httpx`` is ``httpx.AsyncClient``.  WHY raw by
@@ -264,10 +265,10 @@ async def main_async(args: argparse.Namespace) -> list[list[Result]]:
                 return 1, status == 200
             return call
 
-        def bulk(bodies: list[bytes]) -> Callable[[Send, int], Awaitable[tuple[int, bool]]]:
+        def bulk(bodies: list[bytes], results: str = "columns") -> Callable[[Send, int], Awaitable[tuple[int, bool]]]:
             async def call(send: Send, i: int) -> tuple[int, bool]:
-                status, body = await send("POST", "/docs/_bulk?durability=persist", bodies[i % len(bodies)],
-                                          "application/json")
+                status, body = await send("POST", f"/docs/_bulk?durability=persist&results={results}",
+                                          bodies[i % len(bodies)], "application/json")
                 ok = status == 200
                 return (orjson.loads(body)["succeeded"] if ok else 0), ok
             return call
@@ -289,6 +290,8 @@ async def main_async(args: argparse.Namespace) -> list[list[Result]]:
                                     bulk(json_bodies), bc, s, up, split=split),
                     await run_phase(f"upr bulk {args.batch} persist, value_b64", client, url,
                                     bulk(b64_bodies), bc, s, up, split=split),
+                    await run_phase(f"upr bulk {args.batch} persist, value_b64, results=objects", client, url,
+                                    bulk(b64_bodies, "objects"), bc, s, up, split=split),
                 ])
         finally:
             await client.aclose()
@@ -373,7 +376,7 @@ def breakdown(batches: int = 10, reps: int = 4) -> str:
 
     work = Path(tempfile.mkdtemp(prefix="upr-bench-http-bd-"))
     engine = Engine.open(EngineConfig(data_dir=work / "data", partitions=64))
-    lines = ["| values | parse (orjson) | items -> WriteOp + result dicts | engine.write_batch | orjson.dumps |"
+    lines = ["| values | parse (orjson) | items -> WriteOp + result columns | engine.write_batch | orjson.dumps |"
              " total |", "|---|---|---|---|---|---|"]
     spent: dict[str, float] = {}
 
@@ -401,7 +404,7 @@ def breakdown(batches: int = 10, reps: int = 4) -> str:
                             items = bulk.parse_items(body, False, 10_000)
                             spent["parse"] += time.thread_time() - t
                             t = time.thread_time()
-                            out, _targets = bulk.apply(timed, items, "persist")
+                            out, _targets = bulk.apply(timed, items, "persist", columns=True)
                             spent["apply"] += time.thread_time() - t
                             t = time.thread_time()
                             orjson.dumps(out)

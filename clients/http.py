@@ -73,6 +73,10 @@ def _write_params(durability: str | None) -> dict[str, str]:
     return {"durability": durability} if durability else {}
 
 
+def _bulk_params(durability: str | None, columns: bool) -> dict[str, str]:
+    return {**_write_params(durability), "results": "columns"} if columns else _write_params(durability)
+
+
 def _cas_header(cas: int | None) -> dict[str, str]:
     return {"If-Match": f'"{cas}"'} if cas is not None else {}
 
@@ -119,11 +123,14 @@ class HttpApi:
         return self._json("DELETE", doc_path(key), params=_write_params(durability), headers=_cas_header(cas))
 
     def bulk(self, ops: Iterable[Mapping[str, Any]], *, durability: str | None = None,
-             ndjson: bool = False) -> dict[str, Any]:
+             ndjson: bool = False, columns: bool = False) -> dict[str, Any]:
         """``POST /docs/_bulk``: ``{"results": [{"status": 200, ...} | {"status": N, "error": ...}],
-        "succeeded": n, "failed": n}``, one result per operation in order (see ``bulk_body``)."""
+        "succeeded": n, "failed": n}``, one result per operation in order (see ``bulk_body``).
+        With ``columns``: ``{"columns": {"status": [...], "partition": [...], "seqno": [...], "cas": [...],
+        "rev": [...], "deleted": [...]}, "errors": [<failed items' results>], ...}``, element ``i`` of
+        each column for operation ``i``: far cheaper to produce and decode for large batches."""
         body, headers = bulk_body(ops, ndjson=ndjson)
-        return self._json("POST", BULK_PATH, content=body, params=_write_params(durability), headers=headers)
+        return self._json("POST", BULK_PATH, content=body, params=_bulk_params(durability, columns), headers=headers)
 
     def partitions(self) -> list[dict[str, Any]]:
         return self._json("GET", "/partitions")["partitions"]
@@ -174,10 +181,11 @@ class AsyncHttpApi:
         return await self._json("DELETE", doc_path(key), params=_write_params(durability), headers=_cas_header(cas))
 
     async def bulk(self, ops: Iterable[Mapping[str, Any]], *, durability: str | None = None,
-                   ndjson: bool = False) -> dict[str, Any]:
+                   ndjson: bool = False, columns: bool = False) -> dict[str, Any]:
         """``POST /docs/_bulk``; see ``HttpApi.bulk``."""
         body, headers = bulk_body(ops, ndjson=ndjson)
-        return await self._json("POST", BULK_PATH, content=body, params=_write_params(durability), headers=headers)
+        return await self._json("POST", BULK_PATH, content=body, params=_bulk_params(durability, columns),
+                                headers=headers)
 
     async def partitions(self) -> list[dict[str, Any]]:
         return (await self._json("GET", "/partitions"))["partitions"]

@@ -166,8 +166,11 @@ class Engine:
             raise result
         return result
 
-    def write_batch(self, ops: Sequence[WriteOp]) -> list[WriteResult | UprError]:
+    def write_batch(self, ops: Sequence[tuple[Op, str, bytes, int | None]]) -> list[WriteResult | UprError]:
         """Queue ``ops`` in order; per-item results, a failed item changes nothing.
+
+        Each op is a ``WriteOp`` or a plain ``(op, key, value, cas)`` tuple (the same thing
+        without the class: the bulk path builds thousands and skips that cost).
 
         ``cas`` of None or 0 means "no check" (as in Couchbase).  A CAS write against a
         missing or deleted key fails with ``CasMismatch`` (actual 0); deleting a missing or

@@ -1,7 +1,6 @@
 """``POST /docs/_bulk``: many sets/deletes in one request, one durability wait."""
 from __future__ import annotations
 
-import asyncio
 from typing import Any
 
 import orjson
@@ -11,8 +10,8 @@ from starlette.responses import Response
 from app import bulk
 from app.deps import WriteCtx
 from app.limits import read_body
-from app.params import DURABILITY_PARAM, durability_of
-from app.models import BulkItem, BulkResult
+from app.params import DURABILITY_PARAM, RESULTS_PARAM, columns_wanted, durability_of
+from app.models import BulkColumnsResult, BulkItem, BulkResult
 from app.routes.responses import problems
 from engine.types import Durability
 
@@ -20,7 +19,8 @@ router = APIRouter(prefix="/docs", tags=["documents"])
 
 _ITEM_REF = {"$ref": "#/components/schemas/BulkItem"}
 _BULK_BODY: dict[str, Any] = {
-    "parameters": [{**DURABILITY_PARAM, "description": "memory, or persist: one wait for the whole batch"}],
+    "parameters": [{**DURABILITY_PARAM, "description": "memory, or persist: one wait for the whole batch"},
+                   RESULTS_PARAM],
     "requestBody": {
         "required": True,
         "description": "a JSON array of operations, or NDJSON with one operation per line",
@@ -32,20 +32,22 @@ _BULK_BODY: dict[str, Any] = {
 }
 
 
-def _run(engine: Any, body: bytes, ndjson: bool, max_items: int, durability: Durability) -> tuple[bytes, Any, int, int]:
-    """Writer thread: parse, write the batch, and take its persist future in one hop."""
+def _run(engine: Any, body: bytes, ndjson: bool, max_items: int, durability: Durability,
+         columns: bool = False) -> tuple[tuple[bytes, int, int], Any]:
+    """Writer thread: parse, write the batch, and take its persist future in one hop; returns
+    (the encoded answer and its counts, the persist future or None)."""
     with bulk.gc_paused():
         items = bulk.parse_items(body, ndjson, max_items)
-        out, targets = bulk.apply(engine, items, durability.value)
+        out, targets = bulk.apply(engine, items, durability.value, columns)
         encoded = orjson.dumps(out)
     future = engine.persist_future(targets) if durability is Durability.PERSIST and targets else None
-    return encoded, future, out["succeeded"], out["failed"]
+    return (encoded, out["succeeded"], out["failed"]), future
 
 
 @router.post(
     "/_bulk",
     summary="Write many documents",
-    response_model=BulkResult,
+    response_model=BulkResult | BulkColumnsResult,
     openapi_extra=_BULK_BODY,
     responses=problems(401, 403, 413, 422, 429, 503),
 )
@@ -55,15 +57,16 @@ async def post_bulk(
 ) -> Response:
     """Items are `{"op": "set"|"delete", "key": K, "value": <JSON> | "value_b64": <base64>, "cas": N?}`.
     Each gets its own result (`status` 200, or the status and problem of its error); a bad
-    item does not stop the others.  With `durability=persist` the answer waits until every
+    item does not stop the others.  `results=columns` answers with one array per field
+    instead of one object per item (much cheaper for large batches).  With `durability=persist` the answer waits until every
     successful item is fsynced."""
     settings, runner, metrics = ctx.settings, ctx.runner, ctx.metrics
     durability = durability_of(request)
+    columns = columns_wanted(request)
     body = await read_body(request, settings.max_bulk_bytes, "the bulk body")
     ndjson = bulk.is_ndjson(request.headers.get("content-type"), body)
-    out, future, ok, failed = await runner.write(_run, runner.engine, body, ndjson, settings.max_bulk_items, durability)
-    if future is not None:
-        await asyncio.wrap_future(future)
+    out, ok, failed = await runner.write_durable(_run, runner.engine, body, ndjson, settings.max_bulk_items,
+                                                 durability, columns)
     metrics.bulk_items.labels("ok").inc(ok)
     if failed:
         metrics.bulk_items.labels("failed").inc(failed)

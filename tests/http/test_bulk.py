@@ -105,3 +105,38 @@ def test_json_body_that_is_not_an_array(client: httpx.Client) -> None:
 def test_empty_batch(client: httpx.Client) -> None:
     r = client.post("/docs/_bulk?durability=persist", content=b"[]", headers={"content-type": "application/json"})
     assert r.json() == {"durability": "persist", "succeeded": 0, "failed": 0, "results": []}
+
+
+@pytest.mark.parametrize("form", ["array", "ndjson"])
+def test_results_as_columns(client: httpx.Client, form: str) -> None:
+    """``?results=columns`` reports what each item got, as the objects do, one array per field."""
+    from clients.http import HttpApi
+
+    existing = client.put(f"/docs/col-{form}-cas", content=b"old").json()
+    items = [
+        {"op": "set", "key": f"col-{form}-a", "value": {"n": 1}},
+        {"op": "set", "key": f"col-{form}-cas", "value": 2, "cas": existing["cas"] + 1},  # CAS mismatch
+        {"op": "set", "key": f"col-{form}-b", "value_b64": "AAE="},
+        {"op": "oops", "key": f"col-{form}-c"},                                              # invalid
+    ]
+    with HttpApi(str(client.base_url)) as api:
+        body = api.bulk(items, durability="persist", ndjson=form == "ndjson", columns=True)
+    cols = body["columns"]
+    assert (body["succeeded"], body["failed"], body["durability"]) == (2, 2, "persist")
+    assert cols["status"] == [200, 409, 200, 422]
+    assert cols["partition"][1] is None and cols["seqno"][3] is None
+    assert [e["index"] for e in body["errors"]] == [1, 3]
+    assert body["errors"][0]["error"]["type"].endswith("/cas-mismatch")
+    doc = client.get(f"/docs/col-{form}-b")
+    assert doc.content == b"\x00\x01"
+    assert [int(doc.headers["x-upr-partition"]), int(doc.headers["x-upr-seqno"]), int(doc.headers["x-upr-cas"]),
+            int(doc.headers["x-upr-rev"])] == [cols[f][2] for f in ("partition", "seqno", "cas", "rev")]
+    assert cols["deleted"] == [False, None, False, None]
+
+
+def test_results_format_is_checked(client: httpx.Client) -> None:
+    r = client.post("/docs/_bulk?results=rows", content=b"[]", headers={"content-type": "application/json"})
+    assert problem(r, 422, "invalid-input")["field"] == "query.results"
+    r = client.post("/docs/_bulk?results=columns", content=b"[]", headers={"content-type": "application/json"})
+    assert r.json() == {"durability": "memory", "succeeded": 0, "failed": 0, "errors": [],
+                        "columns": {"status": [], "partition": [], "seqno": [], "cas": [], "rev": [], "deleted": []}}

@@ -16,7 +16,7 @@ class _Recorder:
 
     def write_batch(self, ops):  # type: ignore[no-untyped-def]
         self.ops = list(ops)
-        return [WriteResult(op.key, 0, i + 1, 7, 1, op.op is Op.DELETION) for i, op in enumerate(ops)]
+        return [WriteResult(key, 0, i + 1, 7, 1, kind is Op.DELETION) for i, (kind, key, _v, _c) in enumerate(ops)]
 
 
 ITEMS = [
@@ -52,8 +52,44 @@ def test_fast_path_matches_to_op(index: int) -> None:
     result = body["results"][0]
     if isinstance(expected, WriteOp):
         assert recorder.ops == [expected]
-        assert type(recorder.ops[0]) is WriteOp
+        # a WriteOp, or from plain_sets the same plain (op, key, value, cas) tuple (Engine.write_batch takes both)
+        assert type(recorder.ops[0]) is (tuple if bulk.plain_sets([item]) is not None else WriteOp)
         assert result["status"] == 200
     else:
         assert recorder.ops == []
         assert result == {"index": 0, "status": expected.status, "error": expected.body()}
+
+
+@pytest.mark.parametrize("index", range(len(ITEMS)))
+def test_plain_sets_builds_what_to_op_builds_or_declines(index: int) -> None:
+    """A batch of one item shape: the whole-batch path (``plain_sets``) gives exactly the operations
+    ``to_op`` gives, or declines the batch (then the per-item path answers, as above)."""
+    items = [ITEMS[index]] * 3
+    plain = bulk.plain_sets(items)
+    expected = [bulk.to_op(i, item) for i, item in enumerate(items)]
+    if plain is None:
+        return
+    assert all(type(op) is WriteOp for op in expected)
+    keys, values = plain
+    assert [WriteOp(Op.MUTATION, k, v, None) for k, v in zip(keys, values)] == expected
+    recorder = _Recorder()
+    body, _targets = bulk.apply(recorder, items, "memory")
+    assert recorder.ops == expected  # plain (op, key, value, cas) tuples, equal to the WriteOps
+    assert [r["status"] for r in body["results"]] == [200, 200, 200]
+
+
+@pytest.mark.parametrize("other", [i for i in range(len(ITEMS)) if bulk.plain_sets([ITEMS[i]]) is None] + [2])
+def test_one_other_item_sends_the_batch_item_by_item(other: int) -> None:
+    """A value batch with one item of another shape (a value_b64 one included) is not "plain"."""
+    items = [ITEMS[0], ITEMS[other], ITEMS[1]]
+    assert bulk.plain_sets(items) is None
+    recorder = _Recorder()
+    body, _targets = bulk.apply(recorder, items, "memory")
+    assert [r["index"] for r in body["results"]] == [0, 1, 2]
+
+
+def test_plain_sets_of_value_b64() -> None:
+    items = [ITEMS[2], ITEMS[3], ITEMS[2]]
+    assert bulk.plain_sets(items) == (["c", "d", "c"], [b"\x00\xff\x10", b"", b"\x00\xff\x10"])
+    assert bulk.plain_sets([ITEMS[2], ITEMS[4]]) is None  # one bad base64 value
+    assert bulk.plain_sets([]) is None

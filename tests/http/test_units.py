@@ -10,7 +10,7 @@ import pytest
 
 from app import bulk
 from app.auth import AuthError, Role, TokenConfigError, TokenTable, authorize, check_bind, is_loopback
-from app.problems import ENGINE_PROBLEMS, Problem, problem_type_of
+from app.problems import ENGINE_PROBLEMS, INVALID_INPUT, Problem, problem_type_of
 from app.params import parse_if_match
 from app.routes.status import RateSampler
 from app.settings import ConfigFileError, Settings
@@ -103,11 +103,11 @@ class _FakeBatchWriter:
         from engine.types import WriteResult
 
         out = []
-        for i, op in enumerate(ops):
-            if op.key == "bad":
+        for i, (kind, key, _value, _cas) in enumerate(ops):  # WriteOps or plain tuples, as the engine takes
+            if key == "bad":
                 out.append(E.CasMismatch("nope", expected=1, actual=2, field="cas", partition=0))
             else:
-                out.append(WriteResult(op.key, len(op.key) % 2, 10 + i, 99, 1, op.op is Op.DELETION))
+                out.append(WriteResult(key, len(key) % 2, 10 + i, 99, 1, kind is Op.DELETION))
         return out
 
 
@@ -240,7 +240,7 @@ def test_settings_defaults(monkeypatch: pytest.MonkeyPatch) -> None:
         if name.startswith("UPR_"):
             monkeypatch.delenv(name)
     s = Settings()
-    assert (s.data_dir, s.host, s.port, s.partitions, s.flush_interval_ms) == (Path("./data"), "127.0.0.1", 8000, 64, 5)
+    assert (s.data_dir, s.host, s.port, s.partitions, s.flush_interval_ms) == (Path("./data"), "127.0.0.1", 8000, 64, 20)
 
 
 @pytest.mark.parametrize("text", ["port = 1\nprot = 2\n", "port = [", "[server]\nflush = 1\n"])
@@ -300,3 +300,59 @@ def test_rate_sampler() -> None:
     assert s.update(5, 10.5) == 0.0
     assert s.update(20, 12.0) == 10.0
     assert s.update(21, 12.1) == 10.0
+
+
+@pytest.mark.parametrize("items", [
+    [{"op": "set", "key": "a", "value": 1}, {"op": "nope"}, {"op": "set", "key": "bad", "value": 1, "cas": 1},
+     {"op": "delete", "key": "cc"}, {"op": "set", "key": "e", "value": 2}],
+    [{"op": "set", "key": "a", "value": 1}, {"op": "set", "key": "bb", "value": 2}],
+    [{"op": "set", "key": "a", "value": 1}, {"op": "set", "key": "bad", "value": 2}],
+    [{"op": "nope"}],
+    [],
+])
+def test_columns_say_what_each_item_got_as_the_objects_do(items: list[object]) -> None:
+    """``results=columns`` carries the per-item outcome of the objects form: element i of every
+    column is item i's; failed items have null fields and an entry in ``errors``."""
+    objects, targets = bulk.apply(_FakeBatchWriter(), items, "persist")
+    columns, targets2 = bulk.apply(_FakeBatchWriter(), items, "persist", columns=True)
+    assert targets == targets2
+    assert (columns["succeeded"], columns["failed"], columns["durability"]) == (
+        objects["succeeded"], objects["failed"], "persist")
+    cols = orjson.loads(orjson.dumps(columns))["columns"]
+    assert set(cols) == {"status", "partition", "seqno", "cas", "rev", "deleted"}
+    assert all(len(col) == len(items) for col in cols.values())
+    for i, res in enumerate(objects["results"]):
+        assert cols["status"][i] == res["status"]
+        for name in ("partition", "seqno", "cas", "rev", "deleted"):
+            assert cols[name][i] == res.get(name)
+    assert columns["errors"] == [r for r in objects["results"] if r["status"] != 200]
+
+
+async def test_write_durable_settles_once_both_are_done() -> None:
+    """``runner.write_durable``: the result once the persist future is done; its error, the call's
+    error, or a cancelled persist future reach the caller (never a hang)."""
+    import concurrent.futures
+
+    from app.runner import EngineRunner
+
+    runner = EngineRunner(engine=None)  # type: ignore[arg-type]
+    try:
+        assert await runner.write_durable(lambda: (1, None)) == 1
+        done: concurrent.futures.Future[None] = concurrent.futures.Future()
+        done.set_result(None)
+        assert await runner.write_durable(lambda: (2, done)) == 2
+        failed: concurrent.futures.Future[None] = concurrent.futures.Future()
+        failed.set_exception(OSError("disk"))
+        with pytest.raises(OSError):
+            await runner.write_durable(lambda: (3, failed))
+        cancelled: concurrent.futures.Future[None] = concurrent.futures.Future()
+        cancelled.cancel()
+        with pytest.raises(concurrent.futures.CancelledError):
+            await runner.write_durable(lambda: (4, cancelled))
+
+        def boom() -> tuple[int, None]:
+            raise Problem(INVALID_INPUT, "bad", field="body")
+        with pytest.raises(Problem):
+            await runner.write_durable(boom)
+    finally:
+        runner.shutdown()
