@@ -71,12 +71,7 @@ class Settings(BaseSettings):
     host: str = Field("127.0.0.1", description="address to bind; non-loopback requires tokens")
     port: int = Field(8000, ge=0, le=65535, description="TCP port (0 = pick a free one)")
     partitions: int = Field(64, ge=1, le=1024, description="partition count (fixed when the data dir is created)")
-    # WHY 20 ms and not the engine's 5: each flush round has a fixed cost (one commit, fsync, page copies) of
-    # ~0.45 ms CPU here; at 5 ms it was ~30 µs of flusher CPU per single-document PUT, at 20-25 ms ~15-20 µs
-    # (docs/benchmarks.md, HTTP).  Persist writes never wait for it (they kick a flush at once).
-    flush_interval_ms: float = Field(20.0, gt=0, le=60_000,
-                                     description="how often memory-durability writes are persisted (persist writes "
-                                                 "flush at once)")
+    flush_interval_ms: float = Field(5.0, gt=0, le=60_000, description="how often memory-durability writes are persisted")
     queue_memory_limit_mb: int = Field(
         1024, ge=1, description="write queues above this many MiB answer 429 (backpressure)"
     )

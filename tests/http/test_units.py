@@ -240,7 +240,7 @@ def test_settings_defaults(monkeypatch: pytest.MonkeyPatch) -> None:
         if name.startswith("UPR_"):
             monkeypatch.delenv(name)
     s = Settings()
-    assert (s.data_dir, s.host, s.port, s.partitions, s.flush_interval_ms) == (Path("./data"), "127.0.0.1", 8000, 64, 20)
+    assert (s.data_dir, s.host, s.port, s.partitions, s.flush_interval_ms) == (Path("./data"), "127.0.0.1", 8000, 64, 5)
 
 
 @pytest.mark.parametrize("text", ["port = 1\nprot = 2\n", "port = [", "[server]\nflush = 1\n"])
