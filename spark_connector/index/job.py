@@ -44,7 +44,10 @@ class RunReport:
     refetched: int = 0
     seconds: float = 0.0
     generation: int = 0
-    phases: dict[str, float] = field(default_factory=dict)   # seconds: read (source+index fn), write, compact
+    #: seconds: query start (to the first batch: Spark's source process, offset log, planning),
+    #: read+write (the batch's Spark job), refetch, compact, commit (manifest), query end (after the
+    #: last batch: commit log, the final "nothing new" check)
+    phases: dict[str, float] = field(default_factory=dict)
 
     def _add(self, phase: str, since: float) -> float:
         now = time.monotonic()
@@ -178,12 +181,16 @@ class IndexJob:
                   .option("checkpointLocation", str(self.checkpoint))
                   .queryName(f"upr-index-{self.root.name}"))
         writer = writer.trigger(processingTime=f"{interval_s} seconds") if follow else writer.trigger(availableNow=True)
+        self._t_started = time.monotonic()
+        self._t_applied: float | None = None
         query = writer.start()
         try:
             query.awaitTermination(timeout_s)
         finally:
             if query.isActive:
                 query.stop()
+        if self._t_applied is not None:
+            self.report._add("query end", self._t_applied)
         exc = query.exception()
         if exc is not None:
             raise exc
@@ -234,6 +241,14 @@ class IndexJob:
             return None
 
     def _apply(self, df, batch_id: int) -> None:  # type: ignore[no-untyped-def]
+        if self._t_applied is None:   # query start: source process, offset log, planning
+            self.report._add("query start", self._t_started)
+        try:
+            self._apply_(df, batch_id)
+        finally:
+            self._t_applied = time.monotonic()
+
+    def _apply_(self, df, batch_id: int) -> None:  # type: ignore[no-untyped-def]
         manifest = load(self.root)
         assert manifest is not None
         if batch_id <= manifest.batch_id:
@@ -274,6 +289,7 @@ class IndexJob:
             nxt = self._compact(nxt)
             t = self.report._add("compact", t)
         commit(self.root, nxt)
+        t = self.report._add("commit", t)
         self.report.batches += 1
         self.report.resets.extend(resets)
         self.report.rollbacks.update(rollbacks)
