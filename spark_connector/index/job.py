@@ -307,12 +307,39 @@ class IndexJob:
         return self.spark.createDataFrame(rows, "key STRING, partition INT, seqno BIGINT, op STRING, value BINARY")
 
     def _compact(self, manifest: Manifest) -> Manifest:
-        """Merge all runs into one (markers kept: they are the back index rollbacks need)."""
+        """Merge all runs into one, dropping the markers no rollback can need any more.
+
+        A marker (value NULL: a deleted or entry-less key) does two jobs: it supersedes the key's
+        rows in older runs, and it lets ``refetch`` find the key when the server rolls back below
+        it.  After the merge there are no older runs, and a marker at or below its partition's
+        purge seqno is in durable history (the server purges only persisted tombstones, and a
+        position below the purge seqno rolls back to 0, where the restream delivers every live
+        key), so those markers go; the rest stay.
+        """
         path = f"runs/c-{manifest.generation:06d}-{uuidlib.uuid4().hex[:8]}"
         frame = runs_frame(self.spark, self.root, manifest, markers=True)
+        purged = self._purge_seqnos()
+        if purged:
+            from pyspark.sql import functions as F
+            floor = F.create_map(*[F.lit(x) for p, s in sorted(purged.items()) for x in (p, s)])
+            frame = frame.filter(F.col("value").isNotNull()
+                                 | (F.col("seqno") > F.coalesce(floor[F.col("partition")], F.lit(0))))
         frame.write.mode("errorifexists").parquet(str(self.root / path))
         rows = _parquet_rows(self.root / path)
         return replace(manifest, runs=(Run(path, (), rows),), rows=rows)
+
+    def _purge_seqnos(self) -> dict[int, int]:
+        """Partitions whose purge seqno is above 0 (``GET /partitions``); {} if the server is away
+        (compaction then keeps every marker, as before)."""
+        from ..meta import get_json
+        from ..options import OptionError
+        try:
+            body = get_json(self.server, "/partitions", self.token, 30.0)
+        except OptionError as exc:
+            log.warning("index compaction keeps every marker: %s", exc)
+            return {}
+        return {int(p["partition"]): int(p.get("purge_seqno", 0)) for p in body["partitions"]
+                if int(p.get("purge_seqno", 0)) > 0}
 
     def compact(self) -> Manifest:
         """Compact now (e.g. after a full build with several batches)."""

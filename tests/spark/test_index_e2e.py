@@ -167,3 +167,29 @@ def test_follow_keeps_the_index_updated_while_writes_continue(spark, upr_server,
     assert index_rows(spark, tmp_path / "follow") == expected
     runner.join(40)
     assert not runner.is_alive()
+
+
+def test_compaction_drops_markers_at_or_below_the_purge_seqno_and_keeps_newer_ones(spark, upr_server, tmp_path):
+    srv = upr_server(partitions=4)
+    keys = [f"m-{i:03d}" for i in range(200)]
+    bulk(srv.url, [{"op": "set", "key": k, "value": {"city": "oslo"}} for k in keys], durability="persist")
+    bulk(srv.url, [{"op": "delete", "key": k} for k in keys[:100]], durability="persist")
+    d = tmp_path / "purge"
+
+    def markers() -> set[str]:
+        return {r.key for r in load_index(spark, d, markers=True).collect() if r.value is None}
+
+    _job(spark, d, srv).run()
+    assert markers() == set(keys[:100])
+    highs = {p["partition"]: p["high_seqno"] for p in httpx.get(f"{srv.url}/partitions").json()["partitions"]}
+    r = httpx.post(f"{srv.url}/admin/compact", json={"purge_before_seqno": {str(p): h + 1 for p, h in highs.items()}})
+    assert r.status_code == 200 and all(s > 0 for s in r.json()["purge_seqnos"].values()), r.text
+
+    bulk(srv.url, [{"op": "delete", "key": k} for k in keys[100:120]], durability="persist")   # after the purge
+    job = _job(spark, d, srv)
+    job.run()
+    assert markers() == set(keys[:120])          # the incremental run adds its markers; none dropped yet
+    job.compact()
+    assert len(load(d).runs) == 1
+    assert markers() == set(keys[100:120])       # only the markers above the purge seqnos are left
+    assert index_rows(spark, d) == brute_force(srv.url, keys)
