@@ -12,7 +12,9 @@ changed since.  Each micro-batch becomes one run of Parquet rows in ``foreachBat
 3. control rows: ``reset`` makes the run kill every older row of its partition (the batch
    restreams it from 0); ``rollback`` at R re-fetches (GET) every key whose rows came from seqnos
    above R and writes their current versions as a later run;
-4. compact when there are too many runs, and replace the manifest atomically.
+4. compact when there are too many runs (merging the runs since the last major compaction,
+   or everything once they have grown to a quarter of the index), and replace the manifest
+   atomically.
 """
 from __future__ import annotations
 
@@ -59,6 +61,10 @@ class RunReport:
 #: through with their partition and seqno) and ``first`` = 1 on the first row of each item, so
 #: one cached pass gives the controls and the count of changes read.
 STAGED_SCHEMA = ENTRY_SCHEMA + ", op STRING, first INT"
+
+#: Compaction merges only the runs after the first while they hold less than this fraction of the
+#: first run's rows (see ``IndexJob._compact``).
+MINOR_FRACTION = 0.25
 
 
 def _entries_fn(function: IndexFunction, dedup: bool = False, changes: Any = None,  # type: ignore[no-untyped-def]
@@ -306,16 +312,32 @@ class IndexJob:
         self.report.refetched += len(rows)
         return self.spark.createDataFrame(rows, "key STRING, partition INT, seqno BIGINT, op STRING, value BINARY")
 
-    def _compact(self, manifest: Manifest) -> Manifest:
-        """Merge all runs into one, dropping the markers no rollback can need any more.
+    def _compact(self, manifest: Manifest, major: bool = False) -> Manifest:
+        """Merge runs, so reads union few of them.
 
-        A marker (value NULL: a deleted or entry-less key) does two jobs: it supersedes the key's
-        rows in older runs, and it lets ``refetch`` find the key when the server rolls back below
-        it.  After the merge there are no older runs, and a marker at or below its partition's
-        purge seqno is in durable history (the server purges only persisted tombstones, and a
-        position below the purge seqno rolls back to 0, where the restream delivers every live
-        key), so those markers go; the rest stay.
+        Minor (the usual case): the runs after the first (the base) are merged into one, when they
+        hold less than ``MINOR_FRACTION`` of the base's rows.  Its cost follows the changes since
+        the last major compaction, not the index size: merging everything every ``max_runs``
+        batches rewrote the whole index (measured ~5 s of a 1e6-document index) once per four
+        small incremental runs.  The merged run keeps the markers (they supersede base rows) and
+        the union of the resets (they kill base rows of those partitions; within the merged runs
+        ``runs_frame`` has applied them already).
+
+        Major (``major``, or the changes have grown past the fraction): everything into one run,
+        dropping the markers no rollback can need any more.  A marker (value NULL: a deleted or
+        entry-less key) supersedes the key's rows in older runs, and lets ``refetch`` find the key
+        when the server rolls back below it.  After a full merge there are no older runs, and a
+        marker at or below its partition's purge seqno is in durable history (the server purges
+        only persisted tombstones, and a position below the purge seqno rolls back to 0, where the
+        restream delivers every live key), so those markers go; the rest stay.
         """
+        base, deltas = manifest.runs[0], manifest.runs[1:]
+        if not major and len(deltas) > 1 and sum(r.rows for r in deltas) < MINOR_FRACTION * base.rows:
+            path = f"runs/m-{manifest.generation:06d}-{uuidlib.uuid4().hex[:8]}"
+            frame = runs_frame(self.spark, self.root, replace(manifest, runs=deltas), markers=True)
+            frame.write.mode("errorifexists").parquet(str(self.root / path))
+            resets = tuple(sorted({p for r in deltas for p in r.resets}))
+            return replace(manifest, runs=(base, Run(path, resets, _parquet_rows(self.root / path))))
         path = f"runs/c-{manifest.generation:06d}-{uuidlib.uuid4().hex[:8]}"
         frame = runs_frame(self.spark, self.root, manifest, markers=True)
         purged = self._purge_seqnos()
@@ -342,11 +364,12 @@ class IndexJob:
                 if int(p.get("purge_seqno", 0)) > 0}
 
     def compact(self) -> Manifest:
-        """Compact now (e.g. after a full build with several batches)."""
+        """Merge every run into one now (a major compaction; e.g. after a full build with several
+        batches, or to drop purged markers)."""
         manifest = self._open()
         if len(manifest.runs) <= 1:
             return manifest
-        nxt = self._compact(manifest.next())
+        nxt = self._compact(manifest.next(), major=True)
         commit(self.root, nxt)
         collect_garbage(self.root, nxt)
         return nxt

@@ -193,3 +193,21 @@ def test_compaction_drops_markers_at_or_below_the_purge_seqno_and_keeps_newer_on
     assert len(load(d).runs) == 1
     assert markers() == set(keys[100:120])       # only the markers above the purge seqnos are left
     assert index_rows(spark, d) == brute_force(srv.url, keys)
+
+
+def test_small_changes_compact_into_one_delta_run_and_leave_the_base_run_alone(spark, upr_server, tmp_path):
+    srv = upr_server(partitions=4)
+    rng = random.Random(11)
+    live: set[str] = set()
+    keys = KEYS[:400]
+    bulk(srv.url, [{"op": "set", "key": k, "value": {"city": rng.choice(["oslo", "lima"])}} for k in keys])
+    live |= set(keys)
+    d = tmp_path / "minor"
+    IndexJob(spark, d, srv.url, FieldIndex("city"), max_runs=3).run()
+    base = load(d).runs[0]
+    for _ in range(3):          # deletions too: their markers must keep superseding base rows
+        bulk(srv.url, random_ops(rng, keys, live, 10, delete_ratio=0.4))
+        IndexJob(spark, d, srv.url, FieldIndex("city"), max_runs=3).run()
+    runs = load(d).runs
+    assert len(runs) == 2 and runs[0] == base and runs[1].path.startswith("runs/m-")
+    assert index_rows(spark, d) == brute_force(srv.url, keys)
