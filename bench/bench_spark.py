@@ -11,8 +11,8 @@ Prints, from one run against one server process (127.0.0.1, ephemeral port):
 * the full index build (``IndexJob``, field ``city``; at the default size after a warm-up build
   into a scratch directory, so one-time JVM costs are not counted) and four incremental runs,
   each after its own 1% of the documents changed, with their ratios to the full build and the
-  median (the fourth run includes a compaction); then the same size of change picked up by a running ``--follow`` query (time from the
-  writes' return to the manifest commit);
+  median (the fourth run includes a compaction); then the same size of change picked up by a
+  running ``--follow`` query (time from the writes' return to the manifest commit);
 * the load average at the start and the end (the machine is shared: figures move with it).
 """
 from __future__ import annotations
