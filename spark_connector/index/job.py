@@ -66,6 +66,39 @@ STAGED_SCHEMA = ENTRY_SCHEMA + ", op STRING, first INT"
 #: first run's rows (see ``IndexJob._compact``).
 MINOR_FRACTION = 0.25
 
+#: Up to this many rows a minor compaction runs in the driver with pyarrow instead of as a Spark
+#: job: measured 2.6 s for a Spark union + window + write of four 10k-row runs on the loaded
+#: 2-core VM (a shuffle job's fixed cost), against well under 0.1 s in pyarrow.
+MERGE_IN_DRIVER_ROWS = 1_000_000
+
+
+def merge_runs_locally(root: Path, runs: tuple[Run, ...], out: Path) -> None:
+    """``runs_frame`` semantics for a few small runs, in pyarrow: each key keeps the rows of its
+    newest run (markers included), after each run's resets dropped older rows of its partitions."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+    import pyarrow.parquet as pq
+
+    columns = ["value", "key", "partition", "seqno"]
+    tables = []
+    for i, run in enumerate(runs):
+        files = sorted((root / run.path).glob("*.parquet"))
+        t = pa.concat_tables([pq.read_table(f, columns=columns) for f in files]) if files else None
+        if t is not None and t.num_rows:
+            tables.append(t.append_column("_run", pa.array([i] * t.num_rows, pa.int32())))
+    out.mkdir(parents=True)
+    if not tables:
+        pq.write_table(pa.table({"value": pa.array([], pa.string()), "key": pa.array([], pa.string()),
+                                 "partition": pa.array([], pa.int32()), "seqno": pa.array([], pa.int64())}),
+                       out / "part-00000.parquet")
+        return
+    t = pa.concat_tables(tables)
+    for p, last in {p: i for i, r in enumerate(runs) for p in r.resets}.items():
+        t = t.filter(pc.or_(pc.not_equal(t["partition"], p), pc.greater_equal(t["_run"], last)))
+    newest = t.group_by("key").aggregate([("_run", "max")])
+    t = t.join(newest, "key").filter(pc.equal(pc.field("_run"), pc.field("_run_max")))
+    pq.write_table(t.select(columns), out / "part-00000.parquet")
+
 
 def _entries_fn(function: IndexFunction, dedup: bool = False, changes: Any = None,  # type: ignore[no-untyped-def]
                 controls: Any = None):
@@ -334,8 +367,11 @@ class IndexJob:
         base, deltas = manifest.runs[0], manifest.runs[1:]
         if not major and len(deltas) > 1 and sum(r.rows for r in deltas) < MINOR_FRACTION * base.rows:
             path = f"runs/m-{manifest.generation:06d}-{uuidlib.uuid4().hex[:8]}"
-            frame = runs_frame(self.spark, self.root, replace(manifest, runs=deltas), markers=True)
-            frame.write.mode("errorifexists").parquet(str(self.root / path))
+            if sum(r.rows for r in deltas) <= MERGE_IN_DRIVER_ROWS:
+                merge_runs_locally(self.root, deltas, self.root / path)
+            else:
+                frame = runs_frame(self.spark, self.root, replace(manifest, runs=deltas), markers=True)
+                frame.write.mode("errorifexists").parquet(str(self.root / path))
             resets = tuple(sorted({p for r in deltas for p in r.resets}))
             return replace(manifest, runs=(base, Run(path, resets, _parquet_rows(self.root / path))))
         path = f"runs/c-{manifest.generation:06d}-{uuidlib.uuid4().hex[:8]}"

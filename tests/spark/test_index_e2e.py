@@ -195,7 +195,11 @@ def test_compaction_drops_markers_at_or_below_the_purge_seqno_and_keeps_newer_on
     assert index_rows(spark, d) == brute_force(srv.url, keys)
 
 
-def test_small_changes_compact_into_one_delta_run_and_leave_the_base_run_alone(spark, upr_server, tmp_path):
+@pytest.mark.parametrize("in_driver", [True, False], ids=["pyarrow", "spark"])
+def test_small_changes_compact_into_one_delta_run_and_leave_the_base_run_alone(spark, upr_server, tmp_path,
+                                                                              monkeypatch, in_driver):
+    import spark_connector.index.job as job_module
+    monkeypatch.setattr(job_module, "MERGE_IN_DRIVER_ROWS", 10**9 if in_driver else 0)
     srv = upr_server(partitions=4)
     rng = random.Random(11)
     live: set[str] = set()
