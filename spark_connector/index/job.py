@@ -8,7 +8,9 @@ changed since.  Each micro-batch becomes one run of Parquet rows in ``foreachBat
    log: the index and the checkpoint advance together, with the manifest as the commit point);
 2. index each changed document once at its newest seqno in the batch (deletions and documents
    without entries leave a marker row, so stale rows of older runs are superseded) and write the
-   run, in one Spark job; accumulators report the items read and the control rows seen;
+   run, in one Spark job; accumulators report the items read and the control rows seen.  A batch
+   spanning at most ``local_batch_rows`` seqnos (a typical incremental run) is collected and
+   indexed in the driver instead, with the same function: the source's Spark job only;
 3. control rows: ``reset`` makes the run kill every older row of its partition (the batch
    restreams it from 0); ``rollback`` at R re-fetches (GET) every key whose rows came from seqnos
    above R and writes their current versions as a later run;
@@ -61,6 +63,9 @@ class RunReport:
 #: through with their partition and seqno) and ``first`` = 1 on the first row of each item, so
 #: one cached pass gives the controls and the count of changes read.
 STAGED_SCHEMA = ENTRY_SCHEMA + ", op STRING, first INT"
+
+#: Batches spanning at most this many seqnos are indexed in the driver (see ``IndexJob._apply_``).
+LOCAL_BATCH_ROWS = 50_000
 
 #: Compaction merges only the runs after the first while they hold less than this fraction of the
 #: first run's rows (see ``IndexJob._compact``).
@@ -154,6 +159,16 @@ def _entries_fn(function: IndexFunction, dedup: bool = False, changes: Any = Non
     return run
 
 
+class _Local:
+    """Stands in for an accumulator when the driver indexes a small batch itself."""
+
+    def __init__(self, zero: Any) -> None:
+        self.value = zero
+
+    def add(self, x: Any) -> None:
+        self.value = self.value + x
+
+
 class _ListParam:
     """Accumulator of lists (control rows are few: one per reset/rolled-back partition)."""
 
@@ -188,7 +203,7 @@ class IndexJob:
 
     def __init__(self, spark: Any, index_dir: str | os.PathLike[str], server: str, function: IndexFunction, *,
                  name: str | None = None, token: str | None = None, max_runs: int = 4,
-                 source_options: dict[str, str] | None = None) -> None:
+                 source_options: dict[str, str] | None = None, local_batch_rows: int = LOCAL_BATCH_ROWS) -> None:
         self.spark = spark
         self.root = Path(index_dir)
         self.server = server.rstrip("/")
@@ -196,6 +211,7 @@ class IndexJob:
         self.function = function
         self.spec = spec_of(function, name)
         self.max_runs = max_runs
+        self.local_batch_rows = local_batch_rows
         self.source_options = dict(source_options or {})
         self.checkpoint = self.root / "checkpoint"
         self.report = RunReport()
@@ -279,6 +295,21 @@ class IndexJob:
         except (OSError, IndexError, ValueError):
             return None
 
+    def _planned_seqnos(self, batch_id: int) -> int | None:
+        """Seqnos the batch spans, from its start and end offsets in the checkpoint (a partition
+        whose rollback generation moved is restreamed from 0); None if they cannot be read."""
+        start, end = self._batch_offset(batch_id - 1), self._batch_offset(batch_id)
+        try:
+            ends = end["p"]                                  # type: ignore[index]
+            starts = start["p"] if start else {}             # type: ignore[index]
+            total = 0
+            for p, e in ends.items():
+                s = starts.get(p)
+                total += max(0, int(e["s"]) - (int(s["s"]) if s and s.get("g") == e.get("g") else 0))
+            return total
+        except (KeyError, TypeError, ValueError):
+            return None
+
     def _apply(self, df, batch_id: int) -> None:  # type: ignore[no-untyped-def]
         if self._t_applied is None:   # query start: source process, offset log, planning
             self.report._add("query start", self._t_started)
@@ -294,16 +325,31 @@ class IndexJob:
             self.report.skipped += 1
             return
         t = time.monotonic()
-        in_task = "minpartitions" not in {k.lower() for k in self.source_options}
-        sc = self.spark.sparkContext
-        changes = sc.accumulator(0)
-        controls_acc = sc.accumulator([], _ListParam())
-        entries = df.mapInArrow(_entries_fn(self.function, in_task, changes, controls_acc), STAGED_SCHEMA)
-        if not in_task:   # split partitions: a key's versions may sit in two tasks
-            entries = _newest_per_key(entries)
         run_path = f"runs/r-{manifest.generation + 1:06d}-{batch_id}-{uuidlib.uuid4().hex[:8]}"
-        entries.select("value", "key", "partition", "seqno").write.mode("errorifexists").parquet(
-            str(self.root / run_path))
+        planned = self._planned_seqnos(batch_id)
+        if planned is not None and planned <= self.local_batch_rows:
+            # A small batch: collect its rows (the source's Spark job) and index them here, which
+            # saves the second Python stage and Spark's write job (fixed costs of ~0.2-0.3 s).
+            changes, controls_acc = _Local(0), _Local([])
+            out = list(_entries_fn(self.function, True, changes, controls_acc)(iter(df.toArrow().to_batches())))
+            (self.root / run_path).mkdir(parents=True)
+            import pyarrow as pa
+            import pyarrow.parquet as pq
+            table = pa.Table.from_batches(out) if out else pa.table(
+                {"value": pa.array([], pa.string()), "key": pa.array([], pa.string()),
+                 "partition": pa.array([], pa.int32()), "seqno": pa.array([], pa.int64())})
+            pq.write_table(table.select(["value", "key", "partition", "seqno"]),
+                           self.root / run_path / "part-00000.parquet")
+        else:
+            in_task = "minpartitions" not in {k.lower() for k in self.source_options}
+            sc = self.spark.sparkContext
+            changes = sc.accumulator(0)
+            controls_acc = sc.accumulator([], _ListParam())
+            entries = df.mapInArrow(_entries_fn(self.function, in_task, changes, controls_acc), STAGED_SCHEMA)
+            if not in_task:   # split partitions: a key's versions may sit in two tasks
+                entries = _newest_per_key(entries)
+            entries.select("value", "key", "partition", "seqno").write.mode("errorifexists").parquet(
+                str(self.root / run_path))
         t = self.report._add("read+write", t)
         self.report.rows_read += changes.value
         controls = set(controls_acc.value)

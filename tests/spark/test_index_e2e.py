@@ -26,8 +26,11 @@ ROOT = Path(__file__).resolve().parents[2]
 KEYS = [f"doc-{i:05d}" for i in range(800)]
 
 
-def _job(spark, d, srv, **opts):
-    return IndexJob(spark, d, srv.url, FieldIndex("city"), source_options={k: str(v) for k, v in opts.items()})
+def _job(spark, d, srv, spark_path=False, **opts):
+    """``spark_path``: index every batch in Spark tasks (tests' batches are small enough to be
+    indexed in the driver by default, see IndexJob.local_batch_rows); tests use both paths."""
+    return IndexJob(spark, d, srv.url, FieldIndex("city"), source_options={k: str(v) for k, v in opts.items()},
+                    **({"local_batch_rows": -1} if spark_path else {}))
 
 
 def test_index_equals_brute_force_and_incremental_reads_only_changes(spark, upr_server, tmp_path):
@@ -35,7 +38,7 @@ def test_index_equals_brute_force_and_incremental_reads_only_changes(spark, upr_
     rng = random.Random(7)
     live: set[str] = set()
     bulk(srv.url, random_ops(rng, KEYS, live, 2000))
-    first = _job(spark, tmp_path / "inc", srv).run()
+    first = _job(spark, tmp_path / "inc", srv, spark_path=True).run()
     assert first.batches == 1 and first.rows_read >= len(live)
     assert index_rows(spark, tmp_path / "inc") == brute_force(srv.url, KEYS)
 
@@ -96,7 +99,7 @@ def test_rollback_after_server_sigkill_applies_each_policy(spark, upr_server, tm
     bulk(srv.url, random_ops(rng, keys, live, 100), durability="persist")   # the new branch
     expected = brute_force(srv.url, keys)
 
-    reset = _job(spark, dirs["resetPartition"], srv, onRollback="resetPartition").run()
+    reset = _job(spark, dirs["resetPartition"], srv, spark_path=True, onRollback="resetPartition").run()
     assert reset.resets, "a rollback must never be silent"
     assert index_rows(spark, dirs["resetPartition"]) == expected
 
