@@ -169,14 +169,24 @@ def main() -> None:
         settled = job.manifest().batch_id
         rewrite("changed-follow")
         t = time.perf_counter()
-        while job.manifest().batch_id == settled and time.perf_counter() - t < 100:
+        # Done when a committed batch reaches every partition's high seqno after the writes (the
+        # query may pick the change up in several batches: the first one alone is not "indexed").
+        highs = {str(p["partition"]): p["high_seqno"] for p in httpx.get(url + "/partitions").json()["partitions"]}
+
+        def caught_up() -> bool:
+            m = job.manifest()
+            done = (m.offset or {}).get("p", {}) if m and m.batch_id > settled else {}
+            return all(done.get(p, {}).get("s", -1) >= h for p, h in highs.items())
+
+        while not caught_up() and time.perf_counter() - t < 100:
             time.sleep(0.05)
         took = time.perf_counter() - t
         for q in spark.streams.active:
             q.stop()
         runner.join(30)
         print(f"--follow: 1% change indexed {took:.1f}s after the writes returned = {took / full.seconds:.0%} "
-              f"of the full build (batches before/after settling: {before}/{settled})")
+              f"of the full build (batches before/after settling/at the end: {before}/{settled}/"
+              f"{job.manifest().batch_id})")
         from spark_connector.index.view import load_index
         view = load_index(spark, idx)
         got = {r["value"]: r["count"] for r in view.filter(view.value.startswith("changed-")).groupBy("value")
