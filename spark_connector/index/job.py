@@ -9,8 +9,8 @@ changed since.  Each micro-batch becomes one run of Parquet rows in ``foreachBat
 2. index each changed document once at its newest seqno in the batch (deletions and documents
    without entries leave a marker row, so stale rows of older runs are superseded) and write the
    run, in one Spark job; accumulators report the items read and the control rows seen.  A batch
-   spanning at most ``local_batch_rows`` seqnos (a typical incremental run) is collected and
-   indexed in the driver instead, with the same function: the source's Spark job only;
+   spanning at most ``local_batch_rows`` seqnos (a typical incremental run) brings its index rows
+   to the driver, which writes them (no Spark write job);
 3. control rows: ``reset`` makes the run kill every older row of its partition (the batch
    restreams it from 0); ``rollback`` at R re-fetches (GET) every key whose rows came from seqnos
    above R and writes their current versions as a later run;
@@ -64,7 +64,7 @@ class RunReport:
 #: one cached pass gives the controls and the count of changes read.
 STAGED_SCHEMA = ENTRY_SCHEMA + ", op STRING, first INT"
 
-#: Batches spanning at most this many seqnos are indexed in the driver (see ``IndexJob._apply_``).
+#: Batches spanning at most this many seqnos have their index rows written by the driver.
 LOCAL_BATCH_ROWS = 50_000
 
 #: Compaction merges only the runs after the first while they hold less than this fraction of the
@@ -159,16 +159,6 @@ def _entries_fn(function: IndexFunction, dedup: bool = False, changes: Any = Non
     return run
 
 
-class _Local:
-    """Stands in for an accumulator when the driver indexes a small batch itself."""
-
-    def __init__(self, zero: Any) -> None:
-        self.value = zero
-
-    def add(self, x: Any) -> None:
-        self.value = self.value + x
-
-
 class _ListParam:
     """Accumulator of lists (control rows are few: one per reset/rolled-back partition)."""
 
@@ -185,6 +175,18 @@ def _newest_per_key(entries):  # type: ignore[no-untyped-def]
     from pyspark.sql import functions as F
     newest = F.max("seqno").over(Window.partitionBy("key"))
     return entries.withColumn("_m", newest).filter(F.col("seqno") == F.col("_m")).drop("_m")
+
+
+def _write_entries(path: Path, batches: list[Any]) -> None:
+    """One Parquet file of index rows (``ENTRY_SCHEMA`` columns) written by the driver."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    schema = pa.schema([("value", pa.string()), ("key", pa.string()), ("partition", pa.int32()),
+                        ("seqno", pa.int64())])
+    table = pa.Table.from_batches([b.select(schema.names) for b in batches], schema) if batches \
+        else schema.empty_table()
+    path.mkdir(parents=True)
+    pq.write_table(table, path / "part-00000.parquet")
 
 
 def _parquet_rows(path: Path) -> int:
@@ -327,29 +329,21 @@ class IndexJob:
         t = time.monotonic()
         run_path = f"runs/r-{manifest.generation + 1:06d}-{batch_id}-{uuidlib.uuid4().hex[:8]}"
         planned = self._planned_seqnos(batch_id)
-        if planned is not None and planned <= self.local_batch_rows:
-            # A small batch: collect its rows (the source's Spark job) and index them here, which
-            # saves the second Python stage and Spark's write job (fixed costs of ~0.2-0.3 s).
-            changes, controls_acc = _Local(0), _Local([])
-            out = list(_entries_fn(self.function, True, changes, controls_acc)(iter(df.toArrow().to_batches())))
-            (self.root / run_path).mkdir(parents=True)
-            import pyarrow as pa
-            import pyarrow.parquet as pq
-            table = pa.Table.from_batches(out) if out else pa.table(
-                {"value": pa.array([], pa.string()), "key": pa.array([], pa.string()),
-                 "partition": pa.array([], pa.int32()), "seqno": pa.array([], pa.int64())})
-            pq.write_table(table.select(["value", "key", "partition", "seqno"]),
-                           self.root / run_path / "part-00000.parquet")
+        small = planned is not None and planned <= self.local_batch_rows
+        in_task = "minpartitions" not in {k.lower() for k in self.source_options}
+        sc = self.spark.sparkContext
+        changes = sc.accumulator(0)
+        controls_acc = sc.accumulator([], _ListParam())
+        entries = df.mapInArrow(_entries_fn(self.function, in_task, changes, controls_acc), STAGED_SCHEMA)
+        if not in_task:   # split partitions: a key's versions may sit in two tasks
+            entries = _newest_per_key(entries)
+        entries = entries.select("value", "key", "partition", "seqno")
+        if small:
+            # A small batch's index rows (never its document values) come to the driver and are
+            # written there: no Spark write job (its planning and commit protocol are fixed costs).
+            _write_entries(self.root / run_path, entries.toArrow().to_batches())
         else:
-            in_task = "minpartitions" not in {k.lower() for k in self.source_options}
-            sc = self.spark.sparkContext
-            changes = sc.accumulator(0)
-            controls_acc = sc.accumulator([], _ListParam())
-            entries = df.mapInArrow(_entries_fn(self.function, in_task, changes, controls_acc), STAGED_SCHEMA)
-            if not in_task:   # split partitions: a key's versions may sit in two tasks
-                entries = _newest_per_key(entries)
-            entries.select("value", "key", "partition", "seqno").write.mode("errorifexists").parquet(
-                str(self.root / run_path))
+            entries.write.mode("errorifexists").parquet(str(self.root / run_path))
         t = self.report._add("read+write", t)
         self.report.rows_read += changes.value
         controls = set(controls_acc.value)

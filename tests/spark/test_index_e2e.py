@@ -27,8 +27,8 @@ KEYS = [f"doc-{i:05d}" for i in range(800)]
 
 
 def _job(spark, d, srv, spark_path=False, **opts):
-    """``spark_path``: index every batch in Spark tasks (tests' batches are small enough to be
-    indexed in the driver by default, see IndexJob.local_batch_rows); tests use both paths."""
+    """``spark_path``: write every run with a Spark job (tests' batches are small enough for the
+    driver to write their runs by default, see IndexJob.local_batch_rows); tests use both paths."""
     return IndexJob(spark, d, srv.url, FieldIndex("city"), source_options={k: str(v) for k, v in opts.items()},
                     **({"local_batch_rows": -1} if spark_path else {}))
 
