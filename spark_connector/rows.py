@@ -12,6 +12,7 @@ Yielding ``pyarrow.RecordBatch`` from ``read()`` skips Spark's per-row Python-to
 """
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 
 import pyarrow as pa
@@ -32,8 +33,15 @@ ARROW_SCHEMA = pa.schema([
 ])
 
 MUTATION, DELETION, RESET, ROLLBACK = "mutation", "deletion", "reset", "rollback"
-_OPS = pa.array([MUTATION, DELETION])
 _I64 = (1 << 63) - 1
+
+
+@functools.cache
+def ops_array() -> pa.Array:
+    """``op`` by the deleted flag (0, 1), for ``take``.  Built on first use, not at import: ``pa.array``
+    on a Python list imports pandas (0.2 s), and the driver's streaming-source process, started
+    afresh for every query, imports this module without ever building rows."""
+    return pa.array([MUTATION, DELETION])
 
 
 def control_batch(partition: int, op: str, seqno: int) -> pa.RecordBatch:
@@ -60,7 +68,7 @@ def items_batch(
     n = len(seqnos)
     key_arr = pa.array(keys, pa.binary()).cast(pa.string()) if n and isinstance(keys[0], bytes) \
         else pa.array(keys, pa.string())
-    ops = _OPS.take(pa.array([1 if d else 0 for d in deleted], pa.int8()))
+    ops = ops_array().take(pa.array([1 if d else 0 for d in deleted], pa.int8()))
     return pa.RecordBatch.from_arrays([
         pa.array([partition] * n, pa.int32()),
         pa.array(seqnos, pa.int64()),

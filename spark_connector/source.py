@@ -21,7 +21,7 @@ from .meta import fetch_meta, local_check
 from .offsets import SourceOffset
 from .options import Position, SourceOptions, parse_options
 from .planning import WorkItem, plan_tasks
-from .progress import initial_offset, next_offset, resolve_positions, select_partitions
+from .progress import ServerMeta, initial_offset, next_offset, resolve_positions, select_partitions
 from .rows import SCHEMA_DDL
 
 NAME = "upr"
@@ -95,6 +95,7 @@ class UprStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def __init__(self, options: dict[str, str]) -> None:
         self.opts = parse_options(options)
         self._target: dict[int, int] | None = None    # AvailableNow: never plan past these seqnos
+        self._fresh: ServerMeta | None = None          # metadata fetched by prepareForTriggerAvailableNow
 
     # ---------------------------------------------------------------- offsets (driver)
     def initialOffset(self) -> dict[str, Any]:
@@ -108,9 +109,10 @@ class UprStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def prepareForTriggerAvailableNow(self) -> None:
         meta = fetch_meta(self.opts)
         self._target = {p: meta.partitions[p].high_seqno for p in select_partitions(meta, self.opts.partitions)}
+        self._fresh = meta    # Spark calls latestOffset right after this: one round trip instead of two
 
     def latestOffset(self, start: dict[str, Any] | None = None, limit: ReadLimit | None = None) -> dict[str, Any]:
-        meta = fetch_meta(self.opts)
+        meta, self._fresh = self._fresh or fetch_meta(self.opts), None
         selected = select_partitions(meta, self.opts.partitions)
         if start is None:
             # Spark 4.0/4.1 call latestOffset() without the start: all they can be told is "the

@@ -35,7 +35,7 @@ from engine.protocol import messages as M
 from engine.protocol.frames import FLAG_LAST, HEADER, MAGIC, PER_ITEM_BYTES, VERSION, ItemBatch, decode_binary
 
 from .planning import WorkItem
-from .rows import _OPS, ARROW_SCHEMA, RESET, control_batch
+from .rows import ARROW_SCHEMA, RESET, control_batch, ops_array
 
 WINDOW_BYTES = 32 * 1024 * 1024
 _BIG_ENDIAN = sys.byteorder == "big"
@@ -66,7 +66,7 @@ def batch_to_arrow(batch: ItemBatch, snap: tuple[int, int]) -> pa.RecordBatch:
         pa.nulls(n, pa.int32()).fill_null(batch.partition),
         _u64(batch.seqnos).cast(pa.int64(), safe=False),
         keys,
-        _OPS.take(deleted),
+        ops_array().take(deleted),
         pa.array(batch.values, pa.binary()),
         _u64(batch.cas).cast(pa.int64(), safe=False),   # CAS is an opaque token: wrap into BIGINT
         _u64(batch.revs).cast(pa.int64(), safe=False),
@@ -122,7 +122,7 @@ def frame_to_arrow(data: bytes, snaps: dict[int, tuple[int, int]]) -> pa.RecordB
         pa.nulls(n, pa.int32()).fill_null(part),
         seqnos.cast(pa.int64(), safe=False),
         keys,
-        _OPS.take(deleted),
+        ops_array().take(deleted),
         values,
         cas.cast(pa.int64(), safe=False),
         revs.cast(pa.int64(), safe=False),

@@ -3,7 +3,8 @@
 Rows of a run supersede, key by key, the rows of older runs, and a run's ``resets`` kill every
 older row of those partitions.  Rows with ``value`` NULL are markers: "this key exists (or was
 deleted) at this seqno and has no entries"; they are kept so rollbacks can find every key changed
-after a seqno, and hidden from the public view.
+after a seqno (until compaction drops those at or below the server's purge seqno), and hidden
+from the public view.
 """
 from __future__ import annotations
 

@@ -26,8 +26,11 @@ ROOT = Path(__file__).resolve().parents[2]
 KEYS = [f"doc-{i:05d}" for i in range(800)]
 
 
-def _job(spark, d, srv, **opts):
-    return IndexJob(spark, d, srv.url, FieldIndex("city"), source_options={k: str(v) for k, v in opts.items()})
+def _job(spark, d, srv, spark_path=False, **opts):
+    """``spark_path``: write every run with a Spark job (tests' batches are small enough for the
+    driver to write their runs by default, see IndexJob.local_batch_rows); tests use both paths."""
+    return IndexJob(spark, d, srv.url, FieldIndex("city"), source_options={k: str(v) for k, v in opts.items()},
+                    **({"local_batch_rows": -1} if spark_path else {}))
 
 
 def test_index_equals_brute_force_and_incremental_reads_only_changes(spark, upr_server, tmp_path):
@@ -35,7 +38,7 @@ def test_index_equals_brute_force_and_incremental_reads_only_changes(spark, upr_
     rng = random.Random(7)
     live: set[str] = set()
     bulk(srv.url, random_ops(rng, KEYS, live, 2000))
-    first = _job(spark, tmp_path / "inc", srv).run()
+    first = _job(spark, tmp_path / "inc", srv, spark_path=True).run()
     assert first.batches == 1 and first.rows_read >= len(live)
     assert index_rows(spark, tmp_path / "inc") == brute_force(srv.url, KEYS)
 
@@ -96,7 +99,7 @@ def test_rollback_after_server_sigkill_applies_each_policy(spark, upr_server, tm
     bulk(srv.url, random_ops(rng, keys, live, 100), durability="persist")   # the new branch
     expected = brute_force(srv.url, keys)
 
-    reset = _job(spark, dirs["resetPartition"], srv, onRollback="resetPartition").run()
+    reset = _job(spark, dirs["resetPartition"], srv, spark_path=True, onRollback="resetPartition").run()
     assert reset.resets, "a rollback must never be silent"
     assert index_rows(spark, dirs["resetPartition"]) == expected
 
@@ -167,3 +170,51 @@ def test_follow_keeps_the_index_updated_while_writes_continue(spark, upr_server,
     assert index_rows(spark, tmp_path / "follow") == expected
     runner.join(40)
     assert not runner.is_alive()
+
+
+def test_compaction_drops_markers_at_or_below_the_purge_seqno_and_keeps_newer_ones(spark, upr_server, tmp_path):
+    srv = upr_server(partitions=4)
+    keys = [f"m-{i:03d}" for i in range(200)]
+    bulk(srv.url, [{"op": "set", "key": k, "value": {"city": "oslo"}} for k in keys], durability="persist")
+    bulk(srv.url, [{"op": "delete", "key": k} for k in keys[:100]], durability="persist")
+    d = tmp_path / "purge"
+
+    def markers() -> set[str]:
+        return {r.key for r in load_index(spark, d, markers=True).collect() if r.value is None}
+
+    _job(spark, d, srv).run()
+    assert markers() == set(keys[:100])
+    highs = {p["partition"]: p["high_seqno"] for p in httpx.get(f"{srv.url}/partitions").json()["partitions"]}
+    r = httpx.post(f"{srv.url}/admin/compact", json={"purge_before_seqno": {str(p): h + 1 for p, h in highs.items()}})
+    assert r.status_code == 200 and all(s > 0 for s in r.json()["purge_seqnos"].values()), r.text
+
+    bulk(srv.url, [{"op": "delete", "key": k} for k in keys[100:120]], durability="persist")   # after the purge
+    job = _job(spark, d, srv)
+    job.run()
+    assert markers() == set(keys[:120])          # the incremental run adds its markers; none dropped yet
+    job.compact()
+    assert len(load(d).runs) == 1
+    assert markers() == set(keys[100:120])       # only the markers above the purge seqnos are left
+    assert index_rows(spark, d) == brute_force(srv.url, keys)
+
+
+@pytest.mark.parametrize("in_driver", [True, False], ids=["pyarrow", "spark"])
+def test_small_changes_compact_into_one_delta_run_and_leave_the_base_run_alone(spark, upr_server, tmp_path,
+                                                                              monkeypatch, in_driver):
+    import spark_connector.index.job as job_module
+    monkeypatch.setattr(job_module, "MERGE_IN_DRIVER_ROWS", 10**9 if in_driver else 0)
+    srv = upr_server(partitions=4)
+    rng = random.Random(11)
+    live: set[str] = set()
+    keys = KEYS[:400]
+    bulk(srv.url, [{"op": "set", "key": k, "value": {"city": rng.choice(["oslo", "lima"])}} for k in keys])
+    live |= set(keys)
+    d = tmp_path / "minor"
+    IndexJob(spark, d, srv.url, FieldIndex("city"), max_runs=3).run()
+    base = load(d).runs[0]
+    for _ in range(3):          # deletions too: their markers must keep superseding base rows
+        bulk(srv.url, random_ops(rng, keys, live, 10, delete_ratio=0.4))
+        IndexJob(spark, d, srv.url, FieldIndex("city"), max_runs=3).run()
+    runs = load(d).runs
+    assert len(runs) == 2 and runs[0] == base and runs[1].path.startswith("runs/m-")
+    assert index_rows(spark, d) == brute_force(srv.url, keys)

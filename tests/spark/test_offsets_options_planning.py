@@ -7,7 +7,16 @@ import pytest
 
 from spark_connector.offsets import OffsetFormatError, PartitionOffset, SourceOffset, backlog, stream_start
 from spark_connector.options import OnRollback, OptionError, Position, parse_options, parse_partitions
-from spark_connector.planning import WorkItem, apply_budget, pack, plan_tasks, split_items, work_items
+from spark_connector.planning import (
+    DEFAULT_TASKS,
+    ROWS_PER_TASK,
+    WorkItem,
+    apply_budget,
+    pack,
+    plan_tasks,
+    split_items,
+    work_items,
+)
 from spark_connector.progress import (
     RollbackNeeded,
     RollbackRequired,
@@ -159,6 +168,19 @@ def test_plan_from_offsets_is_deterministic_and_skips_idle_partitions():
     assert plan_tasks(start, end, None) == plan_tasks(start, end, None)
     assert plan_tasks(start, start, None) == []
     assert plan_tasks(SourceOffset.latest(), end, None) == []
+
+
+def test_small_backlogs_are_few_tasks_large_ones_default_tasks_and_min_partitions_wins():
+    def offsets(per_partition: int) -> tuple[SourceOffset, SourceOffset]:
+        start = SourceOffset({p: PartitionOffset(1, 0, 0, 0) for p in range(16)}, 16)
+        end = SourceOffset({p: PartitionOffset(1, per_partition, per_partition, per_partition) for p in range(16)}, 16)
+        return start, end
+
+    small = plan_tasks(*offsets(10_000 // 16), None)            # a 1 % incremental change of 1e6 documents
+    assert len(small) == 1 and len(small[0]) == 16
+    assert len(plan_tasks(*offsets(3 * ROWS_PER_TASK // 16), None)) == 3
+    assert len(plan_tasks(*offsets(1_000_000 // 16), None)) == DEFAULT_TASKS
+    assert len(plan_tasks(*offsets(10), 4)) == 4                  # minPartitions is honoured as before
 
 
 # ------------------------------------------------------------------ progress and policies

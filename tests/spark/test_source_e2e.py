@@ -82,3 +82,32 @@ def test_starting_offsets_latest_is_resolved_once_and_resume_ignores_the_option(
     bulk(srv.url, [{"op": "set", "key": f"new{i}", "value": 1} for i in range(50)])
     run("earliest")                                     # resumed: the option no longer applies
     assert sorted(seen) == sorted(f"new{i}" for i in range(50))
+
+
+def test_replayed_task_on_a_dead_branch_is_served_as_a_reset_of_its_partition(upr_server):
+    """A batch replayed after the server moved to another history branch (its logged start names a
+    uuid the server no longer has): read() cannot re-plan, so it must say ``reset`` and restream
+    the partition from 0 up to the planned end, never follow the new branch silently."""
+    from spark_connector.planning import WorkItem
+    from spark_connector.source import UprInputPartition
+    from spark_connector.task import read_task
+
+    srv = upr_server(partitions=2)
+    bulk(srv.url, [{"op": "set", "key": f"k{i}", "value": {"i": i}} for i in range(200)])
+    parts = {p["partition"]: p for p in httpx.get(f"{srv.url}/partitions").json()["partitions"]}
+    high0, high1 = parts[0]["high_seqno"], parts[1]["high_seqno"]
+    dead_uuid = (int(parts[0]["uuid"]) + 1) % (1 << 64)          # a branch this server never had
+    planned_end = high0 - 5
+    items = (WorkItem(0, dead_uuid, 20, 20, 20, planned_end, None, dead_uuid),     # the dead branch
+             WorkItem(1, int(parts[1]["uuid"]), 10, 10, 10, high1, None, int(parts[1]["uuid"])))
+    part = UprInputPartition(srv.url, None, items, 8192, 30.0)
+    rows = [r for rb in read_task(part) for r in rb.to_pylist()]
+
+    controls = [(r["partition"], r["op"], r["seqno"]) for r in rows if r["key"] is None]
+    assert controls == [(0, "reset", 0)]
+    p0 = [r["seqno"] for r in rows if r["partition"] == 0 and r["key"] is not None]
+    p1 = [r["seqno"] for r in rows if r["partition"] == 1 and r["key"] is not None]
+    # partition 0 restreamed from 0: its items below the dead start are back, none past the snapshot of the end
+    assert min(p0) <= 20 and max(p0) >= planned_end and len(p0) == len(set(p0))
+    # partition 1 (its branch is alive) is served as planned: only after its start
+    assert p1 and min(p1) > 10
