@@ -35,7 +35,7 @@ class UprSystem(System):
     stream_module = "bench.suite.upr"
     durability = "durability=persist (ack = bulk response after the LMDB commit is fsynced)"
     method = {
-        "ingest": "POST /docs/_bulk?durability=persist, 1000 items per request",
+        "ingest": "POST /docs/_bulk?durability=persist&results=columns, 1000 items per request",
         "backfill": "GET /stream, binary codec, every partition from seqno 0",
         "tail": "GET /stream, binary codec, every partition from its high seqno",
         "fanout": "one WebSocket connection per consumer",
@@ -123,7 +123,7 @@ class UprMemorySystem(UprSystem):
     label = "upr, durability=memory"
     durability = "durability=memory (ack once queued in memory; the flusher fsyncs within flush_interval_ms)"
     method = {
-        "ingest": "POST /docs/_bulk?durability=memory, 1000 items per request",
+        "ingest": "POST /docs/_bulk?durability=memory&results=columns, 1000 items per request",
         "tail": "GET /stream, binary codec, every partition from its high seqno",
     }
     only = ("ingest", "tail")
@@ -133,7 +133,7 @@ class UprMemorySystem(UprSystem):
 class _Writer:
     def __init__(self, http: Any, durability: str) -> None:
         self._http = http
-        self._params = {"durability": durability}
+        self._params = {"durability": durability, "results": "columns"}  # per-item results as arrays
 
     async def write(self, docs: Sequence[Doc]) -> None:
         import orjson
@@ -156,9 +156,11 @@ async def open_stream(conn: dict[str, Any], start: Start, ident: int) -> AsyncIt
 
     from engine.protocol import frames
     from engine.protocol import messages as m
+    from engine.protocol.bundle import decode_bundle, is_bundle
 
     async with websockets.connect(conn["ws_url"], max_size=None, compression=None) as ws:
-        await ws.send(m.encode(m.Hello(name=f"bench-{ident}", codec=m.Codec.BINARY, window_bytes=WINDOW)))
+        await ws.send(m.encode(m.Hello(name=f"bench-{ident}", codec=m.Codec.BINARY, window_bytes=WINDOW,
+                                        bundle=True)))
         logs = m.decode_server_message(await ws.recv())
         if not isinstance(logs, m.FailoverLogs):
             raise RuntimeError(f"expected failover_logs, got {logs!r}")
@@ -181,6 +183,14 @@ async def open_stream(conn: dict[str, Any], start: Start, ident: int) -> AsyncIt
                 raise RuntimeError(f"server error {msg.code}: {msg.message}")
 
         def values(frame: bytes) -> list[bytes | str]:
+            if is_bundle(frame):  # a pass's markers and batches in one message (hello bundle=True)
+                out: list[bytes | str] = []
+                for part in decode_bundle(frame):
+                    if isinstance(part, str):
+                        control(part)
+                    else:
+                        out += values(part)
+                return out
             b = frames.decode_binary(frame)
             if any(b.deleted):
                 return [v for v, d in zip(b.values, b.deleted, strict=True) if not d]
