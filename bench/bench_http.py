@@ -376,7 +376,7 @@ def breakdown(batches: int = 10, reps: int = 4) -> str:
 
     work = Path(tempfile.mkdtemp(prefix="upr-bench-http-bd-"))
     engine = Engine.open(EngineConfig(data_dir=work / "data", partitions=64))
-    lines = ["| values | parse (orjson) | items -> WriteOp + result columns | engine.write_batch | orjson.dumps |"
+    lines = ["| values | parse (bulk.decode) | items -> WriteOp + result columns | engine.write_batch | orjson.dumps |"
              " total |", "|---|---|---|---|---|---|"]
     spent: dict[str, float] = {}
 
@@ -401,7 +401,7 @@ def breakdown(batches: int = 10, reps: int = 4) -> str:
                     for body in bodies:
                         with bulk.gc_paused():  # as the server does around one request
                             t = time.thread_time()
-                            items = bulk.parse_items(body, False, 10_000)
+                            items = bulk.decode(body, False, 10_000)
                             spent["parse"] += time.thread_time() - t
                             t = time.thread_time()
                             out, _targets = bulk.apply(timed, items, "persist", columns=True)
