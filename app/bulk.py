@@ -121,8 +121,10 @@ def decode(body: bytes, ndjson: bool, max_items: int) -> PlainSets | list[Any]:
     ``parse_items`` gives.
 
     WHY: one typed msgspec pass over such a body (the common bulk load) yields the keys and each
-    value's own text with no Python object per value: measured ≈ 0.5 µs per item against
-    ≈ 0.8 µs for orjson's decode plus ``orjson.dumps`` of each value (docs/benchmarks.md).
+    value's own text with no Python object per value: parsing and building the operations cost
+    ≈ 0.7 µs per item of small JSON objects against 1.1–1.7 µs with orjson's decode plus
+    ``orjson.dumps`` of each value, and ≈ 0.5–0.7 against ≈ 1.0–1.2 µs for ``value_b64``
+    (``bench_http --breakdown``, docs/benchmarks.md).
     Anything else (another shape, any error) goes to ``parse_items``, which owns the error
     messages and stores values the same way (their text as sent)."""
     plain = _plain_values(body, ndjson)
