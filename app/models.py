@@ -43,7 +43,8 @@ class BulkItem(BaseModel):
 
     op: Literal["set", "delete"]
     key: str
-    value: object | None = Field(None, description="any JSON value, stored as its JSON text")
+    value: object | None = Field(None, description="any JSON value, stored as its JSON text exactly as sent"
+                                 " (whitespace and escapes kept)")
     value_b64: str | None = Field(None, description="binary value, base64 (instead of `value`)")
     cas: int | None = Field(None, description="compare-and-swap against this CAS (0 or absent: no check)")
 

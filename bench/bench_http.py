@@ -210,11 +210,13 @@ def server_split(proc: psutil.Process, url: str) -> Callable[[], dict[str, float
 
     def sample() -> dict[str, float]:
         loop = next((t.user_time + t.system_time for t in proc.threads() if t.id == proc.pid), 0.0)
-        flush = 0.0
+        flush = rounds = 0.0
         for line in httpx.get(f"{url}/metrics", timeout=10).text.splitlines():
             if line.startswith("upr_engine_flush_cpu_seconds_total "):
                 flush = float(line.split()[1])
-        return {"loop": loop, "flush": flush, "all": sum(proc.cpu_times()[:2])}
+            elif line.startswith("upr_engine_flush_count_total "):
+                rounds = float(line.split()[1])
+        return {"loop": loop, "flush": flush, "rounds": rounds, "all": sum(proc.cpu_times()[:2])}
 
     return sample
 
@@ -346,8 +348,8 @@ def report(rounds: list[list[Result]], args: argparse.Namespace) -> str:
     put_cpu_ratio = _median([cpu_per_request(rnd[0]) / cpu_per_request(rnd[put_i]) for rnd in rounds])
     best_bulk = max(_median([rnd[i].unit_rate for rnd in rounds]) for i in bulk_is)
     per_mutation = min(_median([cpu_per_unit(rnd[i]) for rnd in rounds]) for i in bulk_is)
-    lines += ["", "| bulk phase | server CPU µs/mutation | event loop thread | flusher | writer + others |",
-              "|---|---|---|---|---|"]
+    lines += ["", "| bulk phase | server CPU µs/mutation | event loop thread | flusher | writer + others |"
+              " items per flush round |", "|---|---|---|---|---|---|"]
     for i in bulk_is:
         runs = [rnd[i] for rnd in rounds if rnd[i].split and rnd[i].units]
         if not runs:
@@ -358,7 +360,9 @@ def report(rounds: list[list[Result]], args: argparse.Namespace) -> str:
 
         rest = _median([(r.split["all"] - r.split["loop"] - r.split["flush"]) / r.units * 1e6  # type: ignore[index]
                         for r in runs])
-        lines.append(f"| {names[i]} | {per('all'):.2f} | {per('loop'):.2f} | {per('flush'):.2f} | {rest:.2f} |")
+        per_round = _median([r.units / r.split["rounds"] for r in runs if r.split["rounds"]] or [0.0])  # type: ignore[index]
+        lines.append(f"| {names[i]} | {per('all'):.2f} | {per('loop'):.2f} | {per('flush'):.2f} | {rest:.2f} |"
+                     f" {per_round:,.0f} |")
     lines += ["",
               f"single PUT (memory) / trivial POST: {put_ratio:.0%} by rate, {put_cpu_ratio:.0%} by server CPU "
               "per request (medians; goal >= 60%)",
@@ -376,7 +380,7 @@ def breakdown(batches: int = 10, reps: int = 4) -> str:
 
     work = Path(tempfile.mkdtemp(prefix="upr-bench-http-bd-"))
     engine = Engine.open(EngineConfig(data_dir=work / "data", partitions=64))
-    lines = ["| values | parse (orjson) | items -> WriteOp + result columns | engine.write_batch | orjson.dumps |"
+    lines = ["| values | parse (bulk.decode) | items -> WriteOp + result columns | engine.write_batch | orjson.dumps |"
              " total |", "|---|---|---|---|---|---|"]
     spent: dict[str, float] = {}
 
@@ -401,7 +405,7 @@ def breakdown(batches: int = 10, reps: int = 4) -> str:
                     for body in bodies:
                         with bulk.gc_paused():  # as the server does around one request
                             t = time.thread_time()
-                            items = bulk.parse_items(body, False, 10_000)
+                            items = bulk.decode(body, False, 10_000)
                             spent["parse"] += time.thread_time() - t
                             t = time.thread_time()
                             out, _targets = bulk.apply(timed, items, "persist", columns=True)

@@ -37,7 +37,7 @@ def _run(engine: Any, body: bytes, ndjson: bool, max_items: int, durability: Dur
     """Writer thread: parse, write the batch, and take its persist future in one hop; returns
     (the encoded answer and its counts, the persist future or None)."""
     with bulk.gc_paused():
-        items = bulk.parse_items(body, ndjson, max_items)
+        items = bulk.decode(body, ndjson, max_items)
         out, targets = bulk.apply(engine, items, durability.value, columns)
         encoded = orjson.dumps(out)
     future = engine.persist_future(targets) if durability is Durability.PERSIST and targets else None

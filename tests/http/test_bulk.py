@@ -140,3 +140,16 @@ def test_results_format_is_checked(client: httpx.Client) -> None:
     r = client.post("/docs/_bulk?results=columns", content=b"[]", headers={"content-type": "application/json"})
     assert r.json() == {"durability": "memory", "succeeded": 0, "failed": 0, "errors": [],
                         "columns": {"status": [], "partition": [], "seqno": [], "cas": [], "rev": [], "deleted": []}}
+
+
+@pytest.mark.parametrize("form", ["array", "ndjson"])
+def test_plain_value_batch_stores_text_as_sent_and_names_failed_keys(client: httpx.Client, form: str) -> None:
+    """A batch of only plain ``value`` sets (the msgspec path): each value is stored as the text
+    the client sent; an item the engine refuses (an empty key) still gets its own error."""
+    items = [b'{"op":"set","key":"raw-%s","value": {"a" : [1, 2.0]} }' % form.encode(),
+             b'{"op":"set","key":"","value":1}']
+    body = b"\n".join(items) if form == "ndjson" else b"[" + b",".join(items) + b"]"
+    res = client.post("/docs/_bulk", content=body).json()
+    assert [r["status"] for r in res["results"]] == [200, 422]
+    assert res["results"][1]["key"] == "" and res["results"][1]["error"]["type"].endswith("/invalid-key")
+    assert client.get(f"/docs/raw-{form}").content == b'{"a" : [1, 2.0]}'
