@@ -37,20 +37,20 @@ from typing import Any
 
 from starlette.websockets import WebSocketDisconnect
 
-from app.stream.cursor import Batch, ItemEncoder, Marker, PartitionCursor
+from app.stream.cursor import Batch, BatchEncoder, Marker, PartitionCursor
 from app.stream.hub import ChangeHub
 from app.streams_registry import PartitionStreamStatus, StreamStatus
 from engine.protocol import messages as M
 from engine.protocol.bundle import Bundler
 from engine.protocol.errors import CloseCode
-from engine.protocol.frames import encode_binary, encode_json
+from engine.protocol.frames import encode_binary_columns, encode_json_columns
 from engine.protocol.session import Close, LookupPartitions, LookupStream, ServerSession
 
 log = logging.getLogger("upr.stream")
 
 __all__ = ["StreamConnection", "StreamLimits"]
 
-ENCODERS: dict[str, ItemEncoder] = {"binary": encode_binary, "json": encode_json}
+ENCODERS: dict[str, BatchEncoder] = {"binary": encode_binary_columns, "json": encode_json_columns}
 
 
 @dataclass(frozen=True, slots=True)
@@ -565,7 +565,7 @@ class StreamConnection:
             raise _NotInMemory(partition)
         return snap
 
-    def _produce_args(self) -> tuple[Any, ItemEncoder, Any, str, Callable[[int], int]]:
+    def _produce_args(self) -> tuple[Any, BatchEncoder, Any, str, Callable[[int], int]]:
         return self._snapshot_of, ENCODERS[self.codec], self.hub.cache, self.codec, self._high_of
 
     def _high_of(self, partition: int) -> int:
