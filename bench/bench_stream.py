@@ -69,6 +69,7 @@ async def _consumer(url: str, mode: str, connections: int, seconds: float, out_p
         parts = hello["partitions"]
         unacked = 0
         items = 0
+        messages = 0
         t0 = time.perf_counter()
         c0 = time.process_time()
         for p, info in parts.items():
@@ -89,6 +90,7 @@ async def _consumer(url: str, mode: str, connections: int, seconds: float, out_p
                     break
                 raise
             unacked += len(data)
+            messages += 1
             if unacked >= 1 << 20:
                 await ws.send(json.dumps({"type": "ack", "bytes": unacked}))
                 unacked = 0
@@ -114,7 +116,7 @@ async def _consumer(url: str, mode: str, connections: int, seconds: float, out_p
         cpu = time.process_time() - c0
         await ws.close()
         results.append({"items": items, "seconds": elapsed, "cpu_seconds": cpu, "receipts": receipts,
-                        "frames": frames})
+                        "frames": frames, "messages": messages})
 
     await asyncio.gather(*(one(i) for i in range(connections)))
     Path(out_path).write_text(json.dumps(results))
@@ -378,6 +380,7 @@ def bench_fanout(workdir: Path, consumers: int, rate: int, seconds: float) -> di
         server_util = ((c1.user + c1.system) - (c0.user + c0.system)) / (w1 - w0)
         worst: list[float] = []
         total = 0
+        messages = 0
         complete = 0
         consumer_cpu = 0.0
         for consumer, path in procs:
@@ -387,6 +390,7 @@ def bench_fanout(workdir: Path, consumers: int, rate: int, seconds: float) -> di
             for r in results:
                 got = sum(n for _, n, _ in r["frames"])
                 total += got
+                messages += r["messages"]
                 complete += got == len(acks)
                 lags = [(t - acks[k]) / 1e9 for k, _, t in r["frames"] if k in acks]
                 worst.append(max(lags) if lags else float("inf"))
@@ -397,6 +401,7 @@ def bench_fanout(workdir: Path, consumers: int, rate: int, seconds: float) -> di
         "consumers": consumers, "rate": rate, "writes": len(acks), "achieved_rate": len(acks) / seconds,
         "consumers_complete": complete, "worst_delay_s_max": max(worst), "worst_delay_s_median": percentile(worst, 0.5),
         "aggregate_delivery_rate": total / seconds, "server_cpu_util": server_util,
+        "items_per_message": total / max(messages, 1),
         "consumer_cpu_util": consumer_cpu,
         "writer_request_ms": (percentile(WRITER_LATENCIES, 0.5) * 1e3, percentile(WRITER_LATENCIES, 0.99) * 1e3),
         "server_us_per_delivery": ((c2.user + c2.system) - (c0.user + c0.system)) / max(total, 1) * 1e6,
@@ -459,7 +464,7 @@ def main() -> int:
                   f"{r['achieved_rate']:,.0f}/s): {r['consumers_complete']}/{r['consumers']} got every write; "
                   f"worst delay behind the writer: max {r['worst_delay_s_max']:.2f} s, median "
                   f"{r['worst_delay_s_median']:.2f} s; aggregate delivery {r['aggregate_delivery_rate'] / 1e3:,.0f} "
-                  f"k items/s; server process CPU {r['server_cpu_util'] * 100:.0f} % of one core, the 5 consumer "
+                  f"k items/s ({r['items_per_message']:.0f} per WebSocket message); server process CPU {r['server_cpu_util'] * 100:.0f} % of one core, the 5 consumer "
                   f"processes {r['consumer_cpu_util'] * 100:.0f} % together; server CPU per delivered item "
                   f"{r['server_us_per_delivery']:.2f} us (writes included); writer's bulk requests p50 "
                   f"{r['writer_request_ms'][0]:.1f} ms, p99 {r['writer_request_ms'][1]:.1f} ms")
