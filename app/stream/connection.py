@@ -37,20 +37,20 @@ from typing import Any
 
 from starlette.websockets import WebSocketDisconnect
 
-from app.stream.cursor import Batch, ItemEncoder, Marker, PartitionCursor
+from app.stream.cursor import Batch, BatchEncoder, Marker, PartitionCursor
 from app.stream.hub import ChangeHub
 from app.streams_registry import PartitionStreamStatus, StreamStatus
 from engine.protocol import messages as M
 from engine.protocol.bundle import Bundler
 from engine.protocol.errors import CloseCode
-from engine.protocol.frames import encode_binary, encode_json
+from engine.protocol.frames import encode_binary_columns, encode_json_columns
 from engine.protocol.session import Close, LookupPartitions, LookupStream, ServerSession
 
 log = logging.getLogger("upr.stream")
 
 __all__ = ["StreamConnection", "StreamLimits"]
 
-ENCODERS: dict[str, ItemEncoder] = {"binary": encode_binary, "json": encode_json}
+ENCODERS: dict[str, BatchEncoder] = {"binary": encode_binary_columns, "json": encode_json_columns}
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,6 +71,13 @@ class StreamLimits:
     #: the sender yields to the event loop after this many visits of a pass (fairness to HTTP
     #: requests and other connections; sends alone seldom suspend)
     visits_per_yield: int = 8
+    #: the pending bundle goes out before a yield or a reader-thread hop in the middle of a pass
+    #: only once it holds this many bytes (the pass's end, control messages and waiting for
+    #: credit always send it).  WHY: under fan-out, lagging consumers' passes hop to a reader
+    #: thread per visit once the chunk budget is used, and flushing before each hop sent
+    #: ~4.6 messages per pass of ~10 KB; each message is a socket write (the largest single cost
+    #: on the loop, profiled), and frames already behind gain nothing from leaving one hop earlier
+    mid_pass_flush_bytes: int = 32 * 1024
     #: a pass whose visits need only the write queue's memory, at most this many items in all, is
     #: produced on the event loop instead of a reader thread (``Engine.memory_snapshot``); 0 turns that off
     inline_items: int = 256
@@ -376,9 +383,9 @@ class StreamConnection:
         bundler.add(data)
         self.session.sent(size)
 
-    async def _flush_bundle(self) -> None:
+    async def _flush_bundle(self, min_bytes: int = 0) -> None:
         bundler = self._bundler
-        if bundler is None or not len(bundler):
+        if bundler is None or not len(bundler) or bundler.pending_bytes < min_bytes:
             return
         counted = bundler.pending_bytes
         data = bundler.flush()
@@ -420,19 +427,34 @@ class StreamConnection:
                 produced = self._produce_inline([cursor]) or [([], False, None)]
                 await self._send_visit(visit, cursor, *produced[0])
                 if i % yield_every == yield_every - 1:
-                    await self._flush_bundle()
+                    await self._flush_bundle()  # a tail pass: what is ready goes out at once
                     await asyncio.sleep(0)
             await self._flush_control()  # with cycle_complete, if the pass is over
             await self._flush_bundle()
             return
         await self._flush_bundle()
-        produced = await self._on_reader(_produce_many, cursors, self._produce_args(), self.limits.chunk_bytes)
-        for i, (visit, cursor) in enumerate(zip(visits, cursors)):
-            outs, complete, changed = produced[i] if i < len(produced) else ([], False, None)
-            await self._send_visit(visit, cursor, outs, complete, changed)
-            if i % yield_every == yield_every - 1:
-                await self._flush_bundle()  # what is ready goes out before others run
-                await asyncio.sleep(0)  # let the loop's other work (HTTP writes, other connections) in
+        # One job produces visits in order until the chunk budget is used; the visits it did not
+        # reach go to the next job, again many at once.  WHY: when each of those made its own
+        # reader-thread hop, a consumer a few seconds behind (a few hundred KiB per partition,
+        # so the budget covered a handful of the 64 visits) waited for ~60 sequential hops per
+        # pass, each queued behind every other connection's jobs: under fan-out such consumers
+        # stayed 2-3 s behind the writer with the server's CPU half idle.
+        pending = list(zip(visits, cursors))
+        sent = 0
+        while pending:
+            if sent:
+                await self._flush_bundle(self.limits.mid_pass_flush_bytes)
+            produced = await self._on_reader(_produce_many, [c for _, c in pending], self._produce_args(),
+                                             self.limits.chunk_bytes)
+            if not produced:  # never without progress: the first visit goes on by itself
+                produced = [([], False, None)]
+            for (visit, cursor), (outs, complete, changed) in zip(pending, produced):
+                await self._send_visit(visit, cursor, outs, complete, changed)
+                sent += 1
+                if sent % yield_every == 0:
+                    await self._flush_bundle(self.limits.mid_pass_flush_bytes)  # what is ready goes out before others run
+                    await asyncio.sleep(0)  # let the loop's other work (HTTP writes, other connections) in
+            pending = pending[len(produced):]
         await self._flush_control()
         await self._flush_bundle()
 
@@ -455,7 +477,7 @@ class StreamConnection:
                 if stopped or complete:
                     break
                 out = []
-                await self._flush_bundle()  # the frames so far do not wait for the reader thread
+                await self._flush_bundle(self.limits.mid_pass_flush_bytes)  # a full bundle does not wait for the reader
                 try:
                     snapshot_of, encode, cache, codec, high_of = self._produce_args()
                     complete = await self._on_reader(cursor.produce, snapshot_of, encode, self.limits.chunk_bytes,
@@ -565,7 +587,7 @@ class StreamConnection:
             raise _NotInMemory(partition)
         return snap
 
-    def _produce_args(self) -> tuple[Any, ItemEncoder, Any, str, Callable[[int], int]]:
+    def _produce_args(self) -> tuple[Any, BatchEncoder, Any, str, Callable[[int], int]]:
         return self._snapshot_of, ENCODERS[self.codec], self.hub.cache, self.codec, self._high_of
 
     def _high_of(self, partition: int) -> int:
@@ -632,7 +654,7 @@ def _partition_infos(engine: Any, partitions: tuple[int, ...]) -> dict[int, M.Pa
 def _produce_many(cursors: list[PartitionCursor], args: tuple[Any, ...],
                   budget: int) -> list[tuple[list[Marker | Batch], bool, StateChanged | None]]:
     """Reader thread: produce for each cursor in order until the budget is used; a cursor left
-    incomplete ends the job (the ones after it get nothing yet and produce on their own later)."""
+    incomplete ends the job (the ones after it get nothing yet: the pass hands them to the next job)."""
     results: list[tuple[list[Marker | Batch], bool, StateChanged | None]] = []
     used = 0
     for cursor in cursors:

@@ -41,9 +41,9 @@ from typing import Any
 
 from app.stream.tailcache import CachedSnapshot
 from engine.protocol import messages as M
-from engine.types import Item
+from engine.protocol.frames import Columns
 
-__all__ = ["Batch", "ItemEncoder", "Marker", "PartitionCursor", "marker_text"]
+__all__ = ["Batch", "BatchEncoder", "Marker", "PartitionCursor", "marker_text"]
 
 
 @dataclass(slots=True)
@@ -88,7 +88,10 @@ class Batch:
     last: bool
 
 
-ItemEncoder = Callable[[int, list[Item], bool], "str | bytes"]
+#: ``frames.encode_binary_columns`` or ``encode_json_columns``: one frame for a ``Columns`` batch.
+BatchEncoder = Callable[[int, Columns, bool], "str | bytes"]
+
+_NO_ITEMS = Columns((), (), (), (), (), ())
 
 
 class PartitionCursor:
@@ -112,8 +115,8 @@ class PartitionCursor:
         self._snapshot: Any = None
         self._parts: deque[Any] = deque()
         self._part: Any = None
-        self._batches: Iterator[list[Item]] | None = None
-        self._lookahead: list[Item] | None = None
+        self._batches: Iterator[Columns] | None = None
+        self._lookahead: Columns | None = None
         self._continuing = False  # the current reading continues a snapshot left open by a drop
         self._continuation_sent = False
         #: may replay the tail cache: not before the stream's first reading (see ``produce``)
@@ -124,7 +127,7 @@ class PartitionCursor:
         """True while a snapshot (memory root or LMDB transaction) is pinned by this cursor."""
         return self._snapshot is not None
 
-    def produce(self, snapshot_of: Callable[[int, int], Any], encode: ItemEncoder, budget: int,
+    def produce(self, snapshot_of: Callable[[int, int], Any], encode: BatchEncoder, budget: int,
                 out: list[Marker | Batch], cache: Any = None, codec: str = "",
                 high_of: Callable[[int], int] | None = None) -> bool:
         """Executor side: append markers and encoded batches to ``out`` until about ``budget``
@@ -192,18 +195,19 @@ class PartitionCursor:
                     self.snap_start = part.start
                 self.open_snapshot = True
                 self._part = part
-                self._batches = part.batches(self._frame_items, self._frame_bytes)
+                self._batches = part.columns(self._frame_items, self._frame_bytes)
                 self._lookahead = next(self._batches, None)
                 if self._lookahead is None:  # nothing left in the range: an empty last batch
-                    self._lookahead = []
+                    self._lookahead = _NO_ITEMS
             batch = self._lookahead
             assert batch is not None and self._batches is not None
             self._lookahead = next(self._batches, None)
             part_done = self._lookahead is None
             last = part_done and not (self._continuing and self._parts)
-            if batch or last:
+            n = len(batch)
+            if n or last:
                 data = encode(p, batch, last)
-                last_seqno = batch[-1].seqno if batch else None
+                last_seqno = batch.seqnos[n - 1] if n else None
                 out.append(Batch(data, last_seqno, last))
                 used += len(data)
                 if last_seqno is not None:

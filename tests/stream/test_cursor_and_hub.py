@@ -14,7 +14,7 @@ from app.stream.cursor import Batch, Marker, PartitionCursor
 from app.stream.hub import ChangeHub
 from engine.config import EngineConfig
 from engine.engine import Engine
-from engine.protocol.frames import decode_binary, encode_binary
+from engine.protocol.frames import Columns, decode_binary, encode_binary_columns
 from engine.types import Item, Op, WriteOp
 
 
@@ -31,7 +31,7 @@ def put(engine: Engine, key: str, value: bytes = b"v" * 100) -> None:
 
 def drain(cursor: PartitionCursor, engine: Engine, budget: int = 1 << 30) -> list[Marker | Batch]:
     out: list[Marker | Batch] = []
-    while not cursor.produce(engine.snapshot, encode_binary, budget, out):
+    while not cursor.produce(engine.snapshot, encode_binary_columns, budget, out):
         pass
     return out
 
@@ -49,7 +49,7 @@ def summarize(out: list[Marker | Batch]) -> list[Any]:
 
 def test_idle_partition_produces_nothing(engine: Engine) -> None:
     cursor = PartitionCursor(0, 0, 0)
-    assert cursor.produce(engine.snapshot, encode_binary, 1 << 20, out := []) and out == []
+    assert cursor.produce(engine.snapshot, encode_binary_columns, 1 << 20, out := []) and out == []
     assert not cursor.holding
 
 
@@ -74,7 +74,7 @@ def test_budget_bounds_each_job_and_the_position_follows(engine: Engine) -> None
     jobs = []
     while True:
         out: list[Marker | Batch] = []
-        done = cursor.produce(engine.snapshot, encode_binary, 30_000, out)
+        done = cursor.produce(engine.snapshot, encode_binary_columns, 30_000, out)
         jobs.append(out)
         if done:
             break
@@ -92,7 +92,7 @@ def test_dropped_cursor_rereads_and_continues_the_open_snapshot(engine: Engine) 
     engine.flush_now()
     cursor = PartitionCursor(0, 0, 0, frame_bytes=20_000)
     first: list[Marker | Batch] = []
-    assert not cursor.produce(engine.snapshot, encode_binary, 40_000, first)
+    assert not cursor.produce(engine.snapshot, encode_binary_columns, 40_000, first)
     assert cursor.holding and cursor.open_snapshot
     seen = cursor.last_seqno
     assert cursor.drop() and not cursor.holding and cursor.drops == 1
@@ -125,8 +125,8 @@ class FakePart:
     end: int
     items: list[Item] = field(default_factory=list)
 
-    def batches(self, max_items: int, max_bytes: int) -> Any:
-        return iter([self.items] if self.items else [])
+    def columns(self, max_items: int, max_bytes: int) -> Any:
+        return iter([Columns.of_items(self.items)] if self.items else [])
 
 
 @dataclass
@@ -140,7 +140,7 @@ def test_part_with_nothing_left_still_gets_a_marker_and_an_empty_last_batch() ->
     snap = FakeSnapshot([FakePart("disk", 1, 5), FakePart("memory", 6, 6, [Item(b"k", 6, 1, 1, False, b"v")])], 6)
     cursor = PartitionCursor(0, 0, 0)
     out: list[Marker | Batch] = []
-    assert cursor.produce(lambda p, after: snap, encode_binary, 1 << 20, out)
+    assert cursor.produce(lambda p, after: snap, encode_binary_columns, 1 << 20, out)
     assert summarize(out) == [("marker", 1, 5, "disk"), ("batch", [], True), ("marker", 6, 6, "memory"),
                               ("batch", [6], True)]
     assert [x.purge_seqno for x in out if isinstance(x, Marker)] == [3, 3]
@@ -190,7 +190,7 @@ def test_tail_cache_replays_a_memory_snapshot_to_a_cursor_at_the_same_position(e
         put(engine, f"m{i}")  # seqnos 11..15, memory only
     first = PartitionCursor(0, 10, 10)
     out1: list[Marker | Batch] = []
-    assert first.produce(engine.snapshot, encode_binary, 1 << 20, out1, cache, "binary", engine.high_seqno)
+    assert first.produce(engine.snapshot, encode_binary_columns, 1 << 20, out1, cache, "binary", engine.high_seqno)
     assert summarize(out1) == [("marker", 11, 15, "memory"), ("batch", [11, 12, 13, 14, 15], True)]
     assert len(cache) == 1
 
@@ -202,14 +202,14 @@ def test_tail_cache_replays_a_memory_snapshot_to_a_cursor_at_the_same_position(e
 
     second = PartitionCursor(0, 10, 10, tailing=True)
     out2: list[Marker | Batch] = []
-    assert second.produce(counting_snapshot, encode_binary, 1 << 20, out2, cache, "binary", engine.high_seqno)
+    assert second.produce(counting_snapshot, encode_binary_columns, 1 << 20, out2, cache, "binary", engine.high_seqno)
     assert out2 == out1 and snapshots_taken == []  # replayed, nothing read or encoded again
     assert second.last_seqno == 15 and cache.hits == 1
 
     put(engine, "m9")  # seqno 16: replay, then a fresh reading after the replayed range
     third = PartitionCursor(0, 10, 10, tailing=True)
     out3: list[Marker | Batch] = []
-    assert third.produce(counting_snapshot, encode_binary, 1 << 20, out3, cache, "binary", engine.high_seqno)
+    assert third.produce(counting_snapshot, encode_binary_columns, 1 << 20, out3, cache, "binary", engine.high_seqno)
     assert summarize(out3) == summarize(out1) + [("marker", 16, 16, "memory"), ("batch", [16], True)]
     assert snapshots_taken == [15]
     # another codec has its own entries
@@ -230,7 +230,7 @@ def test_tail_cache_replays_disk_parts_too_so_lagging_cursors_stay_on_one_chain(
         put(engine, f"m{i}")  # seqnos 11..15, memory only
     first = PartitionCursor(0, 0, 0)
     out1: list[Marker | Batch] = []
-    assert first.produce(engine.snapshot, encode_binary, 1 << 20, out1, cache, "binary", engine.high_seqno)
+    assert first.produce(engine.snapshot, encode_binary_columns, 1 << 20, out1, cache, "binary", engine.high_seqno)
     assert [x for x in summarize(out1) if x[0] == "marker"] == [("marker", 1, 10, "disk"), ("marker", 11, 15, "memory")]
     assert len(cache) == 2
 
@@ -239,7 +239,7 @@ def test_tail_cache_replays_disk_parts_too_so_lagging_cursors_stay_on_one_chain(
 
     second = PartitionCursor(0, 0, 0, tailing=True)
     out2: list[Marker | Batch] = []
-    assert second.produce(no_snapshot, encode_binary, 1 << 20, out2, cache, "binary", engine.high_seqno)
+    assert second.produce(no_snapshot, encode_binary_columns, 1 << 20, out2, cache, "binary", engine.high_seqno)
     assert out2 == out1 and second.last_seqno == 15 and cache.hits == 2
 
 
@@ -262,7 +262,7 @@ def test_continuation_merges_the_new_reading_into_one_snapshot(engine: Engine) -
     engine.flush_now()
     cursor = PartitionCursor(0, 0, 0, frame_bytes=20_000)
     first: list[Marker | Batch] = []
-    assert not cursor.produce(engine.snapshot, encode_binary, 40_000, first)
+    assert not cursor.produce(engine.snapshot, encode_binary_columns, 40_000, first)
     seen = cursor.last_seqno
     cursor.drop()
     for i in range(50):
@@ -278,10 +278,10 @@ def test_continuation_merges_the_new_reading_into_one_snapshot(engine: Engine) -
     # a second drop during the continuation announces a new continuation that ends no earlier
     cursor2 = PartitionCursor(0, 0, 0, frame_bytes=20_000)
     out: list[Marker | Batch] = []
-    cursor2.produce(engine.snapshot, encode_binary, 40_000, out)
+    cursor2.produce(engine.snapshot, encode_binary_columns, 40_000, out)
     cursor2.drop()
     out2: list[Marker | Batch] = []
-    cursor2.produce(engine.snapshot, encode_binary, 40_000, out2)
+    cursor2.produce(engine.snapshot, encode_binary_columns, 40_000, out2)
     at = cursor2.last_seqno
     cursor2.drop()
     put(engine, "late", b"z")
@@ -324,12 +324,12 @@ def test_a_new_stream_reads_fresh_even_where_the_tail_cache_has_its_position(eng
     put(engine, "k", b"old")
     engine.flush_now()
     tail = PartitionCursor(0, 0, 0)
-    assert tail.produce(engine.snapshot, encode_binary, 1 << 20, [], cache, "binary", engine.high_seqno)
+    assert tail.produce(engine.snapshot, encode_binary_columns, 1 << 20, [], cache, "binary", engine.high_seqno)
     assert cache.get("binary", 0, 0) is not None  # (0, 1] stored
     put(engine, "k", b"new")  # seqno 2 supersedes seqno 1
     engine.flush_now()  # on disk only seqno 2 is left
     fresh = PartitionCursor(0, 0, 0)  # e.g. a full backup run starting from 0
     out: list[Marker | Batch] = []
-    assert fresh.produce(engine.snapshot, encode_binary, 1 << 20, out, cache, "binary", engine.high_seqno)
+    assert fresh.produce(engine.snapshot, encode_binary_columns, 1 << 20, out, cache, "binary", engine.high_seqno)
     assert [x for x in summarize(out) if x[0] == "batch"] == [("batch", [2], True)]
     assert fresh.tailing  # later visits may replay what other connections stored

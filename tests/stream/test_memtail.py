@@ -14,7 +14,7 @@ from app.stream.connection import _NotInMemory, _produce_many
 from app.stream.cursor import Batch, Marker, PartitionCursor
 from engine.config import EngineConfig
 from engine.engine import Engine
-from engine.protocol.frames import decode_binary, encode_binary
+from engine.protocol.frames import decode_binary, encode_binary_columns
 from engine.types import Op, WriteOp
 
 
@@ -96,11 +96,11 @@ def test_inline_pass_stops_where_memory_no_longer_covers_and_the_thread_path_fin
             return snap
 
         first, second = PartitionCursor(0, 0, 0), PartitionCursor(1, 0, 0)
-        results = _produce_many([first, second], (memory_only, encode_binary), 1 << 20)
+        results = _produce_many([first, second], (memory_only, encode_binary_columns), 1 << 20)
         assert results == [([], False, None)]  # stopped at the first cursor; the second gets nothing yet
         assert not first.holding and first.last_seqno == 0
         out: list[Marker | Batch] = []
-        while not first.produce(eng.snapshot, encode_binary, 1 << 20, out):
+        while not first.produce(eng.snapshot, encode_binary_columns, 1 << 20, out):
             pass
         assert summarize(out) == [("marker", 1, 3, "disk"), ("batch", [1, 2, 3], True)]
     finally:

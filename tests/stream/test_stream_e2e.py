@@ -81,6 +81,33 @@ async def test_full_backfill_equals_server_contents(tmp_path: Path, codec: str) 
     assert docs == model
 
 
+async def test_backfill_bigger_than_one_reader_job_arrives_whole_and_in_order(server: ServerProcess) -> None:
+    """~1.2 MB persisted over 8 partitions: a pass's first reader-thread job stops at the
+    256 KiB chunk budget and the visits it did not reach go on in later jobs (and partitions
+    bigger than the budget in jobs of their own); every item still arrives once, in seqno order,
+    each partition ending at a snapshot boundary, for both codecs on one connection each."""
+    docs = {f"big{i}": (b"%06d" % i) * 50 for i in range(4000)}  # 300-byte values
+    write_docs(server.url, docs, durability="persist")
+    for codec in ("binary", "json"):
+        stream = await RawStream.open(server.url, codec=codec, name=f"big-{codec}")
+        mirror = Mirror()
+        responses = await stream.stream(range(PARTITIONS), mirror)
+        for r in responses.values():
+            mirror.on_response(r)
+        seqnos = await catch_up(stream, mirror, "big")
+        await stream.close()
+        got = {k: v for k, (_, v) in mirror.docs.items() if k.startswith("big")}
+        assert got == docs
+        expected = highs(server.url)
+        assert {int(p): s for p, s in seqnos.items()} == expected
+        for p, pos in mirror.positions.items():
+            assert pos.seqno == pos.snap_end == expected[p]
+        last: dict[int, int] = {}
+        for p, seqno, _, _ in mirror.log:
+            assert seqno > last.get(p, 0)
+            last[p] = seqno
+
+
 async def test_resume_from_saved_position_gets_only_newer_items(server: ServerProcess) -> None:
     keys = [f"resume{i}" for i in range(400)]
     write_docs(server.url, {k: b"old" for k in keys})
