@@ -339,7 +339,7 @@ class StreamConnection:
         items before them (a cookie or stream end never overtakes those), and it goes out now:
         a pass's last batches and its ``cycle_complete`` travel as one message."""
         if self._control:
-            if self._bundler is not None or (self.session.hello is not None and self.session.hello.bundle):
+            if self._bundling() is not None:
                 while self._control:
                     await self._emit(control_text(self._control.popleft()))
                 await self._flush_bundle()
@@ -370,18 +370,24 @@ class StreamConnection:
         so ``can_send`` sees them; the bundle goes out when the next part does not fit, before
         any control message, before waiting for a reader thread or for credit, and at the end of
         the pass (``_flush_bundle``)."""
-        bundler = self._bundler
+        bundler = self._bundling()
         if bundler is None:
-            hello = self.session.hello
-            if hello is None or not hello.bundle:
-                await self._transmit(data)
-                return
-            bundler = self._bundler = Bundler(self.limits.bundle_bytes)
+            await self._transmit(data)
+            return
         size = len(data)
         if not bundler.fits(size):
             await self._flush_bundle()
         bundler.add(data)
         self.session.sent(size)
+
+    def _bundling(self) -> Bundler | None:
+        """The pass's bundler when the client said ``bundle: true`` in hello (made on first use),
+        else None: the one place that decides whether messages are bundled."""
+        if self._bundler is None:
+            hello = self.session.hello
+            if hello is not None and hello.bundle:
+                self._bundler = Bundler(self.limits.bundle_bytes)
+        return self._bundler
 
     async def _flush_bundle(self, min_bytes: int = 0) -> None:
         bundler = self._bundler
