@@ -179,15 +179,20 @@ async def test_hub_coalesces_a_busy_writer_into_few_loop_callbacks() -> None:
     assert listeners == []
 
 
-def test_tail_cache_replays_a_memory_snapshot_to_a_cursor_at_the_same_position(engine: Engine) -> None:
-    from app.stream.tailcache import TailCache
-
-    cache = TailCache()
+def ten_on_disk_five_in_memory(engine: Engine) -> None:
+    """Seqnos 1..10 persisted, 11..15 only in the write queue's memory (partition 0)."""
     for i in range(10):
         put(engine, f"k{i}")
     engine.flush_now()
     for i in range(5):
-        put(engine, f"m{i}")  # seqnos 11..15, memory only
+        put(engine, f"m{i}")
+
+
+def test_tail_cache_replays_a_memory_snapshot_to_a_cursor_at_the_same_position(engine: Engine) -> None:
+    from app.stream.tailcache import TailCache
+
+    cache = TailCache()
+    ten_on_disk_five_in_memory(engine)
     first = PartitionCursor(0, 10, 10)
     out1: list[Marker | Batch] = []
     assert first.produce(engine.snapshot, encode_binary_columns, 1 << 20, out1, cache, "binary", engine.high_seqno)
@@ -223,11 +228,7 @@ def test_tail_cache_replays_disk_parts_too_so_lagging_cursors_stay_on_one_chain(
     from app.stream.tailcache import TailCache
 
     cache = TailCache()
-    for i in range(10):
-        put(engine, f"k{i}")
-    engine.flush_now()
-    for i in range(5):
-        put(engine, f"m{i}")  # seqnos 11..15, memory only
+    ten_on_disk_five_in_memory(engine)
     first = PartitionCursor(0, 0, 0)
     out1: list[Marker | Batch] = []
     assert first.produce(engine.snapshot, encode_binary_columns, 1 << 20, out1, cache, "binary", engine.high_seqno)
