@@ -5,6 +5,9 @@ state changes and the flusher's "persisted up to" step serialise on one writer l
 (``get``, ``stats``, ``snapshot``) take no lock: they read immutable queue roots and LMDB
 read transactions.
 
+The per-item LMDB loops (a write batch's by-key lookups, a flush round's by-key replaces and
+block puts) also take turns on one more lock (``engine.flusher.LmdbTurn`` says why).
+
 A write's life: validated (nothing changes on a bad item), assigned the partition's next
 seqno, a CAS (monotonic hybrid of ``time_ns``) and ``rev = previous rev + 1`` (previous
 version from the queue index, else one LMDB lookup), appended to the partition's write
@@ -38,7 +41,7 @@ from engine.errors import (
     TooLarge,
     UprError,
 )
-from engine.flusher import Flusher
+from engine.flusher import Flusher, LmdbTurn
 from engine.keys import encode_key
 from engine.partition import Partition
 from engine.snapshot import PartitionSnapshot, capture, capture_memory_only, memory_backlog
@@ -90,11 +93,12 @@ class Engine:
         self._store = store
         self._parts = partitions
         self._lock = threading.RLock()
+        self._turn = LmdbTurn()
         self._closed = False
         self._listeners: list[Callable[[int], None]] = []
         self._last_cas = max((p.persisted_max_cas for p in partitions), default=0)
         self._flusher = Flusher(store, partitions, self._lock, config.flush_interval_ms / 1000.0,
-                                config.flush_batch_items)
+                                config.flush_batch_items, self._turn)
         self.writes_total = 0
         self.write_errors_total = 0
         self.backpressure_total = 0
@@ -208,6 +212,8 @@ class Engine:
             # one clock reading per batch: CAS = max(previous + 1, the batch's start time), still
             # strictly increasing and within a batch's duration of the wall clock
             clock = now()
+            turn = self._turn
+            turn.acquire()
             try:
                 for op in ops:
                     try:
@@ -290,6 +296,7 @@ class Engine:
                         errors += 1
                         add_result(exc)
             finally:
+                turn.release()
                 if read is not None:
                     read.__exit__(None, None, None)
                 for batch in batches.values():
