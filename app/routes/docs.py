@@ -17,6 +17,7 @@ from starlette.responses import Response
 from app.deps import Ctx, ctx_for, read_ctx, write_ctx
 from app.limits import read_body
 from app.models import WriteResult as WriteResultModel
+from app.plain import serve_plainly
 from app.params import DURABILITY_PARAM, IF_MATCH_PARAM, KEY_PARAM, durability_of, if_match_of, key_of
 from app.results import version_headers, write_result_dict
 from app.routes.responses import problems
@@ -118,3 +119,6 @@ async def get_doc(request: Request) -> Response:
     runner = ctx.runner
     doc = await runner.read(runner.engine.get, key_of(request))
     return Response(doc.value, 200, version_headers(doc), media_type="application/octet-stream")
+
+
+serve_plainly(router.routes)

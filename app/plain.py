@@ -1,0 +1,48 @@
+"""Serving a route's endpoint without FastAPI's per-request machinery.
+
+WHY: the single-document routes (``PUT``/``GET``/``DELETE /docs/{key}``) take only the
+``Request`` and build their own ``Response``: they read their parameters by hand
+(``app.params``), their body under a limit (``app.limits``) and their context with
+``app.deps.ctx_for``.  FastAPI still wrapped each call in its request handler: two
+``AsyncExitStack``s, the endpoint-context and body-reading preamble, dependency solving for
+the lone ``Request`` parameter, and an exception wrapper.  Routed through ``plain`` the
+endpoint is called with a Starlette ``Request`` and its ``Response`` sent, nothing else.
+
+What stays the same: the route is still a FastAPI ``APIRoute``, so it is matched, listed and
+described in the OpenAPI document as before, and every middleware still runs.  An exception
+an endpoint raises (``Problem``, an engine error) is turned into its problem document by the
+app's exception handlers in Starlette's ``ExceptionMiddleware``, which sits outside the router.
+"""
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Iterable
+
+from fastapi.routing import APIRoute
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import BaseRoute
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+Endpoint = Callable[[Request], Awaitable[Response]]
+
+
+def plain(endpoint: Endpoint) -> ASGIApp:
+    """An ASGI app that calls ``endpoint(request)`` and sends the response it returns."""
+
+    async def app(scope: Scope, receive: Receive, send: Send) -> None:
+        response = await endpoint(Request(scope, receive, send))
+        await response(scope, receive, send)
+
+    return app
+
+
+def serve_plainly(routes: Iterable[BaseRoute]) -> None:
+    """Route each of ``routes`` (API routes whose endpoint takes only the request) through ``plain``."""
+    for route in routes:
+        if not isinstance(route, APIRoute):
+            raise TypeError(f"{route!r} is not an APIRoute")
+        params = route.dependant
+        if params.dependencies or params.query_params or params.header_params or params.body_params \
+                or params.path_params or params.cookie_params or params.request_param_name is None:
+            raise TypeError(f"{route.path} {sorted(route.methods)}: its endpoint must take only the Request")
+        route.app = plain(route.endpoint)
