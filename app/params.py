@@ -42,7 +42,17 @@ IF_MATCH_PARAM: dict[str, Any] = {
 }
 
 
+#: whole query strings that say only the durability: answered without parsing the query
+_DURABILITY_QUERY = {b"durability=" + k.encode(): v for k, v in _DURABILITY.items()}
+
+
 def durability_of(request: Request) -> Durability:
+    query = request.scope.get("query_string", b"")
+    if not query:
+        return Durability.MEMORY
+    found = _DURABILITY_QUERY.get(query)  # the common case: Starlette's query parsing is ~5 % of a PUT
+    if found is not None:
+        return found
     raw = request.query_params.get("durability")
     if raw is None:
         return Durability.MEMORY

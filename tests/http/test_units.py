@@ -11,11 +11,12 @@ import pytest
 from app import bulk
 from app.auth import AuthError, Role, TokenConfigError, TokenTable, authorize, check_bind, is_loopback
 from app.problems import ENGINE_PROBLEMS, INVALID_INPUT, Problem, problem_type_of
-from app.params import parse_if_match
+from app.params import durability_of, parse_if_match
 from app.routes.status import RateSampler
 from app.settings import ConfigFileError, Settings
 from engine import errors as E
-from engine.types import Op, WriteOp
+from engine.types import Durability, Op, WriteOp
+from starlette.requests import Request
 
 
 # ------------------------------------------------------------------ bulk items
@@ -356,3 +357,30 @@ async def test_write_durable_settles_once_both_are_done() -> None:
             await runner.write_durable(boom)
     finally:
         runner.shutdown()
+
+
+# ------------------------------------------------------------------ durability query parameter
+@pytest.mark.parametrize(
+    ("query", "expected"),
+    [
+        (b"", Durability.MEMORY),
+        (b"durability=memory", Durability.MEMORY),
+        (b"durability=persist", Durability.PERSIST),
+        (b"x=1&durability=persist", Durability.PERSIST),
+        (b"durability=persist&x=1", Durability.PERSIST),
+        (b"durability=per%73ist", Durability.PERSIST),
+        (b"x=1", Durability.MEMORY),
+        (b"durability=sometimes", None),
+        (b"durability=", None),
+        (b"durability=persist&durability=sometimes", None),
+    ],
+)
+def test_durability_parameter(query: bytes, expected: Durability | None) -> None:
+    """The whole-query shortcut answers exactly as Starlette's parsing (last value wins)."""
+    request = Request({"type": "http", "method": "PUT", "path": "/docs/a", "headers": [], "query_string": query})
+    if expected is None:
+        with pytest.raises(Problem) as info:
+            durability_of(request)
+        assert info.value.field == "query.durability"
+    else:
+        assert durability_of(request) is expected
