@@ -384,3 +384,27 @@ def test_durability_parameter(query: bytes, expected: Durability | None) -> None
         assert info.value.field == "query.durability"
     else:
         assert durability_of(request) is expected
+
+
+# ------------------------------------------------------------------ plain routes
+def test_serve_plainly_refuses_an_endpoint_with_parameters() -> None:
+    """A route served plainly gets no dependency solving, so an endpoint that declares a
+    parameter would silently never receive it: refused when the route is set up."""
+    from fastapi import APIRouter
+
+    from app.plain import serve_plainly
+
+    router = APIRouter()
+
+    @router.get("/x")
+    async def with_query(request: Request, limit: int = 1) -> None:  # pragma: no cover - never served
+        return None
+
+    with pytest.raises(TypeError, match="must take only the Request"):
+        serve_plainly(router.routes)
+
+
+def test_document_routes_are_served_plainly() -> None:
+    from app.routes import docs
+
+    assert {route.app.__qualname__ for route in docs.router.routes} == {"plain.<locals>.app"}
