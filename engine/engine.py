@@ -6,7 +6,7 @@ state changes and the flusher's "persisted up to" step serialise on one writer l
 read transactions.
 
 The per-item LMDB loops (a write batch's by-key lookups, a flush round's by-key replaces and
-block puts) also take turns on one more lock (``engine.flusher.LmdbTurn`` says why).
+block puts) also take turns on one more lock (``engine.flusher.lmdb_turn`` says why).
 
 A write's life: validated (nothing changes on a bad item), assigned the partition's next
 seqno, a CAS (monotonic hybrid of ``time_ns``) and ``rev = previous rev + 1`` (previous
@@ -41,7 +41,7 @@ from engine.errors import (
     TooLarge,
     UprError,
 )
-from engine.flusher import Flusher, LmdbTurn
+from engine.flusher import Flusher, lmdb_turn
 from engine.keys import encode_key
 from engine.partition import Partition
 from engine.snapshot import PartitionSnapshot, capture, capture_memory_only, memory_backlog
@@ -93,7 +93,7 @@ class Engine:
         self._store = store
         self._parts = partitions
         self._lock = threading.RLock()
-        self._turn = LmdbTurn()
+        self._turn = lmdb_turn()
         self._closed = False
         self._listeners: list[Callable[[int], None]] = []
         self._last_cas = max((p.persisted_max_cas for p in partitions), default=0)

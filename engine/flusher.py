@@ -12,7 +12,7 @@ waits for persistence (``persist_future`` kicks the thread): concurrent ``persis
 therefore share fsyncs, because every waiter registered before a round starts is satisfied
 by that round's single commit.
 
-A round builds its transaction while holding the engine's ``LmdbTurn`` and commits (page writes
+A round builds its transaction while holding the engine's ``lmdb_turn`` and commits (page writes
 and fsync) after releasing it, so writers run during the fsync but not during the build.
 """
 from __future__ import annotations
@@ -34,7 +34,7 @@ _Work = tuple[Partition, list[Item], int]
 _ERROR_BACKOFF_S = 0.1
 
 
-def LmdbTurn() -> threading.Lock:
+def lmdb_turn() -> threading.Lock:
     """The lock that threads making many short LMDB calls in a row hold for the whole run of calls.
 
     WHY: py-lmdb releases the GIL around every call (``get``, ``put``, ``Cursor.replace``, even
@@ -64,7 +64,7 @@ class Flusher:
         turn: threading.Lock | None = None,
     ) -> None:
         self._store = store
-        self._turn = turn if turn is not None else LmdbTurn()
+        self._turn = turn if turn is not None else lmdb_turn()
         self._partitions = partitions
         self._writer_lock = writer_lock
         self._interval = max(interval_s, 0.0005)
