@@ -15,6 +15,7 @@ app's exception handlers in Starlette's ``ExceptionMiddleware``, which sits outs
 """
 from __future__ import annotations
 
+import inspect
 from collections.abc import Awaitable, Callable, Iterable
 
 from fastapi.routing import APIRoute
@@ -37,12 +38,20 @@ def plain(endpoint: Endpoint) -> ASGIApp:
 
 
 def serve_plainly(routes: Iterable[BaseRoute]) -> None:
-    """Route each of ``routes`` (API routes whose endpoint takes only the request) through ``plain``."""
+    """Route each of ``routes`` through ``plain``.
+
+    Each must be an ``APIRoute`` whose endpoint is an ``async def`` taking exactly one
+    parameter, the ``Request``, with no route or router dependencies: anything else FastAPI
+    would have injected (a query parameter, ``Response``, ``BackgroundTasks``...) or run in a
+    thread pool (a plain ``def``) would fail at request time, so it is refused here."""
     for route in routes:
         if not isinstance(route, APIRoute):
             raise TypeError(f"{route!r} is not an APIRoute")
-        params = route.dependant
-        if params.dependencies or params.query_params or params.header_params or params.body_params \
-                or params.path_params or params.cookie_params or params.request_param_name is None:
-            raise TypeError(f"{route.path} {sorted(route.methods)}: its endpoint must take only the Request")
-        route.app = plain(route.endpoint)
+        endpoint = route.endpoint
+        what = f"{route.path} {sorted(route.methods)}"
+        if not inspect.iscoroutinefunction(endpoint):
+            raise TypeError(f"{what}: its endpoint must be an async def")
+        if len(inspect.signature(endpoint).parameters) != 1 or route.dependant.request_param_name is None \
+                or route.dependant.dependencies:
+            raise TypeError(f"{what}: its endpoint must take only the Request, with no dependencies")
+        route.app = plain(endpoint)

@@ -48,7 +48,7 @@ def lmdb_turn() -> threading.Lock:
 
     It is the innermost lock: no thread holding it waits for a lock that anyone waiting for it
     may hold.  It is never held across a commit, so a writer waits for at most one round's
-    build, never for its fsync.
+    build (its bounded compaction steps included), never for its fsync.
     """
     return threading.Lock()
 
