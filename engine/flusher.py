@@ -43,7 +43,8 @@ def lmdb_turn() -> threading.Lock:
     context switch.  Measured on the 2-core VM: a by-key ``get`` costs 0.23 µs of CPU alone and
     1.4 µs beside one busy Python thread (about 150 µs of wall time each, waiting for the GIL).
     In the server, the writer thread's lookups and the flusher's replaces were such a pair; with
-    this lock around each run, a released GIL finds no waiter and is taken back at once
+    this lock around each run, the other thread waits on the lock instead of on the GIL, so the
+    GIL released around a call is mostly taken straight back
     (bulk ingest, ``bench.bench_http``: 7.7-8.0 → 6.2-6.4 µs of server CPU per mutation).
 
     It is the innermost lock: no thread holding it waits for a lock that anyone waiting for it

@@ -1,7 +1,8 @@
 """Single documents: ``PUT``/``GET``/``DELETE /docs/{key}``.
 
 Values are opaque bytes (any content type).  These are the hottest routes, so they read
-their parameters by hand (``app.params``) and resolve their context with ``ctx_for``.  ``If-Match: "<cas>"`` makes a write a
+their parameters by hand (``app.params``), resolve their context with ``ctx_for``, and are
+served without FastAPI's request handler (``app.plain``).  ``If-Match: "<cas>"`` makes a write a
 compare-and-swap; losing it is 412 Precondition Failed.  ``?durability=persist`` holds
 the answer until the write is fsynced.
 """
@@ -17,8 +18,8 @@ from starlette.responses import Response
 from app.deps import Ctx, ctx_for, read_ctx, write_ctx
 from app.limits import read_body
 from app.models import WriteResult as WriteResultModel
-from app.plain import serve_plainly
 from app.params import DURABILITY_PARAM, IF_MATCH_PARAM, KEY_PARAM, durability_of, if_match_of, key_of
+from app.plain import serve_plainly
 from app.results import version_headers, write_result_dict
 from app.routes.responses import problems
 from engine.types import Durability, Op, WriteOp
