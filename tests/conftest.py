@@ -15,17 +15,16 @@ Every process started is killed at teardown.  The server writes its bound URL to
 """
 from __future__ import annotations
 
-import os
 import signal
 import subprocess
 import sys
-import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import httpx
 import pytest
+
+from bench.server import server_env, wait_for_url
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -95,25 +94,16 @@ def start_server(
         admin = [t for t, r in tokens.items() if r == "admin"]
         if admin:
             headers["Authorization"] = f"Bearer {admin[0]}"
-    full_env = {k: v for k, v in os.environ.items() if not k.startswith("UPR_")}
-    full_env.update(env or {})
+    full_env = {**server_env(), **(env or {})}
     with open(log_path, "wb") as log:
         proc = subprocess.Popen(cmd, cwd=ROOT, env=full_env, stdout=log, stderr=subprocess.STDOUT)
     server = ServerProcess("", proc, data_dir, log_path, headers)
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"upr server exited with {proc.returncode}:\n{server.log()}")
-        if ready_file.exists():
-            server.url = ready_file.read_text().strip()
-            try:
-                if httpx.get(f"{server.url}/ready", timeout=2).status_code == 200:
-                    return server
-            except httpx.HTTPError:
-                pass
-        time.sleep(0.05)
-    server.kill()
-    raise RuntimeError(f"upr server not ready after {timeout}s:\n{server.log()}")
+    try:
+        server.url = wait_for_url(proc, ready_file, log_path, timeout)
+    except RuntimeError:
+        server.kill()  # wait_for_url only signals it; reap it before the test fails
+        raise
+    return server
 
 
 @pytest.fixture
