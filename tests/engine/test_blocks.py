@@ -9,6 +9,7 @@ import lmdb
 import pytest
 
 from engine import store
+from engine.errors import InvalidInput
 from engine.store import IncompatibleDataDir, decode_block, encode_block
 from engine.types import Item, Op, WriteOp
 
@@ -169,13 +170,17 @@ def test_block_codec_round_trip_and_cuts(monkeypatch) -> None:
         assert store._block_value(blob, 4) is None
 
 
-def test_format_1_data_dir_is_refused_with_a_typed_error(make_engine, tmp_path) -> None:
+@pytest.mark.parametrize("stored_format", [b"1", b"999"], ids=["format-1", "unknown"])
+def test_other_format_data_dir_is_refused_with_a_typed_error(make_engine, tmp_path, stored_format: bytes) -> None:
+    """The previous format and an unknown one: refused, never converted in place (still an
+    ``InvalidInput``, which is what an unknown format raised before format 2)."""
     make_engine().close()
     env = lmdb.open(str(tmp_path / "data"), max_dbs=20)
     with env.begin(write=True) as txn:
-        txn.put(b"format", b"1", db=env.open_db(b"meta", txn=txn))
+        txn.put(b"format", stored_format, db=env.open_db(b"meta", txn=txn))
     env.close()
     with pytest.raises(IncompatibleDataDir) as err:
         make_engine()
+    assert isinstance(err.value, InvalidInput)
     assert err.value.code == "data_dir_format" and err.value.field == "data_dir"
-    assert "format 1" in str(err.value) and "format 2" in str(err.value)
+    assert f"format {stored_format.decode()}" in str(err.value) and "format 2" in str(err.value)

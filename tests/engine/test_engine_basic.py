@@ -148,18 +148,3 @@ def test_second_engine_on_the_same_data_dir_is_refused(make_engine) -> None:
         make_engine()
     engine.close()
     make_engine().close()  # the lock is released by close
-
-
-def test_unknown_storage_format_is_refused(make_engine, tmp_path) -> None:
-    import lmdb
-
-    from engine.errors import InvalidInput
-
-    make_engine().close()
-    env = lmdb.open(str(tmp_path / "data"), max_dbs=20)
-    with env.begin(write=True) as txn:
-        txn.put(b"format", b"999", db=env.open_db(b"meta", txn=txn))
-    env.close()
-    with pytest.raises(InvalidInput) as err:
-        make_engine()
-    assert err.value.field == "data_dir"
