@@ -30,8 +30,8 @@ import msgspec
 import orjson
 
 from app.problems import INVALID_INPUT, TOO_LARGE, Problem, item_error
-from engine.errors import UprError
-from engine.types import Op, WriteOp, WriteResult
+from engine.core.errors import UprError
+from engine.core.types import Op, WriteOp, WriteResult
 
 NDJSON_TYPES = ("ndjson", "jsonl", "json-seq", "x-json-stream")
 _ALLOWED = frozenset(("op", "key", "value", "value_b64", "cas"))

@@ -12,7 +12,7 @@ from typing import Annotated, Literal
 from annotated_types import Ge, Le
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, StringConstraints
 
-from engine.types import PartitionState
+from engine.core.types import PartitionState
 
 
 class Problem(BaseModel):

@@ -13,7 +13,7 @@ from typing import Any
 from starlette.requests import Request
 
 from app.problems import INVALID_INPUT, Problem
-from engine.types import Durability
+from engine.core.types import Durability
 
 _DURABILITY = {"memory": Durability.MEMORY, "persist": Durability.PERSIST}
 _CAS = re.compile(r'\s*("?)([1-9][0-9]{0,19})\1\s*')

@@ -5,7 +5,7 @@ A consumer (or a Spark job, or an operator) posts the positions it holds per par
 answer the stream would give (``ok``, ``rollback`` to R, ``not_my_partition``, ``range_error``)
 with the rule that decided it (``from_zero``, ``same_history``, ``unknown_uuid``, ``purged``,
 ``diverged``, ``partial_snapshot``, ...) and the numbers it used.  The decision is the very
-rules the stream uses (``engine.rollback.decide``, fed exactly as ``ServerSession.stream_info``
+rules the stream uses (``engine.core.rollback.decide``, fed exactly as ``ServerSession.stream_info``
 feeds it: state check first, ``to_now``-free end seqno), so a checkpoint validated here behaves the
 same when the job starts.  A dry run: nothing is counted as
 a rollback in ``/metrics``.
@@ -20,9 +20,9 @@ from pydantic import BaseModel, ConfigDict, Field
 from app.deps import ReadUser, RunnerDep
 from app.problems import UNKNOWN_PARTITION, Problem
 from app.routes.responses import problems
-from engine.errors import SeqnoRangeError
-from engine.rollback import Rollback, StreamPosition, decide
-from engine.types import MAX_SEQNO
+from engine.core.errors import SeqnoRangeError
+from engine.core.rollback import Rollback, StreamPosition, decide
+from engine.core.types import MAX_SEQNO
 
 __all__ = ["router"]
 

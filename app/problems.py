@@ -21,7 +21,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.responses import Response
 
 from app.auth import AuthError
-from engine import errors as E
+from engine.core import errors as E
 
 log = logging.getLogger("upr.http")
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from engine.types import Document, WriteResult
+from engine.core.types import Document, WriteResult
 
 
 def write_result_dict(res: WriteResult, durability: str) -> dict[str, Any]:

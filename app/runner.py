@@ -19,8 +19,8 @@ import concurrent.futures
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar
 
-from engine.errors import UprError
-from engine.types import WriteOp, WriteResult
+from engine.core.errors import UprError
+from engine.core.types import WriteOp, WriteResult
 
 if TYPE_CHECKING:
     from engine.engine import Engine

@@ -36,7 +36,7 @@ import lmdb
 from engine.config import EngineConfig
 from engine.engine import Engine
 from engine.protocol.frames import encode_binary, encode_binary_columns
-from engine.types import Item, Op, WriteOp
+from engine.core.types import Item, Op, WriteOp
 from engine.writequeue import WriteQueue
 
 BATCH = 1000

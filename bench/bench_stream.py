@@ -157,7 +157,7 @@ def load(data_dir: Path, count: int) -> None:
     """N persisted 200-byte mutations, written straight through the engine (fast setup)."""
     from engine.config import EngineConfig
     from engine.engine import Engine
-    from engine.types import Op, WriteOp
+    from engine.core.types import Op, WriteOp
 
     with Engine.open(EngineConfig(data_dir=data_dir, partitions=PARTITIONS)) as engine:
         for b in range(0, count, 1000):
@@ -205,7 +205,7 @@ def raw_limit(raw_dir: Path) -> tuple[int, float, float, float, float]:
     import lmdb
 
     from engine.protocol.frames import decode_binary, encode_binary
-    from engine.types import Item
+    from engine.core.types import Item
 
     meta = RAW_META
     ms = meta.size

@@ -30,7 +30,7 @@ from typing import Any, BinaryIO
 
 import orjson
 
-from engine.errors import UprError
+from engine.core.errors import UprError
 from engine.protocol.frames import ItemBatch
 
 from .errors import AuthFailed, ConnectionFailed, UsageError

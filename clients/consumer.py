@@ -44,7 +44,7 @@ from engine.protocol import messages as M
 from engine.protocol.bundle import BUNDLE_MAGIC, decode_bundle
 from engine.protocol.errors import ProtocolError
 from engine.protocol.frames import ItemBatch, decode_binary
-from engine.types import Document
+from engine.core.types import Document
 
 from .backoff import Backoff
 from .errors import AuthFailed, ConnectionFailed, ProtocolViolation, ServerError, StreamRejected, UsageError

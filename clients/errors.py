@@ -1,6 +1,6 @@
-"""The client's error tree, grafted onto ``engine.errors.UprError`` so one ``except UprError`` catches all.
+"""The client's error tree, grafted onto ``engine.core.errors.UprError`` so one ``except UprError`` catches all.
 
-    UprError (engine.errors)
+    UprError (engine.core.errors)
     └── ClientError                 anything the client library raises on purpose
         ├── ConnectionFailed        server unreachable / connection lost; retriable
         ├── AuthFailed              token missing, wrong or without the needed role (HTTP 401/403)
@@ -16,7 +16,7 @@ without parsing messages (the httpx / aiokafka habit).
 """
 from __future__ import annotations
 
-from engine.errors import UprError
+from engine.core.errors import UprError
 
 __all__ = [
     "ClientError",

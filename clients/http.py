@@ -17,7 +17,7 @@ from urllib.parse import quote
 import httpx
 import orjson
 
-from engine.types import Document
+from engine.core.types import Document
 
 from .errors import AuthFailed, ConnectionFailed, HttpError
 

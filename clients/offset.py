@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from engine.errors import InvalidInput
+from engine.core.errors import InvalidInput
 
 __all__ = ["StreamOffset"]
 

@@ -35,7 +35,7 @@ from __future__ import annotations
 import enum
 from collections.abc import Sequence
 
-from engine.types import FailoverEntry
+from engine.core.types import FailoverEntry
 
 from .errors import ProtocolViolation
 from .offset import StreamOffset

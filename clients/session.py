@@ -41,7 +41,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from engine.protocol.messages import PartitionInfo, StreamRequest
-from engine.types import FailoverEntry
+from engine.core.types import FailoverEntry
 
 from .errors import StreamRejected, UsageError
 from .offset import StreamOffset

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
-from engine.types import FailoverEntry
+from engine.core.types import FailoverEntry
 
 from .errors import StateCorrupt, UsageError
 from .files import atomic_write

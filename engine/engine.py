@@ -26,9 +26,9 @@ from concurrent.futures import Future
 
 import lmdb
 
-from engine import failover
+from engine.core import failover
 from engine.config import EngineConfig
-from engine.errors import (
+from engine.core.errors import (
     Backpressure,
     CasMismatch,
     EngineClosed,
@@ -42,11 +42,11 @@ from engine.errors import (
     UprError,
 )
 from engine.flusher import Flusher, lmdb_turn
-from engine.keys import encode_key
+from engine.core.keys import encode_key
 from engine.partition import Partition
 from engine.snapshot import PartitionSnapshot, capture, capture_memory_only, memory_backlog
 from engine.store import META, Store
-from engine.types import (
+from engine.core.types import (
     Document,
     FailoverEntry,
     Item,
@@ -159,7 +159,7 @@ class Engine:
         return self._flusher.running
 
     def partition_of(self, key: str) -> int:
-        """``crc32(utf8(key)) % num_partitions`` (documented in engine.keys)."""
+        """``crc32(utf8(key)) % num_partitions`` (documented in engine.core.keys)."""
         return zlib.crc32(encode_key(key, self.config.max_key_bytes)) % self.num_partitions
 
     # ------------------------------------------------------------------ writes

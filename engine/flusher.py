@@ -23,10 +23,10 @@ import time
 from collections.abc import Mapping, Sequence
 from concurrent.futures import Future
 
-from engine.errors import EngineClosed
+from engine.core.errors import EngineClosed
 from engine.partition import Partition
 from engine.store import Store
-from engine.types import Item
+from engine.core.types import Item
 
 log = logging.getLogger(__name__)
 

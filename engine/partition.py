@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from engine.failover import FailoverLog
-from engine.types import PartitionState, PartitionStats
+from engine.core.failover import FailoverLog
+from engine.core.types import PartitionState, PartitionStats
 from engine.writequeue import WriteQueue
 
 

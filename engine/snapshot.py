@@ -38,7 +38,7 @@ from engine.store import (
     decode_block,
     seek_block,
 )
-from engine.types import Item
+from engine.core.types import Item
 from engine.writequeue import QueueRoot
 
 _value_of = itemgetter(5)

@@ -56,9 +56,9 @@ from typing import TypeVar
 
 import lmdb
 
-from engine import failover
-from engine.errors import InvalidInput, UprError
-from engine.types import FailoverEntry, Item, PartitionState
+from engine.core import failover
+from engine.core.errors import InvalidInput, UprError
+from engine.core.types import FailoverEntry, Item, PartitionState
 
 FORMAT = b"2"
 #: seqno, cas, rev, deleted: the by-key record.
@@ -97,7 +97,7 @@ Cols = tuple  # (keys, seqnos, cas, revs, deleted, values): one block's columns
 class DataDirInUse(UprError):
     """Raised by ``Engine.open`` only (never by a request): the data dir is held by another engine.
 
-    Lives here rather than in ``engine.errors`` because it is a start-up failure, not part of
+    Lives here rather than in ``engine.core.errors`` because it is a start-up failure, not part of
     the request error contract that the HTTP and stream layers map."""
 
     code = "data_dir_in_use"

@@ -27,7 +27,7 @@ from typing import NamedTuple
 
 from pyrsistent import PVector, pvector
 
-from engine.types import Item
+from engine.core.types import Item
 
 #: Python object overhead counted per queued item for backpressure (tuple, ints, bytes headers).
 ITEM_OVERHEAD = 200

@@ -56,7 +56,7 @@ def register(sub: Any) -> None:
 
 def _guard(fn):  # type: ignore[no-untyped-def]
     def run(args: argparse.Namespace) -> int:
-        from engine.errors import UprError
+        from engine.core.errors import UprError
 
         from .index.manifest import IndexError_
         try:

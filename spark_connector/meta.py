@@ -1,5 +1,5 @@
 """Driver-side metadata: partition high seqnos, purge seqnos and failover logs in one round trip, and
-the rollback check of held positions against them with the server's own rule (``engine.rollback``;
+the rollback check of held positions against them with the server's own rule (``engine.core.rollback``;
 the same decision ``POST /positions/check`` and stream requests answer with).
 
 An unreachable or refusing server is reported as an ``OptionError`` on ``server`` (or ``token``),
@@ -15,9 +15,9 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
-from engine.errors import SeqnoRangeError
-from engine.rollback import Rollback, StreamPosition, decide
-from engine.types import FailoverEntry
+from engine.core.errors import SeqnoRangeError
+from engine.core.rollback import Rollback, StreamPosition, decide
+from engine.core.types import FailoverEntry
 
 from .offsets import PartitionOffset
 from .options import OptionError, SourceOptions
@@ -67,7 +67,7 @@ def parse_meta(body: Mapping[str, Any]) -> ServerMeta:
 
 
 def local_check(pos: PartitionOffset, sp: ServerPartition) -> RollbackNeeded | None:
-    """The server's rule (engine.rollback.decide) applied to a held position and fetched metadata."""
+    """The server's rule (engine.core.rollback.decide) applied to a held position and fetched metadata."""
     log = [FailoverEntry(u, s) for u, s in sp.failover_log]
     try:
         verdict = decide(log, sp.high_seqno, sp.purge_seqno,

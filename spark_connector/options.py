@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlparse
 
-from engine.errors import InvalidInput
+from engine.core.errors import InvalidInput
 
 from .offsets import OffsetFormatError, PartitionOffset
 

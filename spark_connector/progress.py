@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 
-from engine.errors import UprError
+from engine.core.errors import UprError
 
 from .offsets import PartitionOffset, SourceOffset
 from .options import OnRollback, Position, Start

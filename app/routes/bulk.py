@@ -13,7 +13,7 @@ from app.limits import read_body
 from app.params import DURABILITY_PARAM, RESULTS_PARAM, columns_wanted, durability_of
 from app.models import BulkColumnsResult, BulkItem, BulkResult
 from app.routes.responses import problems
-from engine.types import Durability
+from engine.core.types import Durability
 
 router = APIRouter(prefix="/docs", tags=["documents"])
 

@@ -22,7 +22,7 @@ from app.params import DURABILITY_PARAM, IF_MATCH_PARAM, KEY_PARAM, durability_o
 from app.plain import serve_plainly
 from app.results import version_headers, write_result_dict
 from app.routes.responses import problems
-from engine.types import Durability, Op, WriteOp
+from engine.core.types import Durability, Op, WriteOp
 
 router = APIRouter(prefix="/docs", tags=["documents"])
 

@@ -9,7 +9,7 @@ from app.deps import ReadCtx
 from app.models import FailoverEntry, PartitionInfo, PartitionList
 from app.problems import UNKNOWN_PARTITION, Problem
 from app.routes.responses import problems
-from engine.types import PartitionStats
+from engine.core.types import PartitionStats
 
 router = APIRouter(prefix="/partitions", tags=["partitions"])
 

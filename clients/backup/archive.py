@@ -30,7 +30,7 @@ from pathlib import Path
 from clients.backup.errors import ArchiveLocked, ArchiveNotFound, CorruptArchive, KeyspaceMismatch, RunNotFound
 from clients.backup.fsutil import atomic_write, fsync_dir
 from clients.backup.manifest import ArchiveMeta, RunManifest, read_sealed, seal
-from engine.errors import InvalidInput
+from engine.core.errors import InvalidInput
 
 ARCHIVE_FILE = "archive.json"
 MANIFEST = "manifest.json"

@@ -15,7 +15,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from clients.cli import exit_code, parse_partitions
-from engine.errors import UprError
+from engine.core.errors import UprError
 
 __all__ = ["register", "main", "parse_partitions"]
 

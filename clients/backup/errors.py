@@ -1,6 +1,6 @@
 """The backup client's error tree.
 
-    UprError (engine.errors)
+    UprError (engine.core.errors)
     └── BackupError                 base of everything the backup tool raises on purpose
         ├── ArchiveError            the archive on disk is missing, foreign or damaged
         │   ├── ArchiveNotFound     no archive.json where one was expected
@@ -21,7 +21,7 @@ offset, so a message never has to be parsed to know what to fix.
 """
 from __future__ import annotations
 
-from engine.errors import UprError
+from engine.core.errors import UprError
 
 
 class BackupError(UprError):

@@ -28,7 +28,7 @@ from clients.backup.fsutil import atomic_rename, atomic_write, fsync_dir
 from clients.backup.manifest import PartitionRecord, RunManifest, seal
 from clients.backup.plan import read_link
 from clients.backup.segment import SegmentWriter
-from engine.types import Item
+from engine.core.types import Item
 
 
 def merge(archive: Archive, from_spec: str, to_spec: str,

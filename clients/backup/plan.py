@@ -14,7 +14,7 @@ from clients.backup.archive import Archive
 from clients.backup.chain import Link, links
 from clients.backup.manifest import RunManifest
 from clients.backup.segment import SegmentReader
-from engine.types import Item
+from engine.core.types import Item
 
 
 @dataclass(frozen=True, slots=True)

@@ -30,8 +30,8 @@ from clients.backup.manifest import RunManifest
 from clients.backup.plan import plan_partitions, runs_upto
 from clients.errors import ConnectionFailed, HttpError
 from clients.http import HttpApi
-from engine.errors import InvalidPartition
-from engine.types import Item
+from engine.core.errors import InvalidPartition
+from engine.core.types import Item
 
 RETRY_STATUSES = {429, 502, 503, 504}
 

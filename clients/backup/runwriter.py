@@ -38,8 +38,8 @@ from clients.backup.segment import (
     SnapshotMarker,
 )
 from clients.offset import StreamOffset
-from engine.errors import InvalidInput
-from engine.types import Item
+from engine.core.errors import InvalidInput
+from engine.core.types import Item
 
 RUN_FILE = "run.json"
 

@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from clients.backup.errors import CorruptArchive
-from engine.types import Item
+from engine.core.types import Item
 
 MAGIC = b"UPRSEG"
 VERSION = 1

@@ -23,7 +23,7 @@ from engine.protocol.messages import (
     SERVER_MESSAGES,
     message_schema,
 )
-from engine.types import MAX_SEQNO
+from engine.core.types import MAX_SEQNO
 
 __all__ = ["ITEMS_JSON_SCHEMA", "build_document", "component_name"]
 

@@ -1,6 +1,6 @@
 """The stream protocol's one error type and the WebSocket close codes it maps to.
 
-    UprError (engine.errors)
+    UprError (engine.core.errors)
     └── ProtocolError        a peer broke the stream protocol; ``code`` says how, ``field`` where
 
 A ``ProtocolError`` is rendered as an ``error`` message (``code``, ``message``, ``field``,
@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import enum
 
-from engine.errors import UprError
+from engine.core.errors import UprError
 
 __all__ = ["CloseCode", "ErrorCode", "ProtocolError"]
 

@@ -52,7 +52,7 @@ from itertools import accumulate
 from typing import Any
 
 from engine.protocol.errors import ErrorCode, ProtocolError
-from engine.types import MAX_SEQNO, Item
+from engine.core.types import MAX_SEQNO, Item
 
 __all__ = [
     "Columns",
@@ -86,7 +86,7 @@ class ItemBatch:
     """A decoded batch: one partition's items as columns (index i across columns = item i).
 
     ``deleted[i]`` is 0 or 1.  Iterate with ``rows()`` (plain tuples, cheapest) or ``items()``
-    (``engine.types.Item``).
+    (``engine.core.types.Item``).
     """
 
     partition: int

@@ -35,7 +35,7 @@ from dataclasses import fields as dc_fields
 from typing import Any, ClassVar, TypeVar
 
 from engine.protocol.errors import CloseCode, ErrorCode, ProtocolError
-from engine.types import MAX_SEQNO, FailoverEntry
+from engine.core.types import MAX_SEQNO, FailoverEntry
 
 __all__ = [
     "CLIENT_MESSAGES",
@@ -126,8 +126,8 @@ class StreamEndReason(str, enum.Enum):
     CLOSED = "closed"
 
 
-ROLLBACK_REASONS = ("unknown_uuid", "purged", "diverged", "partial_snapshot")  # engine.rollback.RollbackReason
-PARTITION_STATES = ("active", "replica", "pending", "dead")  # engine.types.PartitionState
+ROLLBACK_REASONS = ("unknown_uuid", "purged", "diverged", "partial_snapshot")  # engine.core.rollback.RollbackReason
+PARTITION_STATES = ("active", "replica", "pending", "dead")  # engine.core.types.PartitionState
 
 
 # ----------------------------------------------------------------------------- field kinds

@@ -73,7 +73,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from engine.errors import SeqnoRangeError
+from engine.core.errors import SeqnoRangeError
 from engine.protocol.barrier import BarrierTracker
 from engine.protocol.errors import CloseCode, ErrorCode, ProtocolError
 from engine.protocol.flow import FlowControl
@@ -98,7 +98,7 @@ from engine.protocol.messages import (
     StreamStatus,
     decode_client_message,
 )
-from engine.rollback import Rollback, StreamPosition, decide
+from engine.core.rollback import Rollback, StreamPosition, decide
 
 __all__ = [
     "Close",

@@ -11,7 +11,7 @@ from typing import Any
 
 import httpx
 
-from engine.keys import partition_for_key
+from engine.core.keys import partition_for_key
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -13,7 +13,7 @@ from clients.backup.archive import Archive
 from clients.backup.manifest import RunManifest
 from clients.backup.runwriter import RunWriter
 from clients.offset import StreamOffset
-from engine.types import Item
+from engine.core.types import Item
 
 UUID = 0xABCDEF
 

@@ -15,7 +15,7 @@ from clients.backup.segment import (
     SegmentWriter,
     SnapshotMarker,
 )
-from engine.types import Item
+from engine.core.types import Item
 
 
 def _items(n: int, start: int = 1) -> list[Item]:

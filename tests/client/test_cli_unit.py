@@ -6,7 +6,7 @@ import pytest
 
 from clients.cli import _batch_lines, _from_arg, change_line, parse_partitions
 from engine.protocol.frames import decode_binary, encode_binary
-from engine.types import Item
+from engine.core.types import Item
 
 
 @pytest.mark.parametrize("text,ids", [("3", [3]), ("0,3,5-7", [0, 3, 5, 6, 7]), ("2-2, 1", [1, 2]), ("1,,1", [1])])

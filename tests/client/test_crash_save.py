@@ -19,7 +19,7 @@ WRITER = textwrap.dedent("""
     from clients.offset import StreamOffset
     from clients.ring import RollbackRing
     from clients.state import ConsumerState, FileStateStore, PartitionCheckpoint
-    from engine.types import FailoverEntry
+    from engine.core.types import FailoverEntry
     d = sys.argv[1]
     store = FileStateStore(d)
     ring = RollbackRing(500, d)

@@ -17,7 +17,7 @@ def test_exported_members():
 
 
 def test_errors_are_upr_errors():
-    from engine.errors import UprError
+    from engine.core.errors import UprError
 
     for name in ("AuthFailed", "ConnectionFailed", "HttpError", "ProtocolViolation", "ServerError", "StateCorrupt",
                  "StreamRejected", "UsageError"):

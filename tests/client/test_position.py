@@ -5,8 +5,8 @@ import pytest
 from clients.errors import ProtocolViolation
 from clients.offset import StreamOffset
 from clients.position import PartitionPosition, PositionState
-from engine.errors import InvalidInput
-from engine.types import FailoverEntry
+from engine.core.errors import InvalidInput
+from engine.core.types import FailoverEntry
 
 LOG = (FailoverEntry(22, 10), FailoverEntry(11, 0))
 

@@ -2,7 +2,7 @@
 
 The server side is a model of one partition (writes, deduplicated snapshots sent in small
 batches, persistence, crashes that lose the unpersisted tail and start a new failover branch) that
-answers stream requests with ``engine.rollback.decide``.  The client side is what
+answers stream requests with ``engine.core.rollback.decide``.  The client side is what
 ``clients.consumer`` does, driven by hand: ``ClientSession`` + ``PartitionPosition`` + the ring,
 a mirror dict as the application, "GET" corrections read from the model.  Hypothesis throws random
 schedules of writes, deletes, partial deliveries, state saves, consumer crashes (unsaved progress
@@ -21,8 +21,8 @@ from clients.ring import RollbackRing
 from clients.session import ClientSession
 from clients.state import MemoryStateStore
 from engine.protocol.messages import PartitionInfo
-from engine.rollback import Rollback, StreamPosition, decide
-from engine.types import FailoverEntry
+from engine.core.rollback import Rollback, StreamPosition, decide
+from engine.core.types import FailoverEntry
 
 KEYS = [b"a", b"b", b"c", b"d", b"e"]
 

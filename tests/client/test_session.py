@@ -7,7 +7,7 @@ from clients.ring import RollbackRing
 from clients.session import ClientSession, EndAction
 from clients.state import ConsumerState, PartitionCheckpoint
 from engine.protocol.messages import PartitionInfo, StreamRequest
-from engine.types import FailoverEntry as FE
+from engine.core.types import FailoverEntry as FE
 
 INFOS = {
     0: PartitionInfo("active", 50, 0, (FE(7, 40), FE(3, 0))),

@@ -7,7 +7,7 @@ from clients.offset import StreamOffset
 from clients.ring import RollbackRing
 from clients.session import ClientSession, RollbackPolicy, SeekAction
 from engine.protocol.messages import PartitionInfo, StreamRequest
-from engine.types import FailoverEntry as FE
+from engine.core.types import FailoverEntry as FE
 
 LOG0 = (FE(7, 40), FE(3, 0))
 INFOS = {0: PartitionInfo("active", 50, 0, LOG0), 1: PartitionInfo("active", 9, 0, (FE(5, 0),))}

@@ -4,7 +4,7 @@ import pytest
 from clients.errors import StateCorrupt
 from clients.offset import StreamOffset
 from clients.state import ConsumerState, FileStateStore, MemoryStateStore, PartitionCheckpoint, StateStore
-from engine.types import FailoverEntry
+from engine.core.types import FailoverEntry
 
 
 def sample() -> ConsumerState:

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from engine.config import EngineConfig
 from engine.engine import Engine
-from engine.types import Op, PartitionState, WriteOp
+from engine.core.types import Op, PartitionState, WriteOp
 
 
 def emit(**fields: object) -> None:

@@ -9,9 +9,9 @@ import lmdb
 import pytest
 
 from engine import store
-from engine.errors import InvalidInput
+from engine.core.errors import InvalidInput
 from engine.store import IncompatibleDataDir, decode_block, encode_block
-from engine.types import Item, Op, WriteOp
+from engine.core.types import Item, Op, WriteOp
 
 SLOW_FLUSH = {"flush_interval_ms": 60_000.0}
 

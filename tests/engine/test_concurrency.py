@@ -8,7 +8,7 @@ from __future__ import annotations
 import random
 import threading
 
-from engine.types import Op, WriteOp, WriteResult
+from engine.core.types import Op, WriteOp, WriteResult
 
 
 def test_snapshots_taken_during_writes_and_flushes_are_consistent(make_engine) -> None:

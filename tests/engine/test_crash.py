@@ -12,8 +12,8 @@ import pytest
 
 from engine.config import EngineConfig
 from engine.engine import Engine
-from engine.errors import KeyNotFound
-from engine.types import FailoverEntry, Op, WriteOp
+from engine.core.errors import KeyNotFound
+from engine.core.types import FailoverEntry, Op, WriteOp
 
 WRITER = Path(__file__).with_name("crash_writer.py")
 ROOT = Path(__file__).resolve().parents[2]

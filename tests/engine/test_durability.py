@@ -7,8 +7,8 @@ from concurrent.futures import wait
 
 import pytest
 
-from engine.errors import KeyNotFound
-from engine.types import Op, PartitionState, WriteOp
+from engine.core.errors import KeyNotFound
+from engine.core.types import Op, PartitionState, WriteOp
 
 SLOW_FLUSH = {"flush_interval_ms": 60_000.0}
 

@@ -3,8 +3,8 @@ from __future__ import annotations
 
 import pytest
 
-from engine.errors import KeyNotFound
-from engine.types import Op, PartitionState, WriteOp, WriteResult
+from engine.core.errors import KeyNotFound
+from engine.core.types import Op, PartitionState, WriteOp, WriteResult
 
 
 def put(key: str, value: bytes = b"v", cas: int | None = None) -> WriteOp:

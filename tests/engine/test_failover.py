@@ -1,10 +1,10 @@
-"""Failover-log rules (engine.failover), table-driven against kv_engine's failover-table.cc."""
+"""Failover-log rules (engine.core.failover), table-driven against kv_engine's failover-table.cc."""
 from __future__ import annotations
 
 import pytest
 
-from engine import failover
-from engine.types import FailoverEntry as E
+from engine.core import failover
+from engine.core.types import FailoverEntry as E
 
 
 @pytest.mark.parametrize(

@@ -12,7 +12,7 @@ from engine.protocol.frames import (
     encode_json,
     encode_json_columns,
 )
-from engine.types import Item, Op, WriteOp
+from engine.core.types import Item, Op, WriteOp
 
 SLOW_FLUSH = {"flush_interval_ms": 60_000.0}
 

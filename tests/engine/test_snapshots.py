@@ -5,7 +5,7 @@ import gc
 import tracemalloc
 
 from engine.snapshot import capture
-from engine.types import Op, WriteOp
+from engine.core.types import Op, WriteOp
 from engine.writequeue import QueueRoot, WriteQueue
 
 SLOW_FLUSH = {"flush_interval_ms": 60_000.0}
@@ -102,7 +102,7 @@ def _fill(queue: WriteQueue, count: int, start: int = 0) -> None:
     batch.publish()
 
 
-from engine.types import Item as _Item  # noqa: E402
+from engine.core.types import Item as _Item  # noqa: E402
 
 
 def test_structural_sharing_100_snapshots_cost_little_more_than_one() -> None:

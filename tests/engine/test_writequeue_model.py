@@ -11,7 +11,7 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
-from engine.types import Item
+from engine.core.types import Item
 from engine.writequeue import ITEM_OVERHEAD, WriteQueue
 
 KEYS = st.sampled_from([b"a", b"b", b"c", b"d", b"e", b"f"])

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from engine.errors import (
+from engine.core.errors import (
     Backpressure,
     CasMismatch,
     EngineClosed,
@@ -16,7 +16,7 @@ from engine.errors import (
     TooLarge,
     UprError,
 )
-from engine.types import Op, PartitionState, WriteOp, WriteResult
+from engine.core.types import Op, PartitionState, WriteOp, WriteResult
 
 SLOW_FLUSH = {"flush_interval_ms": 60_000.0}
 

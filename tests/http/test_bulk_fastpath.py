@@ -9,7 +9,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from app import bulk
-from engine.types import Op, WriteOp, WriteResult
+from engine.core.types import Op, WriteOp, WriteResult
 
 
 class _Recorder:

@@ -18,8 +18,8 @@ from app.plain import serve_plainly
 from app.problems import ENGINE_PROBLEMS, INVALID_INPUT, Problem, problem_type_of
 from app.routes.status import RateSampler
 from app.settings import ConfigFileError, Settings
-from engine import errors as E
-from engine.types import Durability, Op, WriteOp
+from engine.core import errors as E
+from engine.core.types import Durability, Op, WriteOp
 
 
 # ------------------------------------------------------------------ bulk items
@@ -104,7 +104,7 @@ class _FakeBatchWriter:
     """Only for the pure ``apply`` bookkeeping; real engine behaviour is tested end to end."""
 
     def write_batch(self, ops):  # type: ignore[no-untyped-def]
-        from engine.types import WriteResult
+        from engine.core.types import WriteResult
 
         out = []
         for i, (kind, key, _value, _cas) in enumerate(ops):  # WriteOps or plain tuples, as the engine takes
@@ -293,7 +293,7 @@ def test_every_engine_error_class_is_mapped() -> None:
         return [cls] + [s for c in cls.__subclasses__() for s in subclasses(c)]
 
     for cls in subclasses(E.UprError):
-        if cls.__module__ == "engine.errors":
+        if cls.__module__ == "engine.core.errors":
             assert cls in ENGINE_PROBLEMS, cls
             assert problem_type_of(cls("x")).status != 500 or cls is E.UprError
 

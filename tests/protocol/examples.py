@@ -20,7 +20,7 @@ from engine.protocol.messages import (
     StreamResponse,
     StreamStatus,
 )
-from engine.types import FailoverEntry
+from engine.core.types import FailoverEntry
 
 LOG = (FailoverEntry(0xBEEF, 80), FailoverEntry(0xCAFE, 0))
 

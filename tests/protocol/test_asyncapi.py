@@ -21,7 +21,7 @@ import yaml
 from engine.protocol.asyncapi import build_document, component_name
 from engine.protocol.frames import JSON_FIELDS, encode_json
 from engine.protocol.messages import CLIENT_MESSAGES, SERVER_MESSAGES, to_json_obj
-from engine.types import Item
+from engine.core.types import Item
 from tests.protocol.examples import CLIENT_EXAMPLES, SERVER_EXAMPLES
 
 PATH = Path(__file__).resolve().parents[2] / "openapi" / "asyncapi.yaml"

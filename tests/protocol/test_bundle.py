@@ -18,7 +18,7 @@ from engine.protocol.bundle import (
 )
 from engine.protocol.errors import ErrorCode, ProtocolError
 from engine.protocol.frames import decode_binary, encode_binary
-from engine.types import Item
+from engine.core.types import Item
 
 MARKER = '{"type":"snapshot","partition":3,"start":5,"end":6,"source":"memory","purge_seqno":0}'
 BATCH = encode_binary(3, [Item(b"k", 5, 1, 1, False, b"v"), Item(b"j", 6, 2, 1, True, b"")], True)

@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 from engine.protocol.errors import ProtocolError
 from engine.protocol.frames import HEADER, ItemBatch, decode_binary, decode_json, encode_binary, encode_json
-from engine.types import MAX_SEQNO, Item
+from engine.core.types import MAX_SEQNO, Item
 
 ITEMS = [
     Item(b"alpha", 1, 1001, 1, False, b"value-1"),

@@ -20,7 +20,7 @@ from engine.protocol.messages import (
     decode_server_message,
     encode,
 )
-from engine.types import Item
+from engine.core.types import Item
 from tests.protocol.examples import CLIENT_EXAMPLES, SERVER_EXAMPLES
 
 

@@ -11,8 +11,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from engine.errors import SeqnoRangeError
-from engine.rollback import (
+from engine.core.errors import SeqnoRangeError
+from engine.core.rollback import (
     OkRule,
     Rollback,
     RollbackReason,
@@ -21,7 +21,7 @@ from engine.rollback import (
     check_range,
     decide,
 )
-from engine.types import FailoverEntry
+from engine.core.types import FailoverEntry
 
 A, B, C = 0xA, 0xB, 0xC
 

@@ -26,7 +26,7 @@ from engine.protocol.messages import (
     to_json_obj,
 )
 from engine.protocol.session import Close, LookupPartitions, LookupStream, ServerSession, SessionState
-from engine.types import FailoverEntry
+from engine.core.types import FailoverEntry
 
 A, B = 0xA, 0xB
 ITEM_FRAME_BYTES = 100

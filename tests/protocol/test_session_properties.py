@@ -29,7 +29,7 @@ from engine.protocol.messages import (
     encode,
 )
 from engine.protocol.session import LookupPartitions, LookupStream, ServerSession, Visit
-from engine.types import FailoverEntry
+from engine.core.types import FailoverEntry
 
 PARTITIONS = 4
 FRAME = 1000  # bytes per item frame in this model

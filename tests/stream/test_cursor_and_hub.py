@@ -15,7 +15,7 @@ from app.stream.hub import ChangeHub
 from engine.config import EngineConfig
 from engine.engine import Engine
 from engine.protocol.frames import Columns, decode_binary, encode_binary_columns
-from engine.types import Item, Op, WriteOp
+from engine.core.types import Item, Op, WriteOp
 
 
 @pytest.fixture

@@ -15,7 +15,7 @@ from app.stream.cursor import Batch, Marker, PartitionCursor
 from engine.config import EngineConfig
 from engine.engine import Engine
 from engine.protocol.frames import decode_binary, encode_binary_columns
-from engine.types import Op, WriteOp
+from engine.core.types import Op, WriteOp
 
 
 @pytest.fixture

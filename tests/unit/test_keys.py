@@ -3,8 +3,8 @@ import zlib
 
 import pytest
 
-from engine.errors import InvalidKey
-from engine.keys import decode_key, encode_key, partition_for_key
+from engine.core.errors import InvalidKey
+from engine.core.keys import decode_key, encode_key, partition_for_key
 
 
 @pytest.mark.parametrize(

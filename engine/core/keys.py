@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import zlib
 
-from engine.errors import InvalidKey
+from engine.core.errors import InvalidKey
 
 MAX_KEY_BYTES = 250
 

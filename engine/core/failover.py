@@ -19,7 +19,7 @@ import secrets
 import struct
 from collections.abc import Iterable
 
-from engine.types import FailoverEntry
+from engine.core.types import FailoverEntry
 
 FailoverLog = tuple[FailoverEntry, ...]
 

@@ -45,8 +45,8 @@ import enum
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from engine.errors import SeqnoRangeError
-from engine.types import MAX_SEQNO, FailoverEntry
+from engine.core.errors import SeqnoRangeError
+from engine.core.types import MAX_SEQNO, FailoverEntry
 
 __all__ = [
     "OkRule",
