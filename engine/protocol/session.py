@@ -98,7 +98,7 @@ from engine.protocol.messages import (
     StreamStatus,
     decode_client_message,
 )
-from engine.core.rollback import Rollback, StreamPosition, decide
+from engine.core.rollback import RollbackRequired, StreamPosition, decide
 
 __all__ = [
     "Close",
@@ -342,7 +342,7 @@ class ServerSession:
                 StreamResponse(p, StreamStatus.RANGE_ERROR, detail=exc.message, field=exc.field),
                 *self._stopped(p),
             ]
-        if isinstance(verdict, Rollback):
+        if isinstance(verdict, RollbackRequired):
             self._count(f"rollback.{verdict.reason.value}")
             return [
                 StreamResponse(
