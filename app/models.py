@@ -98,7 +98,7 @@ class FailoverEntry(BaseModel):
     seqno: int
 
 
-class PartitionInfo(BaseModel):
+class PartitionStatus(BaseModel):
     partition: int
     state: PartitionState
     uuid: int = Field(description="current branch (newest failover entry)")
@@ -112,7 +112,7 @@ class PartitionInfo(BaseModel):
 
 
 class PartitionList(BaseModel):
-    partitions: list[PartitionInfo]
+    partitions: list[PartitionStatus]
 
 
 class Totals(BaseModel):

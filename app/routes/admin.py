@@ -11,7 +11,7 @@ from typing import Any
 from fastapi import APIRouter
 
 from app.deps import AdminCtx
-from app.models import CompactRequest, CompactResult, FlushResult, PartitionInfo, StateChange
+from app.models import CompactRequest, CompactResult, FlushResult, PartitionStatus, StateChange
 from app.problems import INVALID_INPUT, UNKNOWN_PARTITION, Problem
 from app.routes.partitions import PartitionId, check_partition, partition_info
 from app.routes.responses import problems
@@ -27,12 +27,12 @@ def _set_state(engine: Any, partition: int, change: StateChange) -> Any:
 @router.post(
     "/partitions/{partition}/state",
     summary="Change a partition's state",
-    response_model=PartitionInfo,
+    response_model=PartitionStatus,
     responses=problems(401, 403, 404, 422, 503),
 )
 async def set_partition_state(
     partition: PartitionId, change: StateChange, ctx: AdminCtx
-) -> PartitionInfo:
+) -> PartitionStatus:
     """active/replica/pending/dead.  Only active partitions accept writes; promoting a
     replica or pending partition to active starts a new failover branch.  Streams on a
     partition that leaves active end with `state_changed`."""

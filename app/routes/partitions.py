@@ -6,7 +6,7 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Path
 
 from app.deps import ReadCtx
-from app.models import FailoverEntry, PartitionInfo, PartitionList
+from app.models import FailoverEntry, PartitionStatus, PartitionList
 from app.problems import UNKNOWN_PARTITION, Problem
 from app.routes.responses import problems
 from engine.core.types import PartitionStats
@@ -16,8 +16,8 @@ router = APIRouter(prefix="/partitions", tags=["partitions"])
 PartitionId = Annotated[int, Path(ge=0, le=1023, description="partition number, 0 <= id < partitions (<= 1024)")]
 
 
-def partition_info(st: PartitionStats) -> PartitionInfo:
-    return PartitionInfo(
+def partition_info(st: PartitionStats) -> PartitionStatus:
+    return PartitionStatus(
         partition=st.partition, state=st.state, uuid=st.uuid, high_seqno=st.high_seqno,
         persisted_seqno=st.persisted_seqno, purge_seqno=st.purge_seqno, item_count=st.item_count,
         queue_depth=st.queue_depth, queue_bytes=st.queue_bytes,
@@ -42,9 +42,9 @@ async def list_partitions(ctx: ReadCtx) -> PartitionList:
 
 
 @router.get(
-    "/{partition}", summary="One partition", response_model=PartitionInfo, responses=problems(401, 403, 404, 422, 503)
+    "/{partition}", summary="One partition", response_model=PartitionStatus, responses=problems(401, 403, 404, 422, 503)
 )
-async def get_partition(partition: PartitionId, ctx: ReadCtx) -> PartitionInfo:
+async def get_partition(partition: PartitionId, ctx: ReadCtx) -> PartitionStatus:
     """State, seqnos, item count, queue depth and failover log (newest first) of one partition."""
     runner = ctx.runner
     check_partition(runner.engine, partition)
