@@ -32,7 +32,9 @@ class PartitionStreamStatus:
 
 
 @dataclass(frozen=True, slots=True)
-class StreamStatus:
+class ConnectionStatus:
+    """One open stream connection as ``GET /streams`` shows it."""
+
     name: str
     remote: str
     codec: str
@@ -52,7 +54,7 @@ class StreamStatus:
 
 @runtime_checkable
 class StreamHandle(Protocol):
-    def to_status(self) -> StreamStatus: ...
+    def to_status(self) -> ConnectionStatus: ...
 
 
 class StreamRegistry:
@@ -83,9 +85,9 @@ class StreamRegistry:
     def __iter__(self) -> Iterator[StreamHandle]:
         return iter(list(self._handles.values()))
 
-    def statuses(self) -> list[StreamStatus]:
+    def statuses(self) -> list[ConnectionStatus]:
         """Each connection's status, with the registry id filled in."""
-        out: list[StreamStatus] = []
+        out: list[ConnectionStatus] = []
         for stream_id, handle in list(self._handles.items()):
             status = handle.to_status()
             if status.id != stream_id:

@@ -39,7 +39,7 @@ from starlette.websockets import WebSocketDisconnect
 
 from app.stream.cursor import Batch, BatchEncoder, Marker, PartitionCursor
 from app.stream.hub import ChangeHub
-from app.streams_registry import PartitionStreamStatus, StreamStatus
+from app.streams_registry import ConnectionStatus, PartitionStreamStatus
 from engine.protocol import messages as M
 from engine.protocol.bundle import Bundler
 from engine.protocol.errors import CloseCode
@@ -614,7 +614,7 @@ class StreamConnection:
         return self.engine.snapshot(partition, after_seqno)
 
     # ------------------------------------------------------------------ registry handle
-    def to_status(self) -> StreamStatus:
+    def to_status(self) -> ConnectionStatus:
         parts = []
         for p, stream in sorted(self.session.streams.items()):
             cursor = self.cursors.get(p)
@@ -624,7 +624,7 @@ class StreamConnection:
                                                lag=high - stream.position, purge_seqno=purge,
                                                purge_distance=stream.position - purge))
         flow = self.session.flow
-        return StreamStatus(
+        return ConnectionStatus(
             name=self.name, remote=self.remote, codec=self.codec, partitions=parts,
             bytes_buffered=flow.in_flight if flow else 0, barriers_pending=len(self.session.pending_cookies),
             connected_at=self.connected_at, window_bytes=flow.window if flow else 0,

@@ -8,7 +8,7 @@ import httpx
 import pytest
 from websockets.asyncio.client import connect
 
-from app.streams_registry import PartitionStreamStatus, StreamRegistry, StreamStatus
+from app.streams_registry import ConnectionStatus, PartitionStreamStatus, StreamRegistry
 
 pytestmark = pytest.mark.slow
 
@@ -51,8 +51,8 @@ class _Handle:
         self.name = name
         self.stopped = False
 
-    def to_status(self) -> StreamStatus:
-        return StreamStatus(name=self.name, remote="r", codec="json",
+    def to_status(self) -> ConnectionStatus:
+        return ConnectionStatus(name=self.name, remote="r", codec="json",
                             partitions=[PartitionStreamStatus(partition=1, last_sent_seqno=5, lag=2)])
 
     async def shutdown(self) -> None:
