@@ -633,7 +633,7 @@ class Consumer:
             async for out in self._stream_response(msg):
                 yield out
             await self._processed(nbytes)
-        elif kind is M.StreamEnd:
+        elif kind is M.StreamEndMessage:
             p = msg.partition
             if p not in session.positions:
                 raise ProtocolViolation(f"stream_end for unknown partition {p}", partition=p)
@@ -645,7 +645,7 @@ class Consumer:
                 await self._send(session.request_for(p))
             elif action is EndAction.RECONNECT:
                 raise _Reconnect(f"partition {p} stream ended: {msg.reason.value}")
-        elif kind is M.BarrierReached:
+        elif kind is M.BarrierReachedMessage:
             event = BarrierReached(msg.cookie, dict(msg.seqnos))
             yield event
             fut = self._barriers.pop(msg.cookie, None)

@@ -214,7 +214,7 @@ def _stream(partition: Any, rounds: list[list[WorkItem]]) -> Iterator[pa.RecordB
                         yield rb
                 elif isinstance(msg, M.SnapshotMarker):
                     snaps[msg.partition] = (msg.start, msg.end)
-                elif isinstance(msg, M.StreamEnd):
+                elif isinstance(msg, M.StreamEndMessage):
                     if msg.reason is not M.StreamEndReason.END_SEQNO_REACHED and msg.reason != "end_seqno_reached":
                         raise StreamReadError(f"partition {msg.partition}: stream ended early "
                                               f"({getattr(msg.reason, 'value', msg.reason)}) at {msg.last_seqno}")

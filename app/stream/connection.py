@@ -282,7 +282,7 @@ class StreamConnection:
             elif isinstance(out, M.StreamResponse):
                 self._on_response(out)
                 self._control.append(out)
-            elif isinstance(out, M.StreamEnd):
+            elif isinstance(out, M.StreamEndMessage):
                 self._forget(out.partition)
                 self._control.append(out)
             elif isinstance(out, M.Error):

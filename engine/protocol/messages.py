@@ -21,6 +21,10 @@ Both directions use the type name ``barrier`` (client: "here is a cookie"; serve
 is done"), so decoding needs to know who sent the text: ``decode(text, sender=...)`` or the
 shortcuts ``decode_client_message`` / ``decode_server_message``.
 
+Server messages that a client surfaces as an event of the same concept carry a ``Message``
+suffix (``StreamEndMessage``, ``BarrierReachedMessage``), so the wire message and the public event
+(``clients.StreamEnd``, ``clients.BarrierReached``) never share a name.
+
 Limits are explicit constants (names after DCP: a connection name of at most 200 characters) and
 appear as ``maxLength``/``maxItems`` in the schema.  Per-connection limits that an operator may
 tune (message size, pending cookies, window bounds) live in ``ProtocolLimits``.
@@ -43,7 +47,7 @@ __all__ = [
     "PROTOCOL_VERSION",
     "Ack",
     "Barrier",
-    "BarrierReached",
+    "BarrierReachedMessage",
     "ClientMessage",
     "CloseStream",
     "Codec",
@@ -58,7 +62,7 @@ __all__ = [
     "ServerMessage",
     "SnapshotMarker",
     "SnapshotSource",
-    "StreamEnd",
+    "StreamEndMessage",
     "StreamEndReason",
     "StreamRequest",
     "StreamResponse",
@@ -535,7 +539,7 @@ class CycleComplete:
     seqnos=PartitionMap(U64, "per streamed partition: its position (last seqno sent) at release"),
 )
 @dataclass(frozen=True, slots=True)
-class BarrierReached:
+class BarrierReachedMessage:
     """Your cookie: everything written before you sent it has been delivered."""
 
     cookie: str
@@ -550,7 +554,7 @@ class BarrierReached:
     last_seqno=Int(0, MAX_SEQNO, "the stream's position when it ended"),
 )
 @dataclass(frozen=True, slots=True)
-class StreamEnd:
+class StreamEndMessage:
     """No more items for this partition on this connection."""
 
     partition: int

@@ -81,7 +81,7 @@ from engine.protocol.messages import (
     PROTOCOL_VERSION,
     Ack,
     Barrier,
-    BarrierReached,
+    BarrierReachedMessage,
     CloseStream,
     CycleComplete,
     Error,
@@ -91,7 +91,7 @@ from engine.protocol.messages import (
     ProtocolLimits,
     SnapshotMarker,
     SnapshotSource,
-    StreamEnd,
+    StreamEndMessage,
     StreamEndReason,
     StreamRequest,
     StreamResponse,
@@ -409,7 +409,7 @@ class ServerSession:
         if stream is None or self.state is SessionState.CLOSED:
             return []
         self._count(f"stream_end.{reason.value}")
-        return [StreamEnd(partition, reason, stream.position), *self._stopped(partition)]
+        return [StreamEndMessage(partition, reason, stream.position), *self._stopped(partition)]
 
     def shutdown(self) -> list[Output]:
         """The server is going away: end every stream, drop pending cookies, close with 1001."""
@@ -417,7 +417,7 @@ class ServerSession:
             return []
         out: list[Output] = []
         for p in sorted(self.streams):
-            out.append(StreamEnd(p, StreamEndReason.SHUTTING_DOWN, self.streams[p].position))
+            out.append(StreamEndMessage(p, StreamEndReason.SHUTTING_DOWN, self.streams[p].position))
         self.streams.clear()
         self.close = Close(CloseCode.GOING_AWAY, "server shutting down")
         self.state = SessionState.CLOSED
@@ -524,7 +524,7 @@ class ServerSession:
         return self._release_barriers() + self._maybe_finish_pass()
 
     def _release_barriers(self) -> list[Output]:
-        return [BarrierReached(cookie, dict(self.positions)) for cookie in self._barrier.release()]
+        return [BarrierReachedMessage(cookie, dict(self.positions)) for cookie in self._barrier.release()]
 
     def _fail(self, exc: ProtocolError) -> list[Output]:
         self._count(f"error.{exc.code}")

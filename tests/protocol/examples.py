@@ -4,7 +4,7 @@ from __future__ import annotations
 from engine.protocol.messages import (
     Ack,
     Barrier,
-    BarrierReached,
+    BarrierReachedMessage,
     CloseStream,
     Codec,
     CycleComplete,
@@ -14,7 +14,7 @@ from engine.protocol.messages import (
     PartitionInfo,
     SnapshotMarker,
     SnapshotSource,
-    StreamEnd,
+    StreamEndMessage,
     StreamEndReason,
     StreamRequest,
     StreamResponse,
@@ -42,8 +42,8 @@ SERVER_EXAMPLES = [
     StreamResponse(5, StreamStatus.NOT_MY_PARTITION, detail="replica"),
     SnapshotMarker(3, 91, 120, SnapshotSource.DISK, 10),
     CycleComplete(1),
-    BarrierReached("cut-1", {3: 120, 7: 0}),
-    StreamEnd(3, StreamEndReason.END_SEQNO_REACHED, 200),
+    BarrierReachedMessage("cut-1", {3: 120, 7: 0}),
+    StreamEndMessage(3, StreamEndReason.END_SEQNO_REACHED, 200),
     Error("invalid_field", "hello.name: too long", "name", None),
     Error("duplicate_stream", "already open", "partition", 3),
 ]

@@ -21,7 +21,7 @@ from hypothesis import strategies as st
 from engine.protocol.messages import (
     Ack,
     Barrier,
-    BarrierReached,
+    BarrierReachedMessage,
     CloseStream,
     Hello,
     PartitionInfo,
@@ -71,10 +71,10 @@ class Model:
                 self.run(self.session.stream_info(out.partition, self.info(out.partition)))
             else:
                 self.session.sent(len(encode(out)))
-                if isinstance(out, BarrierReached):
+                if isinstance(out, BarrierReachedMessage):
                     self.check_release(out)
 
-    def check_release(self, msg: BarrierReached) -> None:
+    def check_release(self, msg: BarrierReachedMessage) -> None:
         required = self.cookies.pop(msg.cookie)
         for p, seqno in required.items():
             if p in self.session.streams:  # a stream closed meanwhile no longer holds the cookie

@@ -120,8 +120,8 @@ def test_marker_text_is_the_protocol_encoding(partition: int, start: int, end: i
                                                                             M.SnapshotSource(source), purge)
 
 
-@pytest.mark.parametrize("msg", [M.CycleComplete(0), M.CycleComplete(123456789), M.BarrierReached("c", {1: 2}),
-                                 M.StreamEnd(3, M.StreamEndReason.CLOSED, 7)])
+@pytest.mark.parametrize("msg", [M.CycleComplete(0), M.CycleComplete(123456789), M.BarrierReachedMessage("c", {1: 2}),
+                                 M.StreamEndMessage(3, M.StreamEndReason.CLOSED, 7)])
 def test_control_text_is_the_protocol_encoding(msg: object) -> None:
     from app.stream.connection import control_text
 
