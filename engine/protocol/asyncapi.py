@@ -14,16 +14,12 @@ from __future__ import annotations
 import inspect
 from typing import Any
 
+from engine.core.types import MAX_SEQNO
 from engine.protocol import bundle, frames
 from engine.protocol.errors import CloseCode, ErrorCode
-from engine.protocol.messages import (
-    CLIENT_MESSAGES,
-    MAX_PARTITION_ID,
-    PROTOCOL_VERSION,
-    SERVER_MESSAGES,
-    message_schema,
-)
-from engine.core.types import MAX_SEQNO
+from engine.protocol.limits import MAX_PARTITION_ID
+from engine.protocol.message_types import CLIENT_MESSAGES, PROTOCOL_VERSION, SERVER_MESSAGES
+from engine.protocol.schema import message_schema
 
 __all__ = ["ITEMS_JSON_SCHEMA", "build_document", "component_name"]
 
