@@ -32,7 +32,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from engine.protocol import messages as M
-from engine.protocol.frames import FLAG_LAST, HEADER, MAGIC, PER_ITEM_BYTES, VERSION, ItemBatch, decode_binary
+from engine.protocol.frames import HEADER, ITEM_BATCH, PER_ITEM_BYTES, ItemBatch, decode_binary
 
 from .planning import WorkItem
 from .rows import ARROW_SCHEMA, RESET, control_batch, ops_array
@@ -80,17 +80,19 @@ def frame_to_arrow(data: bytes, snaps: dict[int, tuple[int, int]]) -> pa.RecordB
 
     The frame's columns already have Arrow's layout (little-endian u64 columns, u32 end offsets
     into key and value blobs), so each column is a zero-copy slice of the frame, and the offsets
-    only need a leading 0.  Full Arrow validation (offsets in bounds and non-decreasing, keys valid
-    UTF-8) replaces the per-item checks of ``decode_binary``; anything odd falls back to it, so a
-    corrupt frame still raises the protocol's ``corrupt_frame`` error.
+    only need a leading 0.  The header is checked as every decoder checks it
+    (``frames.ITEM_BATCH.check_header``); full Arrow validation (offsets in bounds and
+    non-decreasing, keys valid UTF-8) replaces the per-item checks of ``decode_binary``, and
+    anything odd falls back to it, so a corrupt frame still raises the protocol's
+    ``corrupt_frame`` error naming the field.
     """
     size = len(data)
-    if size < HEADER.size or _BIG_ENDIAN:
+    if _BIG_ENDIAN:
         return batch_to_arrow(decode_binary(data), (0, 0))
-    magic, version, flags, part, n, reserved = HEADER.unpack_from(data, 0)
+    _, part, n = ITEM_BATCH.check_header(data)
     off = HEADER.size
     fixed = off + PER_ITEM_BYTES * n
-    if magic != MAGIC or version != VERSION or flags & ~FLAG_LAST or reserved or size < fixed:
+    if size < fixed:
         batch = decode_binary(data)          # raises the precise ProtocolError
         return batch_to_arrow(batch, snaps.get(batch.partition, (0, 0)))
     buf = pa.py_buffer(data)

@@ -33,19 +33,22 @@ The message length must be exactly the header plus the parts.  Any inconsistency
 ``Bundler`` (sans-I/O) decides what goes together: parts are added until the next one would take
 the bundle past ``max_bytes`` (so flow control's overshoot stays bounded by one frame, as before);
 a single pending part is sent as itself (no wrapper).
+
+The header is the one item batch frames use, checked by ``engine.protocol.binary_header`` for both.
 """
 from __future__ import annotations
 
 import struct
 from collections.abc import Sequence
 
-from engine.protocol.errors import ErrorCode, ProtocolError
+from engine.protocol.binary_header import HEADER, BinaryFormat
 
-__all__ = ["BUNDLE_MAGIC", "Bundler", "PART_BINARY", "PART_TEXT", "decode_bundle", "encode_bundle", "is_bundle"]
+__all__ = ["BUNDLE", "BUNDLE_MAGIC", "Bundler", "PART_BINARY", "PART_TEXT", "decode_bundle", "encode_bundle",
+           "is_bundle"]
 
 BUNDLE_MAGIC = b"UPRM"
 BUNDLE_VERSION = 1
-HEADER = struct.Struct("<4sBBHII")
+BUNDLE = BinaryFormat("bundle", BUNDLE_MAGIC, BUNDLE_VERSION)
 PART = struct.Struct("<B3xI")
 PART_TEXT = 1
 PART_BINARY = 2
@@ -53,15 +56,14 @@ PART_BINARY = 2
 OVERHEAD = HEADER.size
 
 
-def is_bundle(data: bytes | bytearray | memoryview) -> bool:
-    return bytes(data[:4]) == BUNDLE_MAGIC
+is_bundle = BUNDLE.matches
 
 
 def encode_bundle(parts: Sequence[str | bytes]) -> bytes:
     """One bundle message for ``parts`` (text messages are pure ASCII, as the server sends them)."""
     if not parts:
         raise ValueError("a bundle needs at least one part")
-    chunks: list[bytes] = [HEADER.pack(BUNDLE_MAGIC, BUNDLE_VERSION, 0, 0, len(parts), 0)]
+    chunks: list[bytes] = [BUNDLE.pack_header(0, 0, len(parts))]
     pack = PART.pack
     for part in parts:
         if isinstance(part, str):
@@ -74,24 +76,15 @@ def encode_bundle(parts: Sequence[str | bytes]) -> bytes:
     return b"".join(chunks)
 
 
-def _corrupt(field: str, message: str) -> ProtocolError:
-    return ProtocolError(ErrorCode.CORRUPT_FRAME, f"corrupt bundle: {field}: {message}", field=field)
+_corrupt = BUNDLE.corrupt
 
 
 def decode_bundle(data: bytes | bytearray | memoryview) -> list[str | bytes]:
     """The parts of a bundle, in order: ``str`` for text messages, ``bytes`` for binary frames."""
     view = memoryview(data).cast("B")
     size = len(view)
-    if size < HEADER.size:
-        raise _corrupt("header", f"message of {size} bytes is shorter than the {HEADER.size}-byte header")
-    magic, version, flags, reserved1, count, reserved2 = HEADER.unpack_from(view, 0)
-    if magic != BUNDLE_MAGIC:
-        raise _corrupt("magic", f"expected {BUNDLE_MAGIC!r}, got {bytes(magic)!r}")
-    if version != BUNDLE_VERSION:
-        raise _corrupt("version", f"unsupported bundle version {version}")
-    if flags:
-        raise _corrupt("flags", f"unknown flag bits {flags:#04x}")
-    if reserved1 or reserved2:
+    _, reserved, count = BUNDLE.check_header(view)
+    if reserved:
         raise _corrupt("reserved", "must be 0")
     if count < 1:
         raise _corrupt("count", "a bundle holds at least one part")

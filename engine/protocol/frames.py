@@ -37,13 +37,13 @@ characters is the byte count a consumer acknowledges.
 
 Any inconsistency (bad magic/version/flags, truncation, trailing bytes, offsets going backwards,
 columns of different lengths, non-0/1 deleted flags) raises ``ProtocolError`` with code
-``corrupt_frame`` and the offending field.
+``corrupt_frame`` and the offending field.  The 16-byte header is the one bundles use too, and is
+checked by ``engine.protocol.binary_header`` for both.
 """
 from __future__ import annotations
 
 import binascii
 import json
-import struct
 import sys
 from array import array
 from collections.abc import Iterator, Sequence
@@ -51,12 +51,14 @@ from dataclasses import dataclass
 from itertools import accumulate
 from typing import Any
 
-from engine.protocol.errors import ErrorCode, ProtocolError
 from engine.core.types import MAX_SEQNO, Item
+from engine.protocol.binary_header import HEADER, BinaryFormat
+from engine.protocol.errors import ErrorCode, ProtocolError
 
 __all__ = [
     "Columns",
     "HEADER",
+    "ITEM_BATCH",
     "JSON_FIELDS",
     "MAGIC",
     "VERSION",
@@ -73,7 +75,7 @@ __all__ = [
 MAGIC = b"UPRB"
 VERSION = 1
 FLAG_LAST = 0x01
-HEADER = struct.Struct("<4sBBHII")
+ITEM_BATCH = BinaryFormat("item batch", MAGIC, VERSION, FLAG_LAST)
 PER_ITEM_BYTES = 8 * 3 + 4 * 2 + 1
 MAX_BLOB_BYTES = 0xFFFFFFFF
 MAX_PARTITION = 0xFFFF
@@ -113,8 +115,7 @@ class ItemBatch:
         return self.seqnos[-1] if len(self.seqnos) else None
 
 
-def _corrupt(field: str, message: str) -> ProtocolError:
-    return ProtocolError(ErrorCode.CORRUPT_FRAME, f"corrupt item batch: {field}: {message}", field=field)
+_corrupt = ITEM_BATCH.corrupt
 
 
 def _check_partition(partition: int) -> None:
@@ -194,7 +195,7 @@ def _encode_binary(partition: int, n: int, keys: Sequence[bytes], seqnos: Sequen
     if _BIG_ENDIAN:  # pragma: no cover - little-endian machines only in CI
         for col in cols:
             col.byteswap()
-    header = HEADER.pack(MAGIC, VERSION, FLAG_LAST if last else 0, partition, n, 0)
+    header = ITEM_BATCH.pack_header(FLAG_LAST if last else 0, partition, n)
     return b"".join([header, *(c.tobytes() for c in cols), bytes(deleted), b"".join(keys), b"".join(values)])
 
 
@@ -202,17 +203,7 @@ def decode_binary(data: bytes | bytearray | memoryview) -> ItemBatch:
     """Decode one binary frame; ``ProtocolError(corrupt_frame)`` if it is not exactly well-formed."""
     view = memoryview(data).cast("B") if not isinstance(data, bytes) else memoryview(data)
     size = len(view)
-    if size < HEADER.size:
-        raise _corrupt("header", f"frame of {size} bytes is shorter than the {HEADER.size}-byte header")
-    magic, version, flags, partition, n, reserved = HEADER.unpack_from(view, 0)
-    if magic != MAGIC:
-        raise _corrupt("magic", f"expected {MAGIC!r}, got {bytes(magic)!r}")
-    if version != VERSION:
-        raise _corrupt("version", f"unsupported frame version {version}")
-    if flags & ~FLAG_LAST:
-        raise _corrupt("flags", f"unknown flag bits {flags:#04x}")
-    if reserved:
-        raise _corrupt("reserved", "must be 0")
+    flags, partition, n = ITEM_BATCH.check_header(view)
     fixed_end = HEADER.size + PER_ITEM_BYTES * n
     if size < fixed_end:
         raise _corrupt("count", f"{n} items need {fixed_end} bytes of columns; the frame has {size}")
