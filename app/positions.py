@@ -21,7 +21,7 @@ from app.deps import ReadUser, RunnerDep
 from app.problems import UNKNOWN_PARTITION, Problem
 from app.routes.responses import problems
 from engine.core.errors import SeqnoRangeError
-from engine.core.rollback import RollbackRequired, StreamPosition, decide
+from engine.core.rollback import MustRollBack, StreamPosition, decide
 from engine.core.types import MAX_SEQNO
 
 __all__ = ["router"]
@@ -94,7 +94,7 @@ def evaluate(engine: Any, pos: HeldPosition) -> PositionVerdict:
     except SeqnoRangeError as exc:
         return PositionVerdict(status="range_error", rule="range_error", detail=exc.message, field=exc.field,
                                behind=0, **common)
-    if isinstance(verdict, RollbackRequired):
+    if isinstance(verdict, MustRollBack):
         return PositionVerdict(
             status="rollback", rule=verdict.reason.value, reason=verdict.reason.value, rollback_seqno=verdict.seqno,
             detail=verdict.detail, behind=max(0, stats.high_seqno - verdict.seqno), **common,

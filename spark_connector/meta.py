@@ -16,7 +16,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from engine.core.errors import SeqnoRangeError
-from engine.core.rollback import RollbackRequired, StreamPosition, decide
+from engine.core.rollback import MustRollBack, StreamPosition, decide
 from engine.core.types import FailoverEntry
 
 from .offsets import PartitionOffset
@@ -76,6 +76,6 @@ def local_check(pos: PartitionOffset, sp: ServerPartition) -> RollbackNeeded | N
         # Only a corrupt position gets here (the rules passed but it is past the high seqno):
         # nothing it holds can be trusted.
         return RollbackNeeded(0, f"range_error: {exc.message}")
-    if isinstance(verdict, RollbackRequired):
+    if isinstance(verdict, MustRollBack):
         return RollbackNeeded(verdict.seqno, verdict.reason.value)
     return None

@@ -49,9 +49,9 @@ from engine.core.errors import SeqnoRangeError
 from engine.core.types import MAX_SEQNO, FailoverEntry
 
 __all__ = [
+    "MustRollBack",
     "OkRule",
     "RollbackReason",
-    "RollbackRequired",
     "StreamOk",
     "StreamPosition",
     "check_range",
@@ -102,7 +102,7 @@ class StreamOk:
 
 
 @dataclass(frozen=True, slots=True)
-class RollbackRequired:
+class MustRollBack:
     """The consumer must discard everything above ``seqno`` and re-request from it."""
 
     seqno: int
@@ -157,8 +157,8 @@ def decide(
     high_seqno: int,
     purge_seqno: int,
     request: StreamPosition,
-) -> StreamOk | RollbackRequired:
-    """Answer a stream request: ``StreamOk`` or ``RollbackRequired`` (see the module docstring).
+) -> StreamOk | MustRollBack:
+    """Answer a stream request: ``StreamOk`` or ``MustRollBack`` (see the module docstring).
 
     ``failover_log`` is newest first.  Raises ``SeqnoRangeError`` for an invalid position.
     """
@@ -171,14 +171,14 @@ def decide(
 
 def _needs_rollback(
     log: Sequence[FailoverEntry], high_seqno: int, purge_seqno: int, req: StreamPosition
-) -> StreamOk | RollbackRequired:
+) -> StreamOk | MustRollBack:
     start = req.start_seqno
     # Rule 1: nothing received, nothing to undo.
     if start == 0 and (not req.strict_uuid or req.uuid == 0):
         return StreamOk(0, OkRule.FROM_ZERO, "start_seqno is 0: the consumer has nothing to roll back")
     # Rule 2: tombstones the consumer never saw may have been purged.
     if start != 0 and start < purge_seqno:
-        return RollbackRequired(
+        return MustRollBack(
             0,
             RollbackReason.PURGED,
             f"start_seqno {start} < purge seqno {purge_seqno}: deletions up to {purge_seqno} "
@@ -197,7 +197,7 @@ def _needs_rollback(
                 where = f"the high seqno {upper} of uuid {req.uuid}, the newest branch"
             break
     if upper is None:
-        return RollbackRequired(
+        return MustRollBack(
             0,
             RollbackReason.UNKNOWN_UUID,
             f"uuid {req.uuid} is not in the failover log: no common history; roll back to 0",
@@ -218,13 +218,13 @@ def _needs_rollback(
         snap_start = start
     # Rule 7.
     if upper < snap_start:
-        return RollbackRequired(
+        return MustRollBack(
             upper,
             RollbackReason.DIVERGED,
             f"consumer is ahead of the branch point: it has seqnos up to {start} but shares "
             f"history only up to {where}; roll back to {upper}",
         )
-    return RollbackRequired(
+    return MustRollBack(
         snap_start,
         RollbackReason.PARTIAL_SNAPSHOT,
         f"consumer is mid-snapshot {req.snap_start}..{req.snap_end} (has up to {start}) and the "

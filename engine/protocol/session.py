@@ -98,7 +98,7 @@ from engine.protocol.messages import (
     StreamStatus,
     decode_client_message,
 )
-from engine.core.rollback import RollbackRequired, StreamPosition, decide
+from engine.core.rollback import MustRollBack, StreamPosition, decide
 
 __all__ = [
     "Close",
@@ -342,7 +342,7 @@ class ServerSession:
                 StreamResponse(p, StreamStatus.RANGE_ERROR, detail=exc.message, field=exc.field),
                 *self._stopped(p),
             ]
-        if isinstance(verdict, RollbackRequired):
+        if isinstance(verdict, MustRollBack):
             self._count(f"rollback.{verdict.reason.value}")
             return [
                 StreamResponse(

@@ -21,7 +21,7 @@ from clients.ring import RollbackRing
 from clients.session import ClientSession
 from clients.state import MemoryStateStore
 from engine.protocol.messages import PartitionInfo
-from engine.core.rollback import RollbackRequired, StreamPosition, decide
+from engine.core.rollback import MustRollBack, StreamPosition, decide
 from engine.core.types import FailoverEntry
 
 KEYS = [b"a", b"b", b"c", b"d", b"e"]
@@ -89,7 +89,7 @@ class Client:
         (req,) = reqs
         while True:
             verdict = decide(s.log, s.high, 0, StreamPosition(req.uuid, req.start_seqno, req.snap_start, req.snap_end))
-            if not isinstance(verdict, RollbackRequired):
+            if not isinstance(verdict, MustRollBack):
                 break
             plan = self.session.plan_rollback(0, verdict.seqno, verdict.reason.value, verdict.detail, s.log)
             self.rollbacks += 1

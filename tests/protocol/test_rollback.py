@@ -13,9 +13,9 @@ from hypothesis import strategies as st
 
 from engine.core.errors import SeqnoRangeError
 from engine.core.rollback import (
+    MustRollBack,
     OkRule,
     RollbackReason,
-    RollbackRequired,
     StreamOk,
     StreamPosition,
     check_range,
@@ -122,7 +122,7 @@ def test_rollback_rule(case: Case) -> None:
         assert isinstance(verdict, StreamOk), verdict
         assert verdict.start_seqno == seqno
     else:
-        assert isinstance(verdict, RollbackRequired), verdict
+        assert isinstance(verdict, MustRollBack), verdict
         assert (verdict.reason.value, verdict.seqno) == (kind, seqno)
 
 
@@ -140,21 +140,21 @@ def test_ok_names_its_rule() -> None:
 )
 def test_rollback_detail_names_rule_and_numbers(case: StreamPosition, words: list[str]) -> None:
     verdict = decide(ONE, 100, 50, case)
-    assert isinstance(verdict, RollbackRequired)
+    assert isinstance(verdict, MustRollBack)
     for word in words:
         assert word in verdict.detail
 
 
 def test_diverged_detail_names_the_branch_point() -> None:
     verdict = decide(TWO, 120, 0, StreamPosition(A, 100, 90, 100))
-    assert isinstance(verdict, RollbackRequired)
+    assert isinstance(verdict, MustRollBack)
     assert verdict.reason is RollbackReason.DIVERGED
     assert "seqno 80" in verdict.detail and "branch" in verdict.detail and "100" in verdict.detail
 
 
 def test_partial_snapshot_detail_names_the_snapshot() -> None:
     verdict = decide(TWO, 120, 0, StreamPosition(A, 78, 75, 90))
-    assert isinstance(verdict, RollbackRequired)
+    assert isinstance(verdict, MustRollBack)
     assert "75..90" in verdict.detail and "78" in verdict.detail
 
 
@@ -190,7 +190,7 @@ def test_snapshot_invariant_is_checked_before_the_rules() -> None:
 def test_a_consumer_that_must_roll_back_is_told_so_rather_than_refused() -> None:
     # start > end would be ERANGE, but the consumer is ahead of the branch point: DCP rolls back first.
     verdict = decide(TWO, 120, 0, StreamPosition(A, 100, 100, 100, end_seqno=90))
-    assert isinstance(verdict, RollbackRequired) and verdict.seqno == 80
+    assert isinstance(verdict, MustRollBack) and verdict.seqno == 80
 
 
 def test_start_above_high_seqno_is_a_range_error_naming_start_seqno() -> None:
