@@ -50,7 +50,7 @@ log = logging.getLogger("upr.stream")
 
 __all__ = ["StreamConnection", "StreamLimits"]
 
-ENCODERS: dict[str, BatchEncoder] = {"binary": encode_binary_columns, "json": encode_json_columns}
+ENCODERS: dict[str, BatchEncoder] = {M.Codec.BINARY: encode_binary_columns, M.Codec.JSON: encode_json_columns}
 
 
 @dataclass(frozen=True, slots=True)
@@ -154,7 +154,7 @@ class StreamConnection:
 
     @property
     def codec(self) -> str:
-        return self.session.hello.codec.value if self.session.hello else "json"
+        return self.session.hello.codec.value if self.session.hello else M.Codec.JSON.value
 
     # ------------------------------------------------------------------ hub subscriber
     def notify(self, partitions: frozenset[int]) -> None:
@@ -604,7 +604,7 @@ class StreamConnection:
     def _check_state(self, partition: int) -> None:
         stream = self.session.streams.get(partition)
         if stream is not None:
-            state = self.engine.state(partition).value
+            state = self.engine.state(partition)
             if state != stream.expected_state:
                 raise StateChanged(f"is now {state}, the stream expected {stream.expected_state}")
 
@@ -652,7 +652,7 @@ def _partition_infos(engine: Any, partitions: tuple[int, ...]) -> dict[int, M.Pa
     out = {}
     for p in partitions:
         s = engine.stats(p)
-        out[p] = M.PartitionInfo(state=s.state.value, high_seqno=s.high_seqno, purge_seqno=s.purge_seqno,
+        out[p] = M.PartitionInfo(state=s.state, high_seqno=s.high_seqno, purge_seqno=s.purge_seqno,
                                  log=tuple(s.failover_log))
     return out
 

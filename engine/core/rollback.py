@@ -60,7 +60,7 @@ __all__ = [
 ]
 
 
-class RollbackReason(str, enum.Enum):
+class RollbackReason(enum.StrEnum):
     """Why a consumer must roll back; the value travels in ``stream_response.reason``."""
 
     UNKNOWN_UUID = "unknown_uuid"
@@ -69,7 +69,7 @@ class RollbackReason(str, enum.Enum):
     PARTIAL_SNAPSHOT = "partial_snapshot"
 
 
-class OkRule(str, enum.Enum):
+class OkRule(enum.StrEnum):
     """Which rule let a request through (useful to explain a position check)."""
 
     FROM_ZERO = "from_zero"

@@ -21,7 +21,11 @@ class Op(enum.IntEnum):
     DELETION = 1
 
 
-class PartitionState(str, enum.Enum):
+# Enums whose value travels as text are StrEnums: a member formats as its value, so a message or
+# log line reads the same whether it holds the member or the wire text.
+
+
+class PartitionState(enum.StrEnum):
     """DCP's vbucket states; only ``ACTIVE`` partitions accept client writes."""
 
     ACTIVE = "active"
@@ -30,7 +34,7 @@ class PartitionState(str, enum.Enum):
     DEAD = "dead"
 
 
-class Durability(str, enum.Enum):
+class Durability(enum.StrEnum):
     """When a write is acknowledged: once queued in memory, or once fsynced by a flush."""
 
     MEMORY = "memory"

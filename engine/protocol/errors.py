@@ -27,7 +27,7 @@ class CloseCode(enum.IntEnum):
     MESSAGE_TOO_BIG = 1009
 
 
-class ErrorCode(str, enum.Enum):
+class ErrorCode(enum.StrEnum):
     """Stable machine-readable codes carried by ``error`` messages."""
 
     MALFORMED_JSON = "malformed_json"

@@ -113,15 +113,21 @@ class Str(Kind):
 
 
 class Enum(Kind):
-    def __init__(self, values: type[enum.Enum] | tuple[str, ...], description: str = "") -> None:
-        self.enum_type = values if isinstance(values, type) else None
-        self.values = tuple(v.value for v in values) if isinstance(values, type) else values
+    """The text of an enum member, decoded to the member: any member of ``values`` (an enum), or
+    only the listed members (a field that allows part of an enum).  The enum itself is the one
+    list of allowed values, so the decoder and the schema cannot drift from it."""
+
+    def __init__(self, values: type[enum.Enum] | tuple[enum.Enum, ...], description: str = "") -> None:
+        members = tuple(values)
+        assert members and len({type(m) for m in members}) == 1, values
+        self.enum_type: type[enum.Enum] = type(members[0])
+        self.values: tuple[str, ...] = tuple(m.value for m in members)
         self.description = description
 
     def load(self, value: Any, field: str) -> Any:
         if type(value) is not str or value not in self.values:
             raise invalid_field(field, f"expected one of {', '.join(self.values)}, got {value!r}"[:300])
-        return self.enum_type(value) if self.enum_type else value
+        return self.enum_type(value)
 
     def dump(self, value: Any) -> Any:
         return value.value if isinstance(value, enum.Enum) else value

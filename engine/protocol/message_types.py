@@ -24,7 +24,8 @@ from dataclasses import MISSING, dataclass
 from dataclasses import fields as dc_fields
 from typing import Any, TypeVar
 
-from engine.core.types import MAX_SEQNO, FailoverEntry
+from engine.core.rollback import RollbackReason
+from engine.core.types import MAX_SEQNO, FailoverEntry, PartitionState
 from engine.protocol.fields import (
     PARTITION,
     U64,
@@ -71,31 +72,35 @@ __all__ = [
 PROTOCOL_VERSION = 1
 
 
-class Sender(str, enum.Enum):
+# Enums whose value is their wire text are StrEnums: a member formats as that text, so a detail
+# string or log line built from a decoded message reads as the wire does.
+
+
+class Sender(enum.StrEnum):
     CLIENT = "client"
     SERVER = "server"
 
 
-class Codec(str, enum.Enum):
+class Codec(enum.StrEnum):
     """How item batches travel: ``binary`` frames (columnar, see frames.py) or JSON ``items``."""
 
     JSON = "json"
     BINARY = "binary"
 
 
-class StreamStatus(str, enum.Enum):
+class StreamStatus(enum.StrEnum):
     OK = "ok"
     ROLLBACK = "rollback"
     NOT_MY_PARTITION = "not_my_partition"
     RANGE_ERROR = "range_error"
 
 
-class SnapshotSource(str, enum.Enum):
+class SnapshotSource(enum.StrEnum):
     DISK = "disk"
     MEMORY = "memory"
 
 
-class StreamEndReason(str, enum.Enum):
+class StreamEndReason(enum.StrEnum):
     END_SEQNO_REACHED = "end_seqno_reached"
     STATE_CHANGED = "state_changed"
     SHUTTING_DOWN = "shutting_down"
@@ -103,15 +108,11 @@ class StreamEndReason(str, enum.Enum):
     CLOSED = "closed"
 
 
-ROLLBACK_REASONS = ("unknown_uuid", "purged", "diverged", "partial_snapshot")  # engine.core.rollback.RollbackReason
-PARTITION_STATES = ("active", "replica", "pending", "dead")  # engine.core.types.PartitionState
-
-
 @dataclass(frozen=True, slots=True)
 class PartitionInfo:
     """What a client learns about one partition in ``failover_logs`` (and the session is told)."""
 
-    state: str
+    state: PartitionState
     high_seqno: int
     purge_seqno: int
     log: tuple[FailoverEntry, ...]
@@ -120,7 +121,7 @@ class PartitionInfo:
 PARTITION_INFO = Record(
     PartitionInfo,
     {
-        "state": Enum(PARTITION_STATES, "partition state"),
+        "state": Enum(PartitionState, "partition state"),
         "high_seqno": Int(0, MAX_SEQNO, "highest seqno assigned"),
         "purge_seqno": Int(0, MAX_SEQNO, "tombstones at or below this seqno may be purged"),
         "log": FailoverLogKind("failover log, newest first: [[uuid, seqno], ...]"),
@@ -191,7 +192,9 @@ class Hello:
     start_seqno=Int(0, MAX_SEQNO, "last seqno the consumer has (stream starts after it)"),
     snap_start=Int(0, MAX_SEQNO, "start of the last snapshot the consumer received"),
     snap_end=Int(0, MAX_SEQNO, "end of the last snapshot the consumer received"),
-    expected_state=Enum(("active", "replica"), "state the consumer expects the partition to be in"),
+    expected_state=Enum(
+        (PartitionState.ACTIVE, PartitionState.REPLICA), "state the consumer expects the partition to be in"
+    ),
     end_seqno=Nullable(Int(0, MAX_SEQNO), "end the stream after the snapshot containing it; null: endless"),
     to_now=Bool("end at the partition's high seqno at request time (overrides end_seqno)"),
     strict_uuid=Bool("check the uuid even at start_seqno 0 (DCP StrictVBUUID)"),
@@ -205,7 +208,7 @@ class StreamRequest:
     start_seqno: int
     snap_start: int
     snap_end: int
-    expected_state: str = "active"
+    expected_state: PartitionState = PartitionState.ACTIVE
     end_seqno: int | None = None
     to_now: bool = False
     strict_uuid: bool = False
@@ -260,7 +263,7 @@ class FailoverLogs:
     partition=PARTITION,
     status=Enum(StreamStatus),
     rollback_seqno=Nullable(Int(0, MAX_SEQNO), "status rollback: discard everything above this seqno"),
-    reason=Nullable(Enum(ROLLBACK_REASONS), "status rollback: the rule that decided it"),
+    reason=Nullable(Enum(RollbackReason), "status rollback: the rule that decided it"),
     detail=Str(0, MAX_TEXT_CHARS, "human explanation naming the rule and the numbers"),
     failover_log=Nullable(FailoverLogKind(), "status ok/rollback: the partition's failover log, newest first"),
     field=Nullable(Str(1, 64), "status range_error: the offending request field"),
@@ -273,7 +276,7 @@ class StreamResponse:
     partition: int
     status: StreamStatus
     rollback_seqno: int | None = None
-    reason: str | None = None
+    reason: RollbackReason | None = None
     detail: str = ""
     failover_log: tuple[FailoverEntry, ...] | None = None
     field: str | None = None

@@ -99,6 +99,7 @@ from engine.protocol.messages import (
     decode_client_message,
 )
 from engine.core.rollback import MustRollBack, StreamPosition, decide
+from engine.core.types import PartitionState
 
 __all__ = [
     "Close",
@@ -156,7 +157,7 @@ class Stream:
     snap_start: int
     snap_end: int
     end_seqno: int | None
-    expected_state: str
+    expected_state: PartitionState
     purge_seqno: int = 0
     dirty: bool = True  # never visited, or notified since the last visit began
     visiting: int | None = None  # token of the visit in progress
@@ -349,7 +350,7 @@ class ServerSession:
                     p,
                     StreamStatus.ROLLBACK,
                     rollback_seqno=verdict.seqno,
-                    reason=verdict.reason.value,
+                    reason=verdict.reason,
                     detail=verdict.detail,
                     failover_log=tuple(info.log),
                 ),
