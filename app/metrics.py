@@ -17,6 +17,8 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from engine.core.types import PartitionState
+
 if TYPE_CHECKING:
     from app.streams_registry import StreamRegistry
     from engine.engine import Engine
@@ -79,7 +81,7 @@ class EngineCollector(Collector):
             label = [str(st.partition)]
             for name, family in per.items():
                 family.add_metric(label, float(getattr(st, name)))
-            active.add_metric(label, 1.0 if st.state.value == "active" else 0.0)
+            active.add_metric(label, 1.0 if st.state is PartitionState.ACTIVE else 0.0)
         yield from per.values()
         yield active
         for key, value in sorted(self._engine.engine_stats().items()):

@@ -42,7 +42,7 @@ from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidSta
 
 from engine.protocol import messages as M
 from engine.protocol.bundle import BUNDLE_MAGIC, decode_bundle
-from engine.protocol.errors import ProtocolError
+from engine.protocol.errors import ErrorCode, ProtocolError
 from engine.protocol.frames import ItemBatch, decode_binary
 from engine.core.types import Document
 
@@ -78,7 +78,7 @@ DEFAULT_WINDOW = 8 << 20
 MAX_NOT_MY_PARTITION = 5
 _PROTOCOL_CLOSE_CODES = {1003, 1008, 1009}
 #: ``error`` codes answering hello that mean "the arguments were wrong", not "the server failed".
-_CALLER_MISTAKES = {"invalid_partition", "invalid_field"}
+_CALLER_MISTAKES = {ErrorCode.INVALID_PARTITION, ErrorCode.INVALID_FIELD}
 
 
 def stream_url(server: str) -> str:
@@ -678,7 +678,7 @@ class Consumer:
             count = self._not_mine[p] = self._not_mine.get(p, 0) + 1
             if count >= MAX_NOT_MY_PARTITION:
                 raise StreamRejected(f"partition {p} is not served by {self.server} ({msg.detail or 'not active'})",
-                                     status="not_my_partition", partition=p)
+                                     status=M.StreamStatus.NOT_MY_PARTITION.value, partition=p)
             raise _Reconnect(f"partition {p}: not my partition; reloading the partition map")
         else:
             session.range_error(p, msg.detail or msg.field)

@@ -40,7 +40,7 @@ import enum
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
-from engine.protocol.messages import PartitionInfo, StreamRequest
+from engine.protocol.messages import PartitionInfo, StreamEndReason, StreamRequest, StreamStatus
 from engine.core.types import FailoverEntry
 
 from .errors import StreamRejected, UsageError
@@ -111,8 +111,8 @@ class EndAction(str, enum.Enum):
 #: ``Rollback.reason`` of a repair of the consumer's own unsaved progress (not a server rollback).
 UNSAVED_PROGRESS = "unsaved_progress"
 
-_FINISHED_REASONS = {"end_seqno_reached", "closed"}
-_REREQUEST_REASONS = {"too_slow"}
+_FINISHED_REASONS = {StreamEndReason.END_SEQNO_REACHED, StreamEndReason.CLOSED}
+_REREQUEST_REASONS = {StreamEndReason.TOO_SLOW}
 
 
 class ClientSession:
@@ -375,7 +375,7 @@ class ClientSession:
             f"partition {p}: the server refused position {off.to_dict()} as out of range"
             + (f" ({detail})" if detail else "")
             + "; the saved state does not belong to this server's history: delete it to start over",
-            status="range_error", partition=p, seqno=off.seqno)
+            status=StreamStatus.RANGE_ERROR.value, partition=p, seqno=off.seqno)
 
     # ------------------------------------------------------------------ stream ends, connection
     def stream_end(self, p: int, reason: str, last_seqno: int | None) -> EndAction:

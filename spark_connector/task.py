@@ -217,15 +217,15 @@ def _stream(partition: Any, rounds: list[list[WorkItem]]) -> Iterator[pa.RecordB
                 elif isinstance(msg, M.SnapshotMarker):
                     snaps[msg.partition] = (msg.start, msg.end)
                 elif isinstance(msg, M.StreamEndMessage):
-                    if msg.reason is not M.StreamEndReason.END_SEQNO_REACHED and msg.reason != "end_seqno_reached":
+                    if msg.reason is not M.StreamEndReason.END_SEQNO_REACHED:
                         raise StreamReadError(f"partition {msg.partition}: stream ended early "
-                                              f"({getattr(msg.reason, 'value', msg.reason)}) at {msg.last_seqno}")
+                                              f"({msg.reason}) at {msg.last_seqno}")
                     open_.pop(msg.partition, None)
                 elif isinstance(msg, M.StreamResponse):
-                    status = getattr(msg.status, "value", msg.status)
-                    if status == "ok":
+                    status = msg.status
+                    if status is M.StreamStatus.OK:
                         pass
-                    elif status == "rollback" and msg.partition in open_:
+                    elif status is M.StreamStatus.ROLLBACK and msg.partition in open_:
                         w = open_[msg.partition]
                         yield control_batch(w.partition, RESET, 0)
                         end = min(w.end, highs.get(w.partition, w.end))

@@ -31,6 +31,7 @@ from clients.offset import StreamOffset
 from clients.session import RollbackPolicy
 from clients.state import MemoryStateStore
 from engine.protocol.frames import ItemBatch
+from engine.protocol.messages import StreamEndReason
 
 
 def archived_boundaries(runs: list[RunManifest], partitions: Iterable[int]) -> dict[int, list[int]]:
@@ -139,12 +140,12 @@ class Driver:
         elif isinstance(ev, Rollback):
             await self._rollback(consumer, p, ev)
         elif isinstance(ev, StreamEnd):
-            if ev.reason == "end_seqno_reached" and p in remaining:
+            if ev.reason == StreamEndReason.END_SEQNO_REACHED and p in remaining:
                 end = consumer.position(p)
                 log = tuple((e.uuid, e.seqno) for e in consumer.session.positions[p].failover_log)
                 self.writers[p].finish(end, failover_log=log, purge_seqno=self.purge_seqnos.get(p, 0))
                 remaining.discard(p)
-            elif ev.reason == "closed":
+            elif ev.reason == StreamEndReason.CLOSED:
                 raise StreamFailed(self._stuck({p}, "the server closed the stream"), partition=p,
                                    seqno=ev.last_seqno)
         else:  # batches() hands items over only as batches, and the report policy sends no corrections
