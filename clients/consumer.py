@@ -670,7 +670,8 @@ class Consumer:
             self._not_mine.pop(p, None)
             session.stream_ok(p, msg.failover_log or ())
         elif status is M.StreamStatus.ROLLBACK:
-            plan = session.plan_rollback(p, msg.rollback_seqno or 0, msg.reason, msg.detail, msg.failover_log or ())
+            reason = msg.reason.value if msg.reason is not None else None  # events carry plain text
+            plan = session.plan_rollback(p, msg.rollback_seqno or 0, reason, msg.detail, msg.failover_log or ())
             async for out in self._rollback(plan):
                 yield out
         elif status is M.StreamStatus.NOT_MY_PARTITION:
