@@ -23,9 +23,9 @@ from dataclasses import dataclass, field
 from functools import partial
 from itertools import accumulate, chain, islice
 from operator import itemgetter
-from typing import Literal
 
 from engine.protocol.frames import Columns
+from engine.protocol.message_types import SnapshotSource
 from engine.store import (
     SEQNO,
     Cols,
@@ -49,7 +49,7 @@ _item_of = partial(tuple.__new__, Item)
 class SnapshotPart:
     """One contiguous, deduplicated range of a partition's history."""
 
-    source: Literal["disk", "memory"]
+    source: SnapshotSource
     start: int
     end: int
     _reader: "_DiskReader | _MemoryReader" = field(repr=False)
@@ -254,13 +254,13 @@ def capture(store: Store, partition: int, root_of: Callable[[], QueueRoot], afte
         read.close()  # a flush committed after the txn began and the root already reflects it
     parts: list[SnapshotPart] = []
     if after_seqno < persisted:
-        parts.append(SnapshotPart("disk", after_seqno + 1, persisted,
+        parts.append(SnapshotPart(SnapshotSource.DISK, after_seqno + 1, persisted,
                                   _DiskReader(read, store, partition, after_seqno + 1)))
     else:
         read.close()
     mem_start = max(after_seqno, persisted) + 1
     if root.high >= mem_start:
-        parts.append(SnapshotPart("memory", mem_start, root.high, _MemoryReader(root, mem_start, root.high)))
+        parts.append(SnapshotPart(SnapshotSource.MEMORY, mem_start, root.high, _MemoryReader(root, mem_start, root.high)))
     high = parts[-1].end if parts else after_seqno
     return PartitionSnapshot(partition, high, purge_seqno, parts)
 
@@ -286,5 +286,5 @@ def capture_memory_only(partition: int, root: QueueRoot, after_seqno: int,
     parts: list[SnapshotPart] = []
     if root.high > after_seqno:
         start = after_seqno + 1
-        parts.append(SnapshotPart("memory", start, root.high, _MemoryReader(root, start, root.high)))
+        parts.append(SnapshotPart(SnapshotSource.MEMORY, start, root.high, _MemoryReader(root, start, root.high)))
     return PartitionSnapshot(partition, parts[-1].end if parts else after_seqno, purge_seqno, parts)
