@@ -260,7 +260,9 @@ def capture(store: Store, partition: int, root_of: Callable[[], QueueRoot], afte
         read.close()
     mem_start = max(after_seqno, persisted) + 1
     if root.high >= mem_start:
-        parts.append(SnapshotPart(SnapshotSource.MEMORY, mem_start, root.high, _MemoryReader(root, mem_start, root.high)))
+        parts.append(
+            SnapshotPart(SnapshotSource.MEMORY, mem_start, root.high, _MemoryReader(root, mem_start, root.high))
+        )
     high = parts[-1].end if parts else after_seqno
     return PartitionSnapshot(partition, high, purge_seqno, parts)
 

@@ -11,7 +11,11 @@ from engine.protocol.errors import ErrorCode, ProtocolError
 from engine.protocol.frames import decode_binary, encode_binary
 from spark_connector.task import batch_to_arrow, frame_to_arrow
 
-ITEMS = [Item(b"alpha", 5, 105, 1, False, b"v1"), Item(b"gone", 6, 106, 2, True, b""), Item("ключ".encode(), 9, 109, 1, False, b"\xff")]
+ITEMS = [
+    Item(b"alpha", 5, 105, 1, False, b"v1"),
+    Item(b"gone", 6, 106, 2, True, b""),
+    Item("ключ".encode(), 9, 109, 1, False, b"\xff"),
+]
 FRAME = encode_binary(3, ITEMS, True)
 
 
