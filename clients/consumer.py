@@ -41,7 +41,7 @@ from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidStatus
 
 from engine.protocol import messages as M
-from engine.protocol.bundle import BUNDLE_MAGIC, decode_bundle
+from engine.protocol.bundle import decode_bundle, is_bundle
 from engine.protocol.errors import ErrorCode, ProtocolError
 from engine.protocol.frames import ItemBatch, decode_binary
 from engine.core.types import Document
@@ -551,7 +551,7 @@ class Consumer:
                             finally:
                                 self._reading = False
                             nbytes = _frame_bytes(frame)
-                            if isinstance(frame, bytes) and frame[:4] == BUNDLE_MAGIC:
+                            if isinstance(frame, bytes) and is_bundle(frame):
                                 frame, nbytes = self._unbundle(frame, nbytes)
                         if isinstance(frame, bytes):
                             try:
