@@ -33,40 +33,12 @@ import orjson
 from engine.core.errors import UprError
 from engine.protocol.frames import ItemBatch
 
-from .errors import AuthFailed, ConnectionFailed, UsageError
+from .cli_support import EXIT_ERROR, EXIT_OK, exit_code, parse_partitions
 from .http import HttpApi, default_server, default_token
 
-__all__ = ["register", "main", "parse_partitions", "change_line"]
-
-EXIT_OK, EXIT_ERROR, EXIT_USAGE, EXIT_UNREACHABLE, EXIT_AUTH = 0, 1, 2, 3, 4
-
+__all__ = ["register", "main", "parse_partitions", "change_line", "exit_code"]
 
 # ---------------------------------------------------------------------------------------------- helpers
-def parse_partitions(text: str) -> list[int]:
-    """``"0,3,5-7"`` -> [0, 3, 5, 6, 7]."""
-    out: set[int] = set()
-    for part in text.split(","):
-        part = part.strip()
-        if not part:
-            continue
-        try:
-            if "-" in part:
-                lo, hi = (int(x) for x in part.split("-", 1))
-                if lo > hi or lo < 0:
-                    raise ValueError
-                out.update(range(lo, hi + 1))
-            else:
-                n = int(part)
-                if n < 0:
-                    raise ValueError
-                out.add(n)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"bad partition list {text!r}: use ids and ranges like 0,3,5-7") from None
-    if not out:
-        raise argparse.ArgumentTypeError("empty partition list")
-    return sorted(out)
-
-
 def _from_arg(text: str) -> str:
     if text in ("beginning", "now") or (text.startswith("state:") and len(text) > len("state:")):
         return text
@@ -126,17 +98,6 @@ def _token(args: argparse.Namespace) -> str | None:
 
 def _err(message: str) -> None:
     print(f"upr: error: {message}", file=sys.stderr)
-
-
-#: Typed error -> exit status, most specific first (``upr backup`` shares it).
-_EXIT_CODES: tuple[tuple[type[UprError], int], ...] = (
-    (ConnectionFailed, EXIT_UNREACHABLE), (AuthFailed, EXIT_AUTH), (UsageError, EXIT_USAGE), (UprError, EXIT_ERROR),
-)
-
-
-def exit_code(exc: UprError) -> int:
-    """The exit status for a typed error: 3 unreachable, 4 bad token, 2 misuse, 1 anything else."""
-    return next(code for cls, code in _EXIT_CODES if isinstance(exc, cls))
 
 
 def _guard(fn: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Namespace], int]:
