@@ -24,8 +24,10 @@ from __future__ import annotations
 import argparse
 import asyncio
 import base64
+import contextlib
+import signal
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any, BinaryIO
 
 import orjson
@@ -34,6 +36,9 @@ from engine.core.errors import UprError
 from engine.protocol.frames import ItemBatch
 
 from .cli_support import EXIT_ERROR, EXIT_OK, exit_code, parse_partitions
+
+#: ``upr tail`` stopped by SIGTERM after saving its position (what a shell reports for the signal).
+EXIT_SIGTERM = 128 + signal.SIGTERM
 from .http import HttpApi, default_server, default_token
 
 __all__ = ["register", "main", "parse_partitions", "change_line", "exit_code"]
@@ -124,8 +129,6 @@ def _print_json(obj: Any) -> None:
 # ---------------------------------------------------------------------------------------------- tail
 async def _tail(args: argparse.Namespace, out: BinaryIO) -> int:
     from .consumer import Consumer
-    from .events import BarrierReached, Deletion, Mutation, PartitionReset, Rollback, SnapshotEnd, SnapshotStart, \
-        StreamEnd
 
     start = args.start
     state: str | None = None
@@ -134,6 +137,44 @@ async def _tail(args: argparse.Namespace, out: BinaryIO) -> int:
     consumer = Consumer(_server(args), token=_token(args), name=args.name, partitions=args.partitions, start=start,
                         state=state, ring_size=args.ring_size if state else 0, until_now=args.until == "now",
                         max_reconnect_attempts=args.reconnect_attempts)
+    with _stopped_by_sigterm() as stopped:
+        try:
+            await _tail_events(consumer, out)
+        except asyncio.CancelledError:
+            if not stopped:
+                raise
+            return EXIT_SIGTERM  # the consumer was closed on the way out: its position is saved
+    return EXIT_OK
+
+
+@contextlib.contextmanager
+def _stopped_by_sigterm() -> Iterator[list[int]]:
+    """Turn SIGTERM into a cancellation of the current task, as asyncio does for SIGINT.
+
+    systemd and Kubernetes stop services with SIGTERM: its default action ends the process at
+    once, before the consumer saves what it processed, and the next run would print it again.
+    Cancelling lets ``async with`` close the consumer, which saves.  The list yielded gets the
+    signal number once it came."""
+    loop = asyncio.get_running_loop()
+    task = asyncio.current_task()
+    assert task is not None
+    stopped: list[int] = []
+
+    def stop() -> None:
+        stopped.append(signal.SIGTERM)
+        task.cancel()
+
+    loop.add_signal_handler(signal.SIGTERM, stop)
+    try:
+        yield stopped
+    finally:
+        loop.remove_signal_handler(signal.SIGTERM)
+
+
+async def _tail_events(consumer: Any, out: BinaryIO) -> None:
+    from .events import BarrierReached, Deletion, Mutation, PartitionReset, Rollback, SnapshotEnd, SnapshotStart, \
+        StreamEnd
+
     async with consumer:
         async for ev in consumer.batches():
             if type(ev) is ItemBatch:
@@ -153,7 +194,6 @@ async def _tail(args: argparse.Namespace, out: BinaryIO) -> int:
                       f"{ev.corrections} correction(s) follow", file=sys.stderr)
             elif isinstance(ev, (SnapshotStart, SnapshotEnd, StreamEnd, BarrierReached)):
                 pass
-    return EXIT_OK
 
 
 def _cmd_tail(args: argparse.Namespace) -> int:

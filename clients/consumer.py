@@ -188,6 +188,7 @@ class Consumer:
         self._done = False
         self._last_save = time.monotonic()
         self._dirty = False
+        self._idle_save: asyncio.TimerHandle | None = None
         self._cookies = itertools.count(1)
         self._barriers: dict[str, asyncio.Future[BarrierReached]] = {}
         self._not_mine: dict[int, int] = {}
@@ -349,6 +350,9 @@ class Consumer:
         if self._closed:
             return
         self._closed = True
+        if self._idle_save is not None:
+            self._idle_save.cancel()
+            self._idle_save = None
         gen, self._gen = self._gen, None
         if gen is not None:
             try:
@@ -479,8 +483,23 @@ class Consumer:
 
     def _maybe_save(self) -> None:
         self._dirty = True
-        if time.monotonic() - self._last_save >= self.commit_interval:
+        waited = time.monotonic() - self._last_save
+        if waited >= self.commit_interval:
             self._save()
+        elif self._idle_save is None:
+            # If no frame comes before the interval is over (the stream went idle), save anyway:
+            # a consumer stopped by SIGKILL after a quiet spell must not lose what it processed.
+            self._idle_save = asyncio.get_running_loop().call_later(self.commit_interval - waited,
+                                                                    self._save_when_idle)
+
+    def _save_when_idle(self) -> None:
+        """Runs between two steps of the event loop, so the positions are those of processed items."""
+        self._idle_save = None
+        if self._dirty and not self._closed:
+            try:
+                self._save()
+            except Exception:  # the next save retries; a timer callback has nobody to raise to
+                log.exception("consumer %s: saving its position while idle failed", self.name)
 
     def _apply_batch_progress(self, upto: int) -> None:
         """Move the position over items [_b_done, upto) of the batch being handed over."""
