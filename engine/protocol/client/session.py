@@ -426,12 +426,18 @@ class ClientSession:
         """One server message after the handshake: what to deliver, send or do, in order."""
         kind = type(msg)
         if kind is ItemBatch:
-            self._open_position(msg.partition, "items")
+            self.items_arrived(msg.partition)
             return [Deliver(msg)]
         handler = self._RECEIVERS.get(kind)
         if handler is None:
             raise ProtocolViolation(f"unexpected {kind.__name__} in the middle of a stream")
         return handler(self, msg)
+
+    def items_arrived(self, p: int) -> PartitionPosition:
+        """An item batch of partition ``p`` arrived (adapters that decode batches their own way,
+        like the Spark task's Arrow path, call this instead of ``receive``): its position, to move
+        once the items are processed; ``ProtocolViolation`` if ``p`` has no open stream."""
+        return self._open_position(p, "items")
 
     def _open_position(self, p: int, what: str) -> PartitionPosition:
         pos = self.positions.get(p)
