@@ -16,8 +16,12 @@ print exactly what changed since the last one, and after a server rollback the c
 affected keys' current versions) come first as ordinary lines; applying every line in order yields
 the server's data.
 
+SIGTERM (how systemd and Kubernetes stop a service) stops ``upr tail`` like Ctrl-C: the position is
+saved before it exits; while the stream is idle the position is saved within a second anyway, so
+even a SIGKILL after a quiet spell re-prints nothing.
+
 Exit codes: 0 ok, 1 error (including "not found"), 2 bad arguments, 3 server unreachable,
-4 bad or insufficient token.
+4 bad or insufficient token, 130 Ctrl-C, 143 SIGTERM.
 """
 from __future__ import annotations
 
