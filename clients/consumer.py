@@ -32,7 +32,7 @@ from typing import Any
 
 from engine.protocol import messages as M
 from engine.protocol.client.acks import AckTracker
-from engine.protocol.client.session import DEFAULT_WINDOW, MAX_NOT_MY_PARTITION, ClientSession
+from engine.protocol.client.session import DEFAULT_WINDOW, ClientSession
 from engine.protocol.frames import ItemBatch
 
 from .backoff import Backoff
@@ -46,11 +46,9 @@ from .ring import RollbackRing
 from .session import RollbackPolicy, SeekAction, StartMode
 from .state import FileStateStore, MemoryStateStore, StateStore
 
-__all__ = ["Consumer", "Handler"]
+__all__ = ["Consumer", "Handler", "stream_url"]
 
 Handler = Callable[[Any], "Awaitable[None] | None"]
-
-__all__ += ["DEFAULT_WINDOW", "MAX_NOT_MY_PARTITION", "stream_url"]
 
 
 class Consumer(ReceiveLoop):

@@ -33,7 +33,7 @@ from engine.protocol.frames import ItemBatch
 
 from .backoff import Backoff
 from .connection import ReconnectNeeded, StreamConnection
-from .errors import ConnectionFailed, UsageError
+from .errors import ConnectionFailed, ProtocolViolation
 from .events import BarrierReached, Deletion, Mutation, SnapshotEnd, SnapshotStart, StreamEnd, events_of
 from .http import AsyncHttpApi
 from .repair import repair_events
@@ -285,7 +285,7 @@ class ReceiveLoop:
                 if fut is not None and not fut.done():
                     fut.set_result(event)
             else:  # pragma: no cover - the session delivers nothing else outside the batch fast path
-                raise UsageError(f"cannot deliver {type(msg).__name__}")
+                raise ProtocolViolation(f"unexpected {type(msg).__name__} in the middle of a stream")
         elif kind is StreamEnded:
             yield StreamEnd(action.partition, action.reason, action.last_seqno,  # type: ignore[union-attr]
                             action.lowered_from)  # type: ignore[union-attr]
