@@ -16,16 +16,22 @@ print exactly what changed since the last one, and after a server rollback the c
 affected keys' current versions) come first as ordinary lines; applying every line in order yields
 the server's data.
 
+SIGTERM (how systemd and Kubernetes stop a service) stops ``upr tail`` like Ctrl-C: the position is
+saved before it exits; while the stream is idle the position is saved within a second anyway, so
+even a SIGKILL after a quiet spell re-prints nothing.
+
 Exit codes: 0 ok, 1 error (including "not found"), 2 bad arguments, 3 server unreachable,
-4 bad or insufficient token.
+4 bad or insufficient token, 130 Ctrl-C, 143 SIGTERM.
 """
 from __future__ import annotations
 
 import argparse
 import asyncio
 import base64
+import contextlib
+import signal
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any, BinaryIO
 
 import orjson
@@ -33,40 +39,15 @@ import orjson
 from engine.core.errors import UprError
 from engine.protocol.frames import ItemBatch
 
-from .errors import AuthFailed, ConnectionFailed, UsageError
+from .cli_support import EXIT_ERROR, EXIT_OK, exit_code, parse_partitions
+
+#: ``upr tail`` stopped by SIGTERM after saving its position (what a shell reports for the signal).
+EXIT_SIGTERM = 128 + signal.SIGTERM
 from .http import HttpApi, default_server, default_token
 
-__all__ = ["register", "main", "parse_partitions", "change_line"]
-
-EXIT_OK, EXIT_ERROR, EXIT_USAGE, EXIT_UNREACHABLE, EXIT_AUTH = 0, 1, 2, 3, 4
-
+__all__ = ["register", "main", "parse_partitions", "change_line", "exit_code"]
 
 # ---------------------------------------------------------------------------------------------- helpers
-def parse_partitions(text: str) -> list[int]:
-    """``"0,3,5-7"`` -> [0, 3, 5, 6, 7]."""
-    out: set[int] = set()
-    for part in text.split(","):
-        part = part.strip()
-        if not part:
-            continue
-        try:
-            if "-" in part:
-                lo, hi = (int(x) for x in part.split("-", 1))
-                if lo > hi or lo < 0:
-                    raise ValueError
-                out.update(range(lo, hi + 1))
-            else:
-                n = int(part)
-                if n < 0:
-                    raise ValueError
-                out.add(n)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"bad partition list {text!r}: use ids and ranges like 0,3,5-7") from None
-    if not out:
-        raise argparse.ArgumentTypeError("empty partition list")
-    return sorted(out)
-
-
 def _from_arg(text: str) -> str:
     if text in ("beginning", "now") or (text.startswith("state:") and len(text) > len("state:")):
         return text
@@ -128,17 +109,6 @@ def _err(message: str) -> None:
     print(f"upr: error: {message}", file=sys.stderr)
 
 
-#: Typed error -> exit status, most specific first (``upr backup`` shares it).
-_EXIT_CODES: tuple[tuple[type[UprError], int], ...] = (
-    (ConnectionFailed, EXIT_UNREACHABLE), (AuthFailed, EXIT_AUTH), (UsageError, EXIT_USAGE), (UprError, EXIT_ERROR),
-)
-
-
-def exit_code(exc: UprError) -> int:
-    """The exit status for a typed error: 3 unreachable, 4 bad token, 2 misuse, 1 anything else."""
-    return next(code for cls, code in _EXIT_CODES if isinstance(exc, cls))
-
-
 def _guard(fn: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Namespace], int]:
     """Turn typed errors into one stderr line and an exit code."""
 
@@ -163,8 +133,6 @@ def _print_json(obj: Any) -> None:
 # ---------------------------------------------------------------------------------------------- tail
 async def _tail(args: argparse.Namespace, out: BinaryIO) -> int:
     from .consumer import Consumer
-    from .events import BarrierReached, Deletion, Mutation, PartitionReset, Rollback, SnapshotEnd, SnapshotStart, \
-        StreamEnd
 
     start = args.start
     state: str | None = None
@@ -173,6 +141,44 @@ async def _tail(args: argparse.Namespace, out: BinaryIO) -> int:
     consumer = Consumer(_server(args), token=_token(args), name=args.name, partitions=args.partitions, start=start,
                         state=state, ring_size=args.ring_size if state else 0, until_now=args.until == "now",
                         max_reconnect_attempts=args.reconnect_attempts)
+    with _stopped_by_sigterm() as stopped:
+        try:
+            await _tail_events(consumer, out)
+        except asyncio.CancelledError:
+            if not stopped:
+                raise
+            return EXIT_SIGTERM  # the consumer was closed on the way out: its position is saved
+    return EXIT_OK
+
+
+@contextlib.contextmanager
+def _stopped_by_sigterm() -> Iterator[list[int]]:
+    """Turn SIGTERM into a cancellation of the current task, as asyncio does for SIGINT.
+
+    systemd and Kubernetes stop services with SIGTERM: its default action ends the process at
+    once, before the consumer saves what it processed, and the next run would print it again.
+    Cancelling lets ``async with`` close the consumer, which saves.  The list yielded gets the
+    signal number once it came."""
+    loop = asyncio.get_running_loop()
+    task = asyncio.current_task()
+    assert task is not None
+    stopped: list[int] = []
+
+    def stop() -> None:
+        stopped.append(signal.SIGTERM)
+        task.cancel()
+
+    loop.add_signal_handler(signal.SIGTERM, stop)
+    try:
+        yield stopped
+    finally:
+        loop.remove_signal_handler(signal.SIGTERM)
+
+
+async def _tail_events(consumer: Any, out: BinaryIO) -> None:
+    from .events import BarrierReached, Deletion, Mutation, PartitionReset, Rollback, SnapshotEnd, SnapshotStart, \
+        StreamEnd
+
     async with consumer:
         async for ev in consumer.batches():
             if type(ev) is ItemBatch:
@@ -192,7 +198,6 @@ async def _tail(args: argparse.Namespace, out: BinaryIO) -> int:
                       f"{ev.corrections} correction(s) follow", file=sys.stderr)
             elif isinstance(ev, (SnapshotStart, SnapshotEnd, StreamEnd, BarrierReached)):
                 pass
-    return EXIT_OK
 
 
 def _cmd_tail(args: argparse.Namespace) -> int:

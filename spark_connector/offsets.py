@@ -23,8 +23,11 @@ in ``latestOffset``.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any
+
+from engine.core.errors import InvalidInput
+from engine.protocol.client.offset import StreamOffset
 
 FORMAT_VERSION = 1
 
@@ -34,15 +37,20 @@ class OffsetFormatError(ValueError):
 
 
 @dataclass(frozen=True, slots=True)
-class PartitionOffset:
-    """Where the consumer of one partition stands: the last item delivered and its snapshot."""
+class PartitionOffset(StreamOffset):
+    """Where the consumer of one partition stands: the last item delivered and its snapshot (the
+    client's one position type, ``StreamOffset``), plus the source's rollback bookkeeping."""
 
-    uuid: int = 0
-    seqno: int = 0
-    snap_start: int = 0
-    snap_end: int = 0
     generation: int = 0
     restart_from: int | None = None
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.generation, int) or self.generation < 0:
+            raise OffsetFormatError(f"generation must be a non-negative int, got {self.generation!r}")
+        try:
+            StreamOffset.__post_init__(self)
+        except InvalidInput as exc:
+            raise OffsetFormatError(exc.message) from None
 
     def to_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {"u": str(self.uuid), "s": self.seqno, "ss": self.snap_start,
@@ -55,33 +63,20 @@ class PartitionOffset:
     def from_json(cls, raw: Any, *, where: str = "offset") -> PartitionOffset:
         if not isinstance(raw, Mapping):
             raise OffsetFormatError(f"{where}: expected an object, got {type(raw).__name__}")
-        try:
-            out = cls(
-                uuid=_int(raw.get("u", raw.get("uuid", 0)), f"{where}.uuid"),
-                seqno=_int(raw.get("s", raw.get("seqno", 0)), f"{where}.seqno"),
-                snap_start=_int(raw.get("ss", raw.get("snapStart", raw.get("snap_start"))), f"{where}.snapStart",
-                                default=None),
-                snap_end=_int(raw.get("se", raw.get("snapEnd", raw.get("snap_end"))), f"{where}.snapEnd",
-                              default=None),
-                generation=_int(raw.get("g", raw.get("generation", 0)), f"{where}.generation"),
-                restart_from=_int(raw.get("r"), f"{where}.restartFrom", default=None),
-            )
-        except TypeError as exc:  # pragma: no cover - defensive
-            raise OffsetFormatError(f"{where}: {exc}") from exc
-        return out.normalized(where)
-
-    def normalized(self, where: str = "offset") -> PartitionOffset:
-        """Fill a missing snapshot range with the seqno (a position at a snapshot end) and check
-        DCP's invariant ``snap_start <= seqno <= snap_end``."""
-        ss = self.seqno if self.snap_start is None else self.snap_start
-        se = self.seqno if self.snap_end is None else self.snap_end
-        if min(self.uuid, self.seqno, ss, se, self.generation) < 0:
+        uuid = _int(raw.get("u", raw.get("uuid", 0)), f"{where}.uuid")
+        seqno = _int(raw.get("s", raw.get("seqno", 0)), f"{where}.seqno")
+        # a missing snapshot range is a position at a snapshot end: the range is the seqno
+        ss = _int(raw.get("ss", raw.get("snapStart", raw.get("snap_start"))), f"{where}.snapStart", default=seqno)
+        se = _int(raw.get("se", raw.get("snapEnd", raw.get("snap_end"))), f"{where}.snapEnd", default=seqno)
+        generation = _int(raw.get("g", raw.get("generation", 0)), f"{where}.generation")
+        restart_from = _int(raw.get("r"), f"{where}.restartFrom", default=None)
+        if min(uuid, seqno, ss, se, generation) < 0:
             raise OffsetFormatError(f"{where}: negative number")
-        if not ss <= self.seqno <= se:
+        if not ss <= seqno <= se:
             raise OffsetFormatError(
                 f"{where}: snapshot range must satisfy snapStart <= seqno <= snapEnd, "
-                f"got {ss} <= {self.seqno} <= {se}")
-        return replace(self, snap_start=ss, snap_end=se)
+                f"got {ss} <= {seqno} <= {se}")
+        return cls(uuid, seqno, ss, se, generation, restart_from)
 
 
 def _int(value: Any, where: str, *, default: int | None = 0) -> Any:

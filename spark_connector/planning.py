@@ -10,6 +10,8 @@ import heapq
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+from engine.protocol.client.offset import StreamOffset
+
 from .offsets import SourceOffset, stream_start
 
 #: Tasks per batch when ``minPartitions`` is not given: enough to keep the default ``local[*]``
@@ -50,6 +52,11 @@ class WorkItem:
     @property
     def backlog(self) -> int:
         return max(0, self.end - self.start)
+
+    @property
+    def position(self) -> StreamOffset:
+        """Where the stream of this piece resumes (the stream request's position)."""
+        return StreamOffset(self.uuid, self.start, self.snap_start, self.snap_end)
 
 
 def work_items(start: SourceOffset, end: SourceOffset) -> list[WorkItem]:

@@ -1,9 +1,10 @@
 """``read()`` of one Spark task: bounded stream requests over one WebSocket, as Arrow batches.
 
 Runs on executors and is stateless: everything comes from the ``UprInputPartition``.  It speaks
-the stream protocol through the shared sans-I/O message and frame modules (``engine.protocol``),
-with the binary codec (columnar item batches decode with a few memcpys) and a flow-control window
-acknowledged as frames are converted.
+the stream protocol through the shared client session (``engine.protocol.client.session``: hello,
+validation, stream ends, rollback decisions, the ack policy), with the binary codec (columnar item
+batches go into Arrow with a few memcpys) and a flow-control window acknowledged as frames are
+converted.
 
 Range semantics are DCP's: a request ``(start, end]`` streams every key's latest version with a
 seqno in the range, and the server ends the stream after the snapshot that contains ``end``.  By
@@ -25,13 +26,19 @@ import socket
 import sys
 from array import array
 from collections.abc import Iterator
+from dataclasses import replace
 from typing import Any
-from urllib.parse import urlparse
 
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from clients.connection import stream_url
 from engine.protocol import messages as M
+from engine.protocol.client.acks import AckTracker
+from engine.protocol.client.actions import Deliver, EndAction, Reconnect, Repair, Send, StreamEnded
+from engine.protocol.client.errors import ClientError
+from engine.protocol.client.incoming import decode_frame, frame_bytes
+from engine.protocol.client.session import ClientSession
 from engine.protocol.frames import HEADER, ITEM_BATCH, PER_ITEM_BYTES, ItemBatch, decode_binary
 
 from .planning import WorkItem
@@ -43,12 +50,6 @@ _BIG_ENDIAN = sys.byteorder == "big"
 
 class StreamReadError(RuntimeError):
     """The server refused or ended a planned stream in a way read() cannot repair."""
-
-
-def stream_url(server: str) -> str:
-    url = urlparse(server)
-    scheme = "wss" if url.scheme == "https" else "ws"
-    return f"{scheme}://{url.netloc}{url.path.rstrip('/')}/stream"
 
 
 def _u64(values: Any) -> pa.Array:
@@ -171,76 +172,93 @@ def _concat(held: list[pa.RecordBatch]) -> pa.RecordBatch:
 
 
 def _stream(partition: Any, rounds: list[list[WorkItem]]) -> Iterator[pa.RecordBatch]:
+    """Each round is one ``ClientSession`` over the task's one connection: the session validates
+    every message, decides rollbacks (always a reset: see the module docstring) and the acks; this
+    function only moves frames and turns items into Arrow."""
     from websockets.sync.client import connect
 
     headers = {"Authorization": f"Bearer {partition.token}"} if partition.token else None
     wanted = sorted({w.partition for r in rounds for w in r})
-    with connect(stream_url(partition.server), additional_headers=headers, max_size=None,
-                 open_timeout=partition.timeout, close_timeout=2) as ws:
-        ws.send(M.encode(M.Hello(name=f"spark-{socket.gethostname()}-{os.getpid()}", partitions=tuple(wanted),
-                                 codec=M.Codec.BINARY, window_bytes=WINDOW_BYTES)))
-        logs = _recv(ws, partition.timeout)
-        if not isinstance(logs, M.FailoverLogs):
-            raise StreamReadError(f"expected failover_logs after hello, got {type(logs).__name__}")
-        highs = {p: info.high_seqno for p, info in logs.partitions.items()}
-        unacked = 0
-        exact = getattr(partition, "exact_end", False)
-        for round_items in rounds:
-            open_: dict[int, WorkItem] = {}
-            snaps: dict[int, tuple[int, int]] = {}
-            for w in round_items:
-                if w.end > w.start:
-                    ws.send(M.encode(M.StreamRequest(w.partition, w.uuid, w.start, w.snap_start, w.snap_end,
-                                                     end_seqno=w.end)))
-                    open_[w.partition] = w
-            while open_:
-                data = ws.recv(timeout=partition.timeout)
-                size = len(data)
-                if isinstance(data, bytes):
-                    rb = frame_to_arrow(data, snaps)
-                    if rb.num_rows:
-                        p = rb.column(0)[0].as_py()
-                        w = open_.get(p)
-                        if w is not None and (exact or w.exact) and rb.column(1)[-1].as_py() > w.end:
-                            rb = rb.filter(pc.less_equal(rb.column(1), w.end))
-                        yield rb
-                    msg = None
-                else:
-                    msg = M.decode_server_message(data)
-                if isinstance(msg, ItemBatch):   # JSON codec (not requested, but valid)
-                    if len(msg):
-                        rb = batch_to_arrow(msg, snaps.get(msg.partition, (0, 0)))
-                        w = open_.get(msg.partition)
-                        if w is not None and (exact or w.exact) and msg.seqnos[-1] > w.end:
-                            rb = rb.filter(pc.less_equal(rb.column(1), w.end))
-                        yield rb
-                elif isinstance(msg, M.SnapshotMarker):
-                    snaps[msg.partition] = (msg.start, msg.end)
-                elif isinstance(msg, M.StreamEndMessage):
-                    if msg.reason is not M.StreamEndReason.END_SEQNO_REACHED:
-                        raise StreamReadError(f"partition {msg.partition}: stream ended early "
-                                              f"({msg.reason}) at {msg.last_seqno}")
-                    open_.pop(msg.partition, None)
-                elif isinstance(msg, M.StreamResponse):
-                    status = msg.status
-                    if status is M.StreamStatus.OK:
-                        pass
-                    elif status is M.StreamStatus.ROLLBACK and msg.partition in open_:
-                        w = open_[msg.partition]
-                        yield control_batch(w.partition, RESET, 0)
-                        end = min(w.end, highs.get(w.partition, w.end))
-                        ws.send(M.encode(M.StreamRequest(w.partition, 0, 0, 0, 0, end_seqno=end)))
-                    else:
-                        raise StreamReadError(f"partition {msg.partition}: stream request refused: {status} "
-                                              f"{msg.field or ''} {msg.detail}")
-                elif isinstance(msg, M.Error):
-                    raise StreamReadError(f"server error {msg.code}: {msg.message} (field {msg.field})")
-                unacked += size
-                if unacked >= WINDOW_BYTES // 4:
-                    ws.send(M.encode(M.Ack(unacked)))
-                    unacked = 0
+    exact = getattr(partition, "exact_end", False)
+    name = f"spark-{socket.gethostname()}-{os.getpid()}"
+    try:
+        with connect(stream_url(partition.server), additional_headers=headers, max_size=None,
+                     open_timeout=partition.timeout, close_timeout=2) as ws:
+            hello = ClientSession(partitions=wanted, window_bytes=WINDOW_BYTES)
+            ws.send(M.encode(hello.hello(name, M.Codec.BINARY)))
+            data = ws.recv(timeout=partition.timeout)
+            hello.receive_handshake(decode_frame(data), frame_bytes(data))
+            logs = _failover_logs(decode_frame(data))
+            acks = hello.acks   # one flow-control window for the whole connection
+            for round_items in rounds:
+                yield from _round(ws, partition.timeout, logs, acks, [w for w in round_items if w.end > w.start],
+                                  exact)
+    except ClientError as exc:
+        raise StreamReadError(str(exc)) from None
 
 
-def _recv(ws: Any, timeout: float) -> Any:
-    data = ws.recv(timeout=timeout)
-    return decode_binary(data) if isinstance(data, bytes) else M.decode_server_message(data)
+def _failover_logs(msg: Any) -> M.FailoverLogs:
+    assert isinstance(msg, M.FailoverLogs)  # receive_handshake refused anything else
+    return msg
+
+
+def _round(ws: Any, timeout: float, logs: M.FailoverLogs, acks: AckTracker, items: list[WorkItem],
+           exact: bool) -> Iterator[pa.RecordBatch]:
+    """Stream one piece of each partition of the round, each from its planned position."""
+    if not items:
+        return
+    planned = {w.partition: w for w in items}
+    session = ClientSession(partitions=sorted(planned), start="beginning", on_rollback="reset",
+                            offsets={p: w.position for p, w in planned.items()},
+                            end_seqnos={p: w.end for p, w in planned.items()}, window_bytes=WINDOW_BYTES)
+    session.acks = acks
+    highs = {p: info.high_seqno for p, info in logs.partitions.items()}
+    for request in session.handshake(logs.node_id, logs.partition_count, logs.partitions):
+        ws.send(M.encode(request))
+    snaps: dict[int, tuple[int, int]] = {}
+    while not session.all_finished:
+        data = ws.recv(timeout=timeout)
+        size = frame_bytes(data)
+        if isinstance(data, bytes):
+            rb = frame_to_arrow(data, snaps)
+            if rb.num_rows:
+                p = rb.column(0)[0].as_py()
+                session.items_arrived(p)
+                w = planned[p]
+                if (exact or w.exact) and rb.column(1)[-1].as_py() > w.end:
+                    rb = rb.filter(pc.less_equal(rb.column(1), w.end))
+                yield rb
+            actions: list[Any] = []
+        else:
+            actions = session.receive(decode_frame(data))
+        for action in actions:
+            kind = type(action)
+            if kind is Deliver and type(action.message) is ItemBatch:   # JSON codec (not requested, but valid)
+                batch = action.message
+                if len(batch):
+                    rb = batch_to_arrow(batch, snaps.get(batch.partition, (0, 0)))
+                    w = planned[batch.partition]
+                    if (exact or w.exact) and batch.seqnos[-1] > w.end:
+                        rb = rb.filter(pc.less_equal(rb.column(1), w.end))
+                    yield rb
+            elif kind is Deliver and type(action.message) is M.SnapshotMarker:
+                snaps[action.message.partition] = (action.message.start, action.message.end)
+            elif kind is StreamEnded:
+                if action.then is not EndAction.FINISHED or action.reason != M.StreamEndReason.END_SEQNO_REACHED.value:
+                    raise StreamReadError(f"partition {action.partition}: stream ended early ({action.reason}) "
+                                          f"at {action.last_seqno}")
+            elif kind is Repair:
+                # the planned position is on a branch the server no longer has: restream the
+                # partition from 0, up to the planned end or the partition's high seqno if lower
+                # (the items between would never come on the branch that exists)
+                w = planned[action.plan.partition]
+                yield control_batch(w.partition, RESET, 0)
+                request = session.finish_rollback(action.plan)
+                ws.send(M.encode(replace(request, end_seqno=min(w.end, highs.get(w.partition, w.end)))))
+            elif kind is Send:
+                ws.send(M.encode(action.message))
+            elif kind is Reconnect:
+                raise StreamReadError(f"stream request refused: {action.reason}")
+        ack = session.processed(size)
+        if ack is not None:
+            ws.send(M.encode(ack))

@@ -1,7 +1,7 @@
 """``upr backup create|info|verify|restore|merge``: the command line of the backup client.
 
 Hooked into ``upr`` by calling ``register(subparsers)`` from the top-level CLI.  Exit statuses
-follow ``clients.cli``: 0 ok, 1 failure (the message names partition, seqno, file or offset; for
+follow ``clients.cli_support``: 0 ok, 1 failure (the message names partition, seqno, file or offset; for
 verify: problems found), 2 bad arguments, 3 server unreachable, 4 bad or insufficient token.
 """
 from __future__ import annotations
@@ -14,7 +14,7 @@ import sys
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from clients.cli import exit_code, parse_partitions
+from clients.cli_support import exit_code, parse_partitions
 from engine.core.errors import UprError
 
 __all__ = ["register", "main", "parse_partitions"]
