@@ -11,7 +11,6 @@ from typing import Any
 
 import httpx
 
-from engine.core.keys import partition_for_key
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -45,17 +44,6 @@ def read_state(url: str, keys: Iterable[str]) -> dict[str, bytes | None]:
             else:
                 r.raise_for_status()
                 out[k] = r.content
-    return out
-
-
-def keys_in_partition(partition: int, partitions: int, n: int, prefix: str = "k") -> list[str]:
-    out: list[str] = []
-    i = 0
-    while len(out) < n:
-        key = f"{prefix}{i}"
-        if partition_for_key(key.encode(), partitions) == partition:
-            out.append(key)
-        i += 1
     return out
 
 

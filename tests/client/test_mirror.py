@@ -10,7 +10,6 @@ from __future__ import annotations
 import os
 import random
 import signal
-import socket
 import sqlite3
 import subprocess
 import sys
@@ -23,18 +22,13 @@ import pytest
 
 from clients.ring import FILE_NAME, RollbackRing
 from clients.state import FileStateStore
-from tests.conftest import ROOT, start_server
+from tests.support.net import free_port
+from tests.support.server import ROOT, start_server
 
 pytestmark = pytest.mark.slow
 
 PARTITIONS = 4
 KEYS = [f"key-{i}" for i in range(160)]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class MirrorProc:

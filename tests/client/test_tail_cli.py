@@ -11,7 +11,7 @@ import sys
 import httpx
 import pytest
 
-from tests.conftest import ROOT
+from tests.support.server import ROOT
 
 pytestmark = pytest.mark.slow
 
@@ -84,8 +84,8 @@ def test_tail_until_now_over_1e5_mutations_prints_exactly_the_live_keys(upr_serv
 
 
 def test_tail_state_dir_prints_only_changes_and_corrections_after_a_rollback(tmp_path):
-    from tests.client.test_mirror import free_port
-    from tests.conftest import start_server
+    from tests.support.net import free_port
+    from tests.support.server import start_server
 
     port = free_port()
     args = ["--port", str(port), "--flush-interval-ms", "60000"]
@@ -126,8 +126,8 @@ def test_tail_state_dir_prints_only_changes_and_corrections_after_a_rollback(tmp
 
 
 def test_tail_rollback_deeper_than_the_ring_prints_a_reset_then_the_partition_again(tmp_path):
-    from tests.client.test_mirror import free_port
-    from tests.conftest import start_server
+    from tests.support.net import free_port
+    from tests.support.server import start_server
 
     args = ["--port", str(free_port()), "--flush-interval-ms", "60000"]
     srv = start_server(tmp_path / "srv", partitions=2, args=args)
