@@ -11,6 +11,7 @@ import sys
 import httpx
 import pytest
 
+from tests.support.docs import bulk
 from tests.support.server import ROOT
 
 pytestmark = pytest.mark.slow
@@ -38,12 +39,6 @@ def apply_lines(stdout: bytes, docs: dict | None = None) -> dict[str, tuple[byte
             assert obj["op"] == "deletion" and "value" not in obj
             docs.pop(obj["key"], None)
     return docs
-
-
-def bulk(url: str, ops: list[dict], durability: str = "memory") -> list[dict]:
-    r = httpx.post(f"{url}/docs/_bulk", params={"durability": durability}, json=ops, timeout=120)
-    assert r.status_code == 200, r.text
-    return r.json()["results"]
 
 
 def test_tail_until_now_over_1e5_mutations_prints_exactly_the_live_keys(upr_server):
