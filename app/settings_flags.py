@@ -2,8 +2,8 @@
 
 Every field of ``Settings`` becomes ``--field-name`` with the field's description as its help,
 so a new setting is a flag (and a ``UPR_*`` variable, and a TOML key) by being declared.  The
-argparse type comes from the annotation, which makes ``--port abc`` an argparse usage error as
-before; pydantic still validates ranges when the settings object is built.  A field annotated
+argparse type comes from the annotation, so ``--port abc`` is a usage error (exit 2) before
+anything starts; pydantic validates ranges when the settings object is built.  A field annotated
 ``CliSuppress[...]`` (pydantic-settings' marker) gets no flag: inline secrets belong in the
 environment, not in every user's ``ps`` listing.
 """
@@ -18,8 +18,10 @@ from typing import Any
 from pydantic.fields import FieldInfo
 from pydantic_settings import BaseSettings
 
-#: Flags kept under an older, shorter name (the derived one works too).
+#: Shorter names a flag also answers to (the derived ``--field-name`` always works too).
 FLAG_ALIASES: dict[str, tuple[str, ...]] = {"config_file": ("--config",)}
+#: Metavars the name rule below cannot guess.
+METAVARS: dict[str, str] = {"config_file": "FILE.toml"}
 
 #: Name endings that say what a value is, shown as the flag's metavar.
 _METAVAR_BY_SUFFIX = (
@@ -48,9 +50,11 @@ def value_type(annotation: Any) -> type:
 
 
 def metavar(field_name: str, kind: type) -> str:
+    if field_name in METAVARS:
+        return METAVARS[field_name]
     for suffix, name in _METAVAR_BY_SUFFIX:
         if field_name.endswith(suffix):
-            return name + (".toml" if field_name == "config_file" else "")
+            return name
     return {int: "N", float: "X", Path: "PATH"}.get(kind, field_name.upper())
 
 
