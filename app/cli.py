@@ -109,10 +109,13 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _top_module(exc: ModuleNotFoundError) -> str:
+    return (exc.name or "").partition(".")[0]
+
+
 def missing_extra(exc: ModuleNotFoundError) -> str | None:
     """The extra to install when ``exc`` is a module of an optional extra, else ``None``."""
-    root = (exc.name or "").partition(".")[0]
-    return EXTRA_OF_MODULE.get(root)
+    return EXTRA_OF_MODULE.get(_top_module(exc))
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -123,8 +126,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         extra = missing_extra(exc)
         if extra is None:
             raise
-        module = (exc.name or "").partition(".")[0]
-        print(f"upr {args.command}: needs the {extra!r} extra, which is not installed (no module {module!r}); "
+        print(f"upr {args.command}: needs the {extra!r} extra, which is not installed "
+              f"(no module {_top_module(exc)!r}); "
               f"install it with: pip install 'upr[{extra}]'", file=sys.stderr)
         return EXIT_MISSING_EXTRA
 
