@@ -265,21 +265,19 @@ class Archive:
     def segment_path(self, run_id: str, segment: str, *, partition: int | None = None) -> Path:
         """The segment file a manifest names, refused unless it stays inside the run directory.
 
-        The name is checked first (no separators, no ``..``, not absolute); then a segment that is
-        a symlink must resolve into the same run directory, so an archive cannot point a reader
-        at a file elsewhere however it was built or copied."""
+        The name is checked first (no separators, no ``..``, not absolute); then the path is
+        resolved, so neither the segment nor its run directory can be a symlink to somewhere
+        else: an archive cannot point a reader at another file however it was built or copied."""
         rdir = self.run_dir(run_id)
         problem = segment_name_problem(segment)
         if problem:
             raise UnsafeArchivePath(f"the name {problem}", archive=str(self.root), run_id=run_id,
                                     segment=str(segment), partition=partition)
         path = rdir / segment
-        if path.is_symlink():
-            target = path.resolve()
-            if target.parent != rdir.resolve():
-                raise UnsafeArchivePath(f"it is a symlink to {target}, outside the run directory",
-                                        archive=str(self.root), run_id=run_id, segment=segment,
-                                        partition=partition)
+        real = path.resolve()
+        if real.parent != self.runs_dir.resolve() / run_id:
+            raise UnsafeArchivePath(f"it resolves to {real}, outside the run directory (a symlink)",
+                                    archive=str(self.root), run_id=run_id, segment=segment, partition=partition)
         return path
 
     def display(self, path: Path) -> str:

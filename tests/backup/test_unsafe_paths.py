@@ -122,6 +122,17 @@ def test_segment_symlink_out_of_the_run_is_refused(tmp_path: Path) -> None:
         summarize(archive, None, [0], None)
 
 
+def test_run_directory_symlinked_out_of_the_archive_is_refused(tmp_path: Path) -> None:
+    archive, run_id = _archive_with_one_run(tmp_path)
+    rdir = archive.run_dir(run_id)
+    elsewhere = tmp_path / "elsewhere"
+    os.replace(rdir, elsewhere)
+    rdir.symlink_to(elsewhere, target_is_directory=True)
+    report = verify(archive)
+    unsafe = [p for p in report.problems if isinstance(p, UnsafeArchivePath)]
+    assert unsafe and all("outside the run directory" in str(p) for p in unsafe), report.problems
+
+
 def test_segment_symlink_inside_the_run_is_followed(tmp_path: Path) -> None:
     archive, run_id = _archive_with_one_run(tmp_path)
     rdir = archive.run_dir(run_id)
