@@ -9,7 +9,7 @@ STAMP := $(VENV)/.installed
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
-	$(BIN)/python -m pip install -q -e '.[dev]'
+	$(BIN)/python -m pip install -q -e '.[dev,spark]'
 	touch $(STAMP)
 
 venv: $(STAMP)
@@ -23,7 +23,7 @@ test: $(STAMP)
 
 # Full size, by hand (several minutes); installs the peers' Debian packages and Python clients if missing.
 bench: $(STAMP)
-	$(BIN)/python -m pip install -q -e '.[dev,bench]'
+	$(BIN)/python -m pip install -q -e '.[dev,spark,bench]'
 	$(BIN)/python -m bench --full $(BENCH_ARGS)
 
 clean:

@@ -1,9 +1,14 @@
-"""``upr``: the command-line entry point.
+"""``upr``: the one command tree of the product.
 
-Subcommands here: ``server`` and ``openapi``.  Other packages add theirs through a
-``register(subparsers)`` function in ``clients/cli.py`` and ``spark_connector/cli.py``
-(imported lazily, skipped when the module does not exist, so the server has no hard
-dependency on them).  Each subparser sets ``func=<callable(args) -> int>``.
+Subcommands here: ``server`` (its flags derived from ``app.settings.Settings``, see
+``app.settings_flags``) and ``openapi``.  Every other group joins the same tree through a
+``register(subparsers)`` function listed in ``PLUGIN_MODULES``: the client commands and
+``backup`` (``clients/cli.py``), ``index`` (``spark_connector/cli.py``), and later the cluster
+commands.  Each subparser sets ``func=<callable(args) -> int>``.
+
+Registering a group imports only its argument parsing; heavy dependencies load when a command
+runs.  Those that come from an optional extra (``pip install 'upr[spark]'``) are named in
+``EXTRA_OF_MODULE``: when one is missing the command says which extra to install, in one line.
 """
 from __future__ import annotations
 
@@ -17,55 +22,30 @@ from typing import Any
 
 from pydantic import ValidationError
 
-#: Modules that may contribute subcommands, each with ``register(subparsers)``.
+#: Modules that contribute subcommands, each with ``register(subparsers)``.
 PLUGIN_MODULES = ("clients.cli", "spark_connector.cli")
+
+#: Top-level modules that come from an optional extra of the ``upr`` distribution, not its core.
+EXTRA_OF_MODULE = {"pyspark": "spark", "py4j": "spark", "pandas": "spark", "pyarrow": "spark"}
+
+EXIT_MISSING_EXTRA = 1
 
 
 def _server_parser(sub: Any) -> None:
     from app.settings import Settings
+    from app.settings_flags import add_settings_flags
 
-    fields = Settings.model_fields
     p = sub.add_parser(
         "server",
         help="run the HTTP/WebSocket server",
         description=(
             "Run the upr server.  Each setting comes from (highest first) this flag, the UPR_<NAME> "
-            "environment variable, the --config TOML file, or the default shown."
+            "environment variable, the --config TOML file (top level or a [server] table), or the "
+            "default shown."
         ),
         argument_default=argparse.SUPPRESS,
     )
-
-    def opt(name: str, metavar: str | None = None, **kw: Any) -> None:
-        info = fields[name]
-        flag = "--" + name.replace("_", "-")
-        help_text = f"{info.description} (default: {info.default})"
-        p.add_argument(flag, dest=name, metavar=metavar, help=help_text, **kw)
-
-    p.add_argument("--config", dest="config_file", metavar="FILE.toml", type=Path,
-                   help="TOML config with any of the settings below (top level or a [server] table)")
-    opt("data_dir", "DIR", type=Path)
-    opt("host", "ADDR")
-    opt("port", "PORT", type=int)
-    opt("partitions", "N", type=int)
-    opt("flush_interval_ms", "MS", type=float)
-    opt("queue_memory_limit_mb", "MIB", type=int)
-    opt("max_key_bytes", "BYTES", type=int)
-    opt("max_value_bytes", "BYTES", type=int)
-    opt("max_bulk_bytes", "BYTES", type=int)
-    opt("max_bulk_items", "N", type=int)
-    opt("tokens_file", "FILE", type=Path)
-    opt("read_threads", "N", type=int)
-    opt("stream_max_connections", "N", type=int)
-    opt("stream_max_message_bytes", "BYTES", type=int)
-    opt("stream_default_window_bytes", "BYTES", type=int)
-    opt("stream_max_window_bytes", "BYTES", type=int)
-    opt("stream_drop_after_s", "SECONDS", type=float)
-    opt("ws_ping_interval_s", "SECONDS", type=float)
-    opt("ws_ping_timeout_s", "SECONDS", type=float)
-    opt("log_level", "LEVEL")
-    p.add_argument("--access-log", dest="access_log", action="store_true", default=argparse.SUPPRESS,
-                   help="log every request (costs throughput) (default: off)")
-    opt("ready_file", "FILE", type=Path)
+    add_settings_flags(p, Settings)
     p.set_defaults(func=_cmd_server)
 
 
@@ -129,9 +109,27 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _top_module(exc: ModuleNotFoundError) -> str:
+    return (exc.name or "").partition(".")[0]
+
+
+def missing_extra(exc: ModuleNotFoundError) -> str | None:
+    """The extra to install when ``exc`` is a module of an optional extra, else ``None``."""
+    return EXTRA_OF_MODULE.get(_top_module(exc))
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    return int(args.func(args) or 0)
+    try:
+        return int(args.func(args) or 0)
+    except ModuleNotFoundError as exc:
+        extra = missing_extra(exc)
+        if extra is None:
+            raise
+        print(f"upr {args.command}: needs the {extra!r} extra, which is not installed "
+              f"(no module {_top_module(exc)!r}); "
+              f"install it with: pip install 'upr[{extra}]'", file=sys.stderr)
+        return EXIT_MISSING_EXTRA
 
 
 if __name__ == "__main__":

@@ -15,7 +15,7 @@ from typing import Any
 
 from pydantic import Field, field_validator
 from pydantic.fields import FieldInfo
-from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
+from pydantic_settings import BaseSettings, CliSuppress, PydanticBaseSettingsSource, SettingsConfigDict
 
 from engine.config import EngineConfig
 
@@ -62,9 +62,14 @@ def _read_toml(path: Path) -> dict[str, Any]:
 
 
 class Settings(BaseSettings):
-    """Everything ``upr server`` can be told; each field is a ``--flag`` of the same name."""
+    """Everything ``upr server`` can be told.
 
-    model_config = SettingsConfigDict(env_prefix="UPR_", extra="ignore", validate_default=True)
+    Each field is a ``--flag`` of the same name (``app.settings_flags`` derives them), an
+    ``UPR_<NAME>`` variable and a TOML key; its description (``Field(description=...)`` or a
+    docstring under the field) is the flag's help, so a field is declared here and nowhere else."""
+
+    model_config = SettingsConfigDict(env_prefix="UPR_", extra="ignore", validate_default=True,
+                                      use_attribute_docstrings=True)
 
     config_file: Path | None = Field(None, description="TOML file with any of these settings")
     data_dir: Path = Field(Path("./data"), description="directory holding the LMDB environment")
@@ -80,7 +85,7 @@ class Settings(BaseSettings):
     max_bulk_bytes: int = Field(64 * MiB, ge=1, description="largest POST /docs/_bulk body in bytes")
     max_bulk_items: int = Field(10_000, ge=1, description="most operations in one POST /docs/_bulk")
     tokens_file: Path | None = Field(None, description="TOML or JSON file of bearer tokens and roles")
-    tokens: str | None = Field(
+    tokens: CliSuppress[str | None] = Field(
         None, description="bearer tokens inline, 'token=role,token=role' or JSON (usually via UPR_TOKENS)"
     )
     read_threads: int = Field(4, ge=1, le=64, description="executor threads for engine reads")

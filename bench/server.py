@@ -1,70 +1,23 @@
 """Start a real ``upr server`` process for a benchmark, on 127.0.0.1 and a kernel-chosen port.
 
-WHY one helper: every bench script needs the same steps (command line, ``--port 0`` with a ready
-file, wait for ``GET /ready``, fail with the log's tail if the process dies), and four copies had
-drifted apart (some ignored ``UPR_*`` variables of the caller's shell, some did not).
+The command line, the environment without ``UPR_*`` and the ready-wait are the test suite's
+(``tests/support/server.py``): a benchmark runs from a checkout, like the tests, and both must
+start the server the same way.  This module adds what only benchmarks need: a choice of how the
+process is spawned (``ProcessGroup.spawn`` keeps peers and servers in one group).
 """
 from __future__ import annotations
 
-import os
 import subprocess
-import sys
-import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-import httpx
+from tests.support.server import ROOT, server_command, server_env, wait_for_url
 
-ROOT = Path(__file__).resolve().parents[1]
-
-__all__ = ["server_command", "start_upr_server", "wait_for_url"]
+__all__ = ["server_command", "server_env", "start_upr_server", "wait_for_url"]
 
 #: spawns argv with its output sent to a log file and returns the process (e.g. ProcessGroup.spawn)
 Spawn = Callable[[Sequence[str], Path], "subprocess.Popen[Any]"]
-
-
-def server_command(data_dir: Path, ready_file: Path, *, partitions: int | None = None,
-                   extra: Sequence[str] = ()) -> list[str]:
-    """``upr server`` on 127.0.0.1, port 0, writing its URL to ``ready_file`` once it listens."""
-    cmd = [sys.executable, "-m", "app.cli", "server", "--data-dir", str(data_dir), "--host", "127.0.0.1",
-           "--port", "0", "--ready-file", str(ready_file), "--log-level", "warning"]
-    if partitions is not None:
-        cmd += ["--partitions", str(partitions)]
-    return [*cmd, *extra]
-
-
-def server_env() -> dict[str, str]:
-    """The caller's environment without ``UPR_*`` settings, so a bench measures the defaults."""
-    return {k: v for k, v in os.environ.items() if not k.startswith("UPR_")}
-
-
-def _log_tail(log: Path) -> str:
-    try:
-        return log.read_text(errors="replace")[-2000:]
-    except OSError:
-        return "(no log)"
-
-
-def wait_for_url(proc: "subprocess.Popen[Any]", ready_file: Path, log: Path, timeout: float = 60.0,
-                 check_ready: bool = True) -> str:
-    """The server's URL once its ready file exists (and, with ``check_ready``, ``GET /ready`` is 200)."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"upr server exited with {proc.returncode}: {_log_tail(log)}")
-        url = ready_file.read_text().strip() if ready_file.exists() else ""
-        if url:
-            if not check_ready:
-                return url
-            try:
-                if httpx.get(f"{url}/ready", timeout=2).status_code == 200:
-                    return url
-            except httpx.HTTPError:
-                pass
-        time.sleep(0.05)
-    proc.kill()
-    raise RuntimeError(f"upr server not ready after {timeout:.0f}s: {_log_tail(log)}")
 
 
 def _popen(argv: Sequence[str], log: Path) -> "subprocess.Popen[Any]":

@@ -27,7 +27,14 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-from clients.backup.errors import ArchiveLocked, ArchiveNotFound, CorruptArchive, KeyspaceMismatch, RunNotFound
+from clients.backup.errors import (
+    ArchiveLocked,
+    ArchiveNotFound,
+    CorruptArchive,
+    KeyspaceMismatch,
+    RunNotFound,
+    UnsafeArchivePath,
+)
 from clients.backup.fsutil import atomic_write, fsync_dir
 from clients.backup.manifest import ArchiveMeta, RunManifest, read_sealed, seal
 from engine.core.errors import InvalidInput
@@ -42,6 +49,33 @@ _RUN_ID = re.compile(r"^\d{8}T\d{12}Z(-m\d+)?$")
 
 def segment_name(partition: int) -> str:
     return f"p{partition:04d}.seg"
+
+
+def segment_name_problem(name: object) -> str | None:
+    """Why ``name`` cannot be a segment inside its run directory, or ``None`` when it can.
+
+    Only the name is judged here (no file system): a segment is one plain file name, because the
+    manifest that carries it is untrusted input and anything else could reach outside the run."""
+    if not isinstance(name, str):
+        return f"is a {type(name).__name__}, not a file name"
+    if not name:
+        return "is empty"
+    if "\0" in name:
+        return "contains a NUL byte"
+    if name.startswith(("/", "\\")):
+        return "is an absolute path"
+    if name in (".", ".."):
+        return "names a directory, not a file"
+    if "/" in name or "\\" in name:
+        return "contains a path separator"
+    return None
+
+
+def run_id_problem(run_id: object) -> str | None:
+    """Why ``run_id`` cannot name a run directory (ids are timestamps, never paths), or ``None``."""
+    if not isinstance(run_id, str) or not _RUN_ID.match(run_id):
+        return "is not a run id (YYYYMMDDTHHMMSSffffffZ[-mN])"
+    return None
 
 
 def part_name(partition: int) -> str:
@@ -148,6 +182,10 @@ class Archive:
 
     # ------------------------------------------------------------------ runs
     def run_dir(self, run_id: str) -> Path:
+        """The directory of ``run_id``; refuses ids that are paths (they come from manifests too)."""
+        problem = run_id_problem(run_id)
+        if problem:
+            raise UnsafeArchivePath(f"the run id {problem}", archive=str(self.root), run_id=str(run_id))
         return self.runs_dir / run_id
 
     def _run_ids_on_disk(self) -> list[str]:
@@ -159,9 +197,14 @@ class Archive:
         path = self.run_dir(run_id) / MANIFEST
         doc = read_sealed(path, display=str(Path(RUNS) / run_id / MANIFEST))
         try:
-            return RunManifest.from_json(doc)
+            manifest = RunManifest.from_json(doc)
         except (KeyError, TypeError, ValueError, InvalidInput) as exc:
             raise CorruptArchive(f"manifest is malformed ({exc!r})", path=str(path)) from None
+        if manifest.run_id != run_id:
+            # readers find segments under the manifest's run id: it must be the directory it sits in
+            raise UnsafeArchivePath(f"the manifest in runs/{run_id} claims to be run {manifest.run_id!r}",
+                                    archive=str(self.root), run_id=run_id)
+        return manifest
 
     def _scan(self) -> tuple[list[RunManifest], list[str], set[str]]:
         complete: list[RunManifest] = []
@@ -219,8 +262,23 @@ class Archive:
             fsync_dir(self.runs_dir)
         return removed
 
-    def segment_path(self, run_id: str, segment: str) -> Path:
-        return self.run_dir(run_id) / segment
+    def segment_path(self, run_id: str, segment: str, *, partition: int | None = None) -> Path:
+        """The segment file a manifest names, refused unless it stays inside the run directory.
+
+        The name is checked first (no separators, no ``..``, not absolute); then the path is
+        resolved, so neither the segment nor its run directory can be a symlink to somewhere
+        else: an archive cannot point a reader at another file however it was built or copied."""
+        rdir = self.run_dir(run_id)
+        problem = segment_name_problem(segment)
+        if problem:
+            raise UnsafeArchivePath(f"the name {problem}", archive=str(self.root), run_id=run_id,
+                                    segment=str(segment), partition=partition)
+        path = rdir / segment
+        real = path.resolve()
+        if real.parent != self.runs_dir.resolve() / run_id:
+            raise UnsafeArchivePath(f"it resolves to {real}, outside the run directory (a symlink)",
+                                    archive=str(self.root), run_id=run_id, segment=segment, partition=partition)
+        return path
 
     def display(self, path: Path) -> str:
         """Paths in messages are relative to the archive root: what a user can `ls`."""

@@ -8,6 +8,7 @@
         │   ├── KeyspaceMismatch    the server is not the keyspace this archive was made from
         │   ├── CorruptArchive      a manifest or segment fails its checksum or framing
         │   │                       (``path`` and ``offset`` say exactly where)
+        │   │   └── UnsafeArchivePath  a manifest names a run or segment outside its run directory
         │   └── ContinuityError     seqno ranges of one partition do not chain across runs
         ├── RunNotFound             ``--run/--from/--to`` names no complete run
         ├── StreamFailed            a partition's stream ended without reaching its end seqno
@@ -69,6 +70,32 @@ class CorruptArchive(ArchiveError):
         out["path"] = self.path
         if self.offset is not None:
             out["offset"] = self.offset
+        return out
+
+
+class UnsafeArchivePath(CorruptArchive):
+    """A manifest names a file outside its run directory; refused before anything is opened.
+
+    Archives travel (copied from object stores, handed over for restore), so a manifest is input
+    like any other: a segment name such as ``../../etc/passwd`` or a symlink out of the run
+    would otherwise make ``verify`` and ``restore`` read whatever file it points at."""
+
+    code = "unsafe_archive_path"
+
+    def __init__(self, reason: str, *, archive: str, run_id: str, segment: str | None = None,
+                 partition: int | None = None) -> None:
+        what = f"run {run_id!r}" if segment is None else f"run {run_id!r}, segment {segment!r}"
+        super().__init__(f"{what} refused: {reason}", path=archive, partition=partition)
+        self.archive = archive
+        self.run_id = run_id
+        self.segment = segment
+
+    def to_dict(self) -> dict[str, object]:
+        out = super().to_dict()
+        out["archive"] = self.archive
+        out["run_id"] = self.run_id
+        if self.segment is not None:
+            out["segment"] = self.segment
         return out
 
 

@@ -58,7 +58,7 @@ def read_link(archive: Archive, link: Link) -> Iterator[Item]:
         return
     seg = link.record.segment
     assert seg is not None
-    path = archive.segment_path(link.run_id, seg)
+    path = archive.segment_path(link.run_id, seg, partition=link.record.partition)
     reader = SegmentReader(path, partition=link.record.partition, display=archive.display(path))
     ceiling = link.ceiling
     for item in reader.items():

@@ -331,7 +331,7 @@ class RunWriter:
             try:
                 rec = PartitionRecord.from_json(read_sealed(f, display=archive.display(f)))
                 if rec.segment is not None:
-                    _check_segment(archive.run_dir(run_id) / rec.segment, rec)
+                    _check_segment(archive.segment_path(run_id, rec.segment, partition=rec.partition), rec)
             except (CorruptArchive, KeyError, TypeError, ValueError, OSError, InvalidInput):
                 f.unlink()
                 continue

@@ -37,9 +37,9 @@ class VerifyReport:
 def verify_segment(archive: Archive, run_id: str, rec: PartitionRecord) -> tuple[int, int]:
     """Check one segment fully; raise the first problem.  Returns (items, bytes)."""
     assert rec.segment is not None
-    path = archive.segment_path(run_id, rec.segment)
-    display = archive.display(path)
     p = rec.partition
+    path = archive.segment_path(run_id, rec.segment, partition=p)
+    display = archive.display(path)
     if not path.exists():
         raise CorruptArchive("segment file is missing", path=display, partition=p)
     size = path.stat().st_size

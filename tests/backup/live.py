@@ -11,19 +11,14 @@ from typing import Any
 
 import httpx
 
-from engine.core.keys import partition_for_key
+from tests.support.docs import bulk as post_bulk
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
 def bulk(url: str, ops: Sequence[dict[str, Any]], durability: str = "persist", chunk: int = 500) -> None:
-    with httpx.Client(base_url=url, timeout=60) as c:
-        for i in range(0, len(ops), chunk):
-            r = c.post("/docs/_bulk", json=list(ops[i : i + chunk]), params={"durability": durability})
-            r.raise_for_status()
-            body = r.json()
-            bad = [x for x in body["results"] if x["status"] != 200 and not (x["status"] == 404)]
-            assert not bad, bad[:3]
+    """Persist by default (a backup must find it); deleting an absent key is a fine 404 item."""
+    post_bulk(url, ops, durability, chunk=chunk, ok_statuses=(200, 404))
 
 
 def set_op(key: str, value: bytes) -> dict[str, Any]:
@@ -45,17 +40,6 @@ def read_state(url: str, keys: Iterable[str]) -> dict[str, bytes | None]:
             else:
                 r.raise_for_status()
                 out[k] = r.content
-    return out
-
-
-def keys_in_partition(partition: int, partitions: int, n: int, prefix: str = "k") -> list[str]:
-    out: list[str] = []
-    i = 0
-    while len(out) < n:
-        key = f"{prefix}{i}"
-        if partition_for_key(key.encode(), partitions) == partition:
-            out.append(key)
-        i += 1
     return out
 
 

@@ -21,8 +21,9 @@ from clients.backup.create import create_backup
 from clients.backup.merge import merge
 from clients.backup.restore import restore
 from clients.backup.verify import verify
+from tests.support.keys import keys_in
 
-from .live import bulk, cli, cli_popen, del_op, keys_in_partition, read_state, set_op
+from .live import bulk, cli, cli_popen, del_op, read_state, set_op
 
 pytestmark = pytest.mark.slow
 
@@ -108,8 +109,8 @@ def test_sigkilled_backup_and_restore_resume_where_they_stopped(upr_server: Call
     parts = 4
     src = upr_server(partitions=parts, data_dir=tmp_path / "src")
     # partition 3 is big (streamed last to finish, restored last), the others small
-    big = keys_in_partition(3, parts, 2500, "big")
-    small = [k for p in range(3) for k in keys_in_partition(p, parts, 100, "small")]
+    big = keys_in({3}, 2500, "big", total=parts)
+    small = [k for p in range(3) for k in keys_in({p}, 100, "small", total=parts)]
     bulk(src.url, [set_op(k, os.urandom(12_000)) for k in big], chunk=200)
     bulk(src.url, [set_op(k, os.urandom(100)) for k in small])
     archive_dir = tmp_path / "archive"

@@ -1,22 +1,20 @@
-"""The benchmark suite in fast mode, so that it cannot rot: real peers, real processes, real numbers.
+"""The benchmark harness, so that it cannot rot, without running the benchmark in the product's tests.
 
-``test_fast_mode_runs_every_installable_system`` runs ``python -m bench`` (fast sizes) as a user
-would and checks the JSON and the printed table. Peers missing from the machine are installed by
-the suite itself (apt-get as root; measured here: redis-server + nats-server in ~7 s, PostgreSQL's
-~20 MB of packages more); set ``UPR_BENCH_NO_INSTALL=1`` to run only the peers present and have
-the others reported as skipped. A system that is present must produce real positive figures for
-every workload; a skipped one must say why. Figures are never asserted against thresholds
-(they are performance, measured on a shared machine): only that they exist and are well-formed.
+``test_the_harness_runs_end_to_end_and_cleans_up`` runs ``python -m bench`` as a user would, at
+the smallest size that still goes through every layer (process group, real ``upr server``, a
+writer, a consumer process, the JSON results and the printed table), on our server only and with
+installs off: the peers (Redis, NATS, PostgreSQL, installed by apt-get) and the full workload set
+are what ``make bench`` is for.  Figures are never asserted against thresholds (they are
+performance, measured on a shared machine): only that they exist and are well-formed.
 
-The other tests pin the pure parts (document layout, percentiles, rows, the table) with tables.
+The other tests pin the pure parts (document layout, percentiles, rows, the table, sizes,
+process stopping, install decisions) with tables.
 """
 
 from __future__ import annotations
 
 import json
 import math
-import os
-import shutil
 import subprocess
 import sys
 import warnings
@@ -26,14 +24,10 @@ import pytest
 
 from bench.suite.docs import DOC_SIZE, doc_index, doc_sent_ns, key_of, make_doc
 from bench.suite.results import Report, Row
-from bench.suite.runner import row_names
 from bench.suite.sizes import FAST, FULL
 from bench.suite.stats import percentiles
 
 REPO = Path(__file__).resolve().parents[2]
-# system -> the workloads it is measured on (None: all)
-SYSTEMS = {"upr": None, "upr-memory": ("ingest", "tail"), "upr-clients": ("backfill",),
-           "redis": None, "nats": None, "postgres": None}
 
 
 # ----------------------------------------------------------------------------- pure parts
@@ -114,14 +108,17 @@ def _alive(pid: int) -> bool:
         return False
 
 
+#: The smallest real run: our server only, two workloads, a few thousand documents, no installs.
+SMOKE = ["--systems", "upr", "--workloads", "ingest,backfill", "--no-install", "--budget", "60",
+         "--set", "ingest_n=2000", "--set", "backfill_n=2000"]
+
+
 @pytest.mark.slow
-@pytest.mark.timeout(400)
-def test_fast_mode_runs_every_installable_system(tmp_path: Path) -> None:
+@pytest.mark.timeout(180)
+def test_the_harness_runs_end_to_end_and_cleans_up(tmp_path: Path) -> None:
     out = tmp_path / "results.json"
-    argv = [sys.executable, "-m", "bench", "--json", str(out), "--budget", "110"]
-    if os.environ.get("UPR_BENCH_NO_INSTALL"):
-        argv.append("--no-install")
-    proc = subprocess.run(argv, cwd=REPO, capture_output=True, text=True, timeout=380, check=False)
+    argv = [sys.executable, "-m", "bench", *SMOKE, "--json", str(out)]
+    proc = subprocess.run(argv, cwd=REPO, capture_output=True, text=True, timeout=150, check=False)
     assert proc.returncode == 0, proc.stderr[-3000:]
     res = json.loads(out.read_text())
 
@@ -129,62 +126,22 @@ def test_fast_mode_runs_every_installable_system(tmp_path: Path) -> None:
     assert res["meta"]["processes"], "the suite started no process at all"
     assert [p for p in res["meta"]["processes"] if _alive(p["pid"])] == []
 
-    rows = res["rows"]
-    for name, only in SYSTEMS.items():
-        feed_names = [n for w in only or ("ingest", "backfill", "tail", "fanout") for n in row_names(w, FAST)]
-        info = res["systems"][name]
-        mine = {r["workload"]: r for r in rows if r["system"] == name}
-        assert sorted(mine) == sorted(feed_names), name
-        if info["status"] == "skipped":
-            assert info["reason"] and all(r["status"] == "skipped" and r["reason"] for r in mine.values())
-            continue
-        assert info["status"] == "ok" and info["versions"], name
-        # on a machine loaded by other work the run's time budget may cut the last steps of a system:
-        # those rows must say so; every other row must hold a real figure, and at least one row does
-        late = [w for w, r in mine.items() if r["status"] == "skipped" and r["reason"].startswith("time budget")]
-        if late:
-            warnings.warn(f"{name}: the time budget ran out before {late}", stacklevel=1)
-        mine = {w: r for w, r in mine.items() if w not in late}
-        assert mine, f"{name}: no workload ran within the time budget"
-        for r in mine.values():
-            assert r["status"] == "ok", f"{name} {r['workload']}: {r['reason']}"
-            assert math.isfinite(r["value"]) and (r["value"] > 0 or r["better"] == "lower"), r
-            assert r["unit"] and r["detail"]
-        if "backfill" in mine:
-            assert mine["backfill"]["metrics"]["n"] == FAST.backfill_n
-        if "ingest" in mine:
-            assert mine["ingest"]["metrics"]["n"] == FAST.ingest_n
-        for rate in FAST.tail_rates if f"tail {FAST.tail_rates[0]:,}/s" in mine else ():
-            m = mine[f"tail {rate:,}/s"]["metrics"]
-            assert m["received"] == m["written"] > 0 and m["ack_p50_ms"] <= m["ack_p99_ms"] <= m["ack_p99.9_ms"]
-
-    # the peers this machine can run (or that the suite installed) really ran
-    present = {"redis": shutil.which("redis-server"), "nats": shutil.which("nats-server")}
-    for name, binary in present.items():
-        if binary:
-            assert res["systems"][name]["status"] == "ok", res["systems"][name]
-    assert res["systems"]["upr"]["status"] == "ok", res["systems"]["upr"].get("reason")
-
-    limits = [r for r in rows if r["system"] == "limit"]
-    assert {r["workload"] for r in limits} >= {"limit: LMDB putmulti", "limit: LMDB cursor scan"}
-    assert all(r["status"] == "ok" and r["value"] > 0 for r in limits), limits
+    assert res["systems"]["upr"]["status"] == "ok" and res["systems"]["upr"]["versions"]
+    rows = {r["workload"]: r for r in res["rows"] if r["system"] == "upr"}
+    assert sorted(rows) == ["backfill", "ingest"]
+    late = [w for w, r in rows.items() if r["status"] == "skipped" and r["reason"].startswith("time budget")]
+    if late:  # a loaded machine may cut the run short; the row must say so, and something must have run
+        warnings.warn(f"the time budget ran out before {late}", stacklevel=1)
+    ran = {w: r for w, r in rows.items() if w not in late}
+    assert ran, "no workload ran within the time budget"
+    for r in ran.values():
+        assert r["status"] == "ok", f"{r['workload']}: {r['reason']}"
+        assert math.isfinite(r["value"]) and r["value"] > 0 and r["unit"] and r["detail"], r
+        assert r["metrics"]["n"] == 2000
 
     table = proc.stdout
     assert table.startswith("| workload") and "upr advantage" in table.splitlines()[0]
-    for r in rows:
-        assert f"| {r['workload']}" in table
-    # a ratio wherever both figures exist (upr's row may be cut by the time budget on a loaded
-    # machine, and a latency p99 of 0 - every document before its ack - has no finite ratio)
-    ours = {r["workload"]: r for r in rows if r["system"] == "upr"}
-    comparable = [
-        r for r in rows
-        if r["system"] in ("redis", "nats", "postgres") and r["status"] == "ok"
-        and ours.get(r["workload"], {}).get("status") == "ok" and ours[r["workload"]]["value"] > 0
-    ]
-    assert all(r["upr_advantage"].endswith("×") for r in comparable), [
-        (r["workload"], r["system"], r["upr_advantage"]) for r in comparable]
-    assert all(r["upr_advantage"] == "—" for r in rows
-               if r["system"] in ("redis", "nats", "postgres") and r not in comparable)
+    assert all(f"| {w}" in table for w in rows)
 
 
 # ----------------------------------------------------------------------------- processes, installs, options

@@ -7,7 +7,7 @@ import pytest
 
 from clients.errors import AuthFailed, ConnectionFailed, HttpError
 from clients.http import HttpApi
-from tests.conftest import ROOT
+from tests.support.server import ROOT
 
 pytestmark = pytest.mark.slow
 

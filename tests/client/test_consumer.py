@@ -23,28 +23,11 @@ from clients import (
 )
 from clients.backoff import Backoff
 from engine.protocol.frames import ItemBatch
+from tests.support.docs import apply, bulk, sets
 
 pytestmark = pytest.mark.slow
 
 PARTITIONS = 4
-
-
-def bulk(url: str, ops: list[dict], durability: str = "memory", headers: dict | None = None) -> list[dict]:
-    r = httpx.post(f"{url}/docs/_bulk", params={"durability": durability}, json=ops, timeout=30, headers=headers)
-    assert r.status_code == 200, r.text
-    return r.json()["results"]
-
-
-def sets(prefix: str, n: int, tag: str = "v") -> list[dict]:
-    return [{"op": "set", "key": f"{prefix}{i}", "value": f"{tag}{i}"} for i in range(n)]
-
-
-def apply(events, docs: dict[str, bytes]) -> None:
-    for ev in events:
-        if isinstance(ev, Mutation):
-            docs[ev.key] = ev.value
-        elif isinstance(ev, Deletion):
-            docs.pop(ev.key, None)
 
 
 @pytest.fixture
@@ -230,8 +213,8 @@ async def test_close_from_another_task_stops_the_iteration(server):
 
 
 async def test_reconnects_with_backoff_after_a_server_restart(tmp_path):
-    from tests.client.test_mirror import free_port
-    from tests.conftest import start_server
+    from tests.support.net import free_port
+    from tests.support.server import start_server
 
     args = ["--port", str(free_port())]
     srv = start_server(tmp_path / "srv", partitions=PARTITIONS, args=args)

@@ -20,9 +20,9 @@ from clients import (
     StreamOffset,
 )
 from clients.backoff import Backoff
-from tests.client.test_consumer import apply, bulk, sets
-from tests.client.test_mirror import free_port
-from tests.conftest import start_server
+from tests.support.docs import apply, bulk, sets
+from tests.support.net import free_port
+from tests.support.server import start_server
 
 pytestmark = pytest.mark.slow
 

@@ -1,4 +1,10 @@
-"""The public API is explicit and pinned (httpx's test_exported_members habit)."""
+"""The public API is explicit and pinned (httpx's test_exported_members habit).
+
+``__all__`` must be exactly the package's public members, so a name imported into
+``clients/__init__.py`` without being exported (or exported without being defined) fails here,
+and the pinned set makes every change to the public API a visible edit of this file."""
+from types import ModuleType
+
 import clients
 
 EXPECTED = {
@@ -12,8 +18,20 @@ EXPECTED = {
 
 def test_exported_members():
     assert set(clients.__all__) == EXPECTED
-    for name in clients.__all__:
-        assert getattr(clients, name) is not None
+    assert len(clients.__all__) == len(EXPECTED), "a name is listed twice in __all__"
+
+
+def test_all_is_exactly_the_public_members_in_order():
+    # submodules are reachable as clients.<name> because they were imported; they are not API members
+    public = [name for name, value in vars(clients).items()
+              if not name.startswith("_") and not isinstance(value, ModuleType)]
+    assert clients.__all__ == sorted(public, key=str.casefold)
+
+
+def test_star_import_gives_exactly_the_pinned_names():
+    namespace: dict[str, object] = {}
+    exec("from clients import *", namespace)
+    assert set(namespace) - {"__builtins__"} == EXPECTED
 
 
 def test_errors_are_upr_errors():

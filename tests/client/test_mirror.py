@@ -10,7 +10,6 @@ from __future__ import annotations
 import os
 import random
 import signal
-import socket
 import sqlite3
 import subprocess
 import sys
@@ -23,18 +22,14 @@ import pytest
 
 from clients.ring import FILE_NAME, RollbackRing
 from clients.state import FileStateStore
-from tests.conftest import ROOT, start_server
+from tests.support.docs import bulk as post_bulk
+from tests.support.net import free_port
+from tests.support.server import ROOT, start_server
 
 pytestmark = pytest.mark.slow
 
 PARTITIONS = 4
 KEYS = [f"key-{i}" for i in range(160)]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class MirrorProc:
@@ -122,10 +117,7 @@ def random_ops(rng: random.Random, n: int, tag: str) -> list[dict]:
 
 
 def bulk(url: str, ops: list[dict], durability: str = "memory") -> None:
-    r = httpx.post(f"{url}/docs/_bulk", params={"durability": durability}, json=ops, timeout=30)
-    assert r.status_code == 200, r.text
-    for res in r.json()["results"]:
-        assert res["status"] in (200, 404), res  # deleting an absent key is a 404 item
+    post_bulk(url, ops, durability, ok_statuses=(200, 404))  # deleting an absent key is a 404 item
 
 
 def test_mirror_ends_identical_through_consumer_and_server_crashes(tmp_path: Path) -> None:

@@ -11,7 +11,8 @@ import sys
 import httpx
 import pytest
 
-from tests.conftest import ROOT
+from tests.support.docs import bulk
+from tests.support.server import ROOT
 
 pytestmark = pytest.mark.slow
 
@@ -38,12 +39,6 @@ def apply_lines(stdout: bytes, docs: dict | None = None) -> dict[str, tuple[byte
             assert obj["op"] == "deletion" and "value" not in obj
             docs.pop(obj["key"], None)
     return docs
-
-
-def bulk(url: str, ops: list[dict], durability: str = "memory") -> list[dict]:
-    r = httpx.post(f"{url}/docs/_bulk", params={"durability": durability}, json=ops, timeout=120)
-    assert r.status_code == 200, r.text
-    return r.json()["results"]
 
 
 def test_tail_until_now_over_1e5_mutations_prints_exactly_the_live_keys(upr_server):
@@ -84,8 +79,8 @@ def test_tail_until_now_over_1e5_mutations_prints_exactly_the_live_keys(upr_serv
 
 
 def test_tail_state_dir_prints_only_changes_and_corrections_after_a_rollback(tmp_path):
-    from tests.client.test_mirror import free_port
-    from tests.conftest import start_server
+    from tests.support.net import free_port
+    from tests.support.server import start_server
 
     port = free_port()
     args = ["--port", str(port), "--flush-interval-ms", "60000"]
@@ -126,8 +121,8 @@ def test_tail_state_dir_prints_only_changes_and_corrections_after_a_rollback(tmp
 
 
 def test_tail_rollback_deeper_than_the_ring_prints_a_reset_then_the_partition_again(tmp_path):
-    from tests.client.test_mirror import free_port
-    from tests.conftest import start_server
+    from tests.support.net import free_port
+    from tests.support.server import start_server
 
     args = ["--port", str(free_port()), "--flush-interval-ms", "60000"]
     srv = start_server(tmp_path / "srv", partitions=2, args=args)

@@ -4,8 +4,8 @@ from __future__ import annotations
 import httpx
 import pytest
 
-from tests.http.conftest import PARTITIONS, key_in
-from tests.http.test_documents import problem
+from tests.support.keys import PARTITIONS, key_in
+from tests.support.problems import problem
 
 pytestmark = pytest.mark.slow
 

@@ -8,9 +8,9 @@ from collections.abc import Iterator
 import httpx
 import pytest
 
-from tests.conftest import ROOT, ServerProcess, start_server
-from tests.http.conftest import TOKENS
-from tests.http.test_documents import problem
+from tests.support.server import ROOT, ServerProcess, start_server
+from tests.support.auth import TOKENS
+from tests.support.problems import problem
 
 pytestmark = pytest.mark.slow
 

@@ -7,8 +7,8 @@ import httpx
 import orjson
 import pytest
 
-from tests.http.conftest import key_in
-from tests.http.test_documents import problem
+from tests.support.keys import key_in
+from tests.support.problems import problem
 
 pytestmark = pytest.mark.slow
 

@@ -4,21 +4,10 @@ from __future__ import annotations
 import httpx
 import pytest
 
-from tests.http.conftest import PARTITIONS, key_in
+from tests.support.keys import PARTITIONS, key_in
+from tests.support.problems import problem
 
 pytestmark = pytest.mark.slow
-
-PROBLEM = "application/problem+json"
-
-
-def problem(r: httpx.Response, status: int, slug: str) -> dict:
-    assert r.status_code == status, r.text
-    assert r.headers["content-type"] == PROBLEM
-    body = r.json()
-    assert body["type"] == f"https://upr.dev/problems/{slug}"
-    assert body["status"] == status and body["title"] and body["detail"]
-    return body
-
 
 def test_put_get_roundtrip_with_version_headers(client: httpx.Client) -> None:
     value = bytes(range(256)) * 3

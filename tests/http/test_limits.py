@@ -8,8 +8,8 @@ import httpx
 import orjson
 import pytest
 
-from tests.conftest import ServerProcess, start_server
-from tests.http.test_documents import problem
+from tests.support.server import ServerProcess, start_server
+from tests.support.problems import problem
 
 pytestmark = pytest.mark.slow
 

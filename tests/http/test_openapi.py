@@ -13,8 +13,8 @@ from hypothesis import HealthCheck, settings
 from schemathesis.specs.openapi.checks import negative_data_rejection, positive_data_acceptance
 
 from app.cli import openapi_text
-from tests.conftest import ServerProcess, start_server
-from tests.http.conftest import TOKENS
+from tests.support.server import ServerProcess, start_server
+from tests.support.auth import TOKENS
 
 ROOT = Path(__file__).resolve().parents[2]
 SPEC = ROOT / "openapi" / "openapi.json"

@@ -5,19 +5,16 @@ import json
 import random
 from collections.abc import Iterable
 
-import httpx
-
 from clients.http import HttpApi
 from spark_connector.index.functions import FieldIndex
+from tests.support.docs import bulk as post_bulk
 
 CITIES = ["oslo", "lima", "rome", "kyiv", "pune", "nice", "bern"]
 
 
 def bulk(url: str, ops: list[dict], durability: str = "memory") -> None:
-    for i in range(0, len(ops), 1000):
-        r = httpx.post(f"{url}/docs/_bulk", params={"durability": durability}, json=ops[i:i + 1000], timeout=60)
-        assert r.status_code == 200, r.text[:300]
-        assert r.json()["failed"] == 0, r.text[:300]
+    """Write in requests of 1,000 items; every item must succeed."""
+    post_bulk(url, ops, durability, chunk=1000, ok_statuses=(200,))
 
 
 def random_ops(rng: random.Random, keys: list[str], live: set[str], n: int, delete_ratio: float = 0.15) -> list[dict]:

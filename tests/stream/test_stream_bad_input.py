@@ -13,9 +13,10 @@ import pytest
 import websockets
 from websockets.exceptions import ConnectionClosed
 
-from tests.conftest import ServerProcess, start_server
-from tests.stream.conftest import PARTITIONS, is_msg, key_in
-from tests.stream.wsclient import Mirror, RawStream, write_docs, ws_url
+from tests.support.server import ServerProcess, start_server
+from tests.support.keys import PARTITIONS, key_in
+from tests.support.stream import is_msg
+from tests.support.wsclient import Mirror, RawStream, write_docs, ws_url
 
 pytestmark = pytest.mark.slow
 

@@ -17,8 +17,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.conftest import ServerProcess, start_server
-from tests.stream.wsclient import Mirror, RawStream
+from tests.support.server import ServerProcess, start_server
+from tests.support.wsclient import Mirror, RawStream
 
 pytestmark = pytest.mark.slow
 

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import start_server
-from tests.stream.wsclient import Mirror, RawStream, write_docs
+from tests.support.server import start_server
+from tests.support.wsclient import Mirror, RawStream, write_docs
 
 PARTITIONS = 8
 WINDOW = 16 * 1024

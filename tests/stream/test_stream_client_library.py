@@ -14,8 +14,8 @@ import pytest
 from clients import Consumer
 from clients.events import Deletion, Mutation
 from clients.state import MemoryStateStore
-from tests.conftest import start_server
-from tests.stream.wsclient import write_docs
+from tests.support.server import start_server
+from tests.support.wsclient import write_docs
 
 pytestmark = pytest.mark.slow
 

@@ -12,9 +12,10 @@ import websockets
 from websockets.exceptions import InvalidStatus
 
 from engine.protocol import frames as F
-from tests.conftest import ServerProcess, start_server
-from tests.stream.conftest import PARTITIONS, engine_contents, is_msg, key_in, keys_in
-from tests.stream.wsclient import Mirror, Position, RawStream, write_docs, ws_url
+from tests.support.server import ServerProcess, start_server
+from tests.support.keys import PARTITIONS, key_in, keys_in
+from tests.support.stream import engine_contents, is_msg
+from tests.support.wsclient import Mirror, Position, RawStream, write_docs, ws_url
 
 pytestmark = pytest.mark.slow
 

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import start_server
-from tests.stream.wsclient import Mirror, RawStream, write_docs
+from tests.support.server import start_server
+from tests.support.wsclient import Mirror, RawStream, write_docs
 
 pytestmark = pytest.mark.slow
 

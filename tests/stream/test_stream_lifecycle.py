@@ -14,8 +14,8 @@ import httpx
 import pytest
 from websockets.exceptions import ConnectionClosed
 
-from tests.conftest import ROOT, start_server
-from tests.stream.wsclient import Mirror, RawStream, write_docs
+from tests.support.server import ROOT, start_server
+from tests.support.wsclient import Mirror, RawStream, write_docs
 
 pytestmark = pytest.mark.slow
 
@@ -48,7 +48,7 @@ async def test_shutdown_ends_every_stream_then_closes_1001(tmp_path: Path) -> No
 CONSUMER = textwrap.dedent("""
     import asyncio, sys
     sys.path.insert(0, {root!r})
-    from tests.stream.wsclient import RawStream
+    from tests.support.wsclient import RawStream
     async def main():
         s = await RawStream.open({url!r}, name="doomed", auto_ack=False)
         await s.stream(range(2))

@@ -12,8 +12,8 @@ import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from tests.conftest import ServerProcess, start_server
-from tests.stream.wsclient import Mirror, Position, RawStream, write_docs
+from tests.support.server import ServerProcess, start_server
+from tests.support.wsclient import Mirror, Position, RawStream, write_docs
 
 pytestmark = pytest.mark.slow
 

@@ -13,9 +13,10 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.conftest import start_server
-from tests.stream.conftest import PARTITIONS, is_msg, keys_in
-from tests.stream.wsclient import Mirror, Position, RawStream, write_docs
+from tests.support.server import start_server
+from tests.support.keys import PARTITIONS, keys_in
+from tests.support.stream import is_msg
+from tests.support.wsclient import Mirror, Position, RawStream, write_docs
 
 pytestmark = pytest.mark.slow
 

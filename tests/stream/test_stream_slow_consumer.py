@@ -17,8 +17,8 @@ import httpx
 import psutil
 import pytest
 
-from tests.conftest import start_server
-from tests.stream.wsclient import Mirror, RawStream
+from tests.support.server import start_server
+from tests.support.wsclient import Mirror, RawStream
 
 pytestmark = pytest.mark.slow
 
