@@ -19,7 +19,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.conftest import ROOT
+from tests.support.server import ROOT
 
 pytestmark = pytest.mark.slow
 
