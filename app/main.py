@@ -32,6 +32,7 @@ from app.runner import EngineRunner
 from app.settings import Settings
 from app.streams_registry import StreamRegistry
 from engine.config import EngineConfig
+from engine.core.types import MAX_SEQNO
 
 log = logging.getLogger("upr.server")
 
@@ -145,5 +146,32 @@ def _openapi(app: FastAPI) -> dict[str, Any]:
                     content[PROBLEM_MEDIA_TYPE] = {"schema": {"$ref": "#/components/schemas/Problem"}}
     components.pop("HTTPValidationError", None)
     components.pop("ValidationError", None)
+    _integer_bounds(schema)
     app.openapi_schema = schema
     return schema
+
+
+_BOUND_KEYS = ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum")
+#: bounds that a float cannot carry exactly, by the float FastAPI turns them into
+_EXACT_BOUNDS = {float(MAX_SEQNO): MAX_SEQNO}
+
+
+def _integer_bounds(node: Any) -> None:
+    """Publish an integer schema's bounds as integers (``65535``, ``18446744073709551615``).
+
+    WHY: FastAPI passes the document through its OpenAPI model, whose bounds are floats, so
+    2**64 - 1 came out as ``1.8446744073709552e+19``: a value the server refuses, admitted by
+    the document, and rounded by client generators."""
+    if isinstance(node, list):
+        for item in node:
+            _integer_bounds(item)
+        return
+    if not isinstance(node, dict):
+        return
+    if node.get("type") == "integer":
+        for name in _BOUND_KEYS:
+            value = node.get(name)
+            if isinstance(value, float) and value.is_integer():
+                node[name] = _EXACT_BOUNDS.get(value, int(value))
+    for value in node.values():
+        _integer_bounds(value)

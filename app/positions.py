@@ -18,11 +18,11 @@ from fastapi import APIRouter
 from pydantic import BaseModel, ConfigDict, Field
 
 from app.deps import ReadUser, RunnerDep
+from app.models import U16, U64, StrictBool
 from app.problems import UNKNOWN_PARTITION, Problem
 from app.routes.responses import problems
 from engine.core.errors import SeqnoRangeError
 from engine.core.rollback import Rollback, StreamPosition, decide
-from engine.core.types import MAX_SEQNO
 
 __all__ = ["router"]
 
@@ -34,14 +34,14 @@ class HeldPosition(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    partition: int = Field(ge=0, le=0xFFFF)
-    uuid: int = Field(ge=0, le=MAX_SEQNO, description="failover-log uuid the consumer last saw (0: none)")
-    seqno: int = Field(ge=0, le=MAX_SEQNO, description="last seqno the consumer has")
-    snap_start: int = Field(ge=0, le=MAX_SEQNO)
-    snap_end: int = Field(ge=0, le=MAX_SEQNO)
-    end_seqno: int | None = Field(None, ge=0, le=MAX_SEQNO)
+    partition: U16
+    uuid: U64 = Field(description="failover-log uuid the consumer last saw (0: none)")
+    seqno: U64 = Field(description="last seqno the consumer has")
+    snap_start: U64
+    snap_end: U64
+    end_seqno: U64 | None = None
     expected_state: Literal["active", "replica"] = "active"
-    strict_uuid: bool = False
+    strict_uuid: StrictBool = False
 
 
 class PositionsCheck(BaseModel):

@@ -2,11 +2,15 @@
 from __future__ import annotations
 
 import zlib
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
 
 import httpx
 import pytest
 
+from app.auth import TokenTable
+from app.main import create_app
+from app.settings import Settings
 from tests.conftest import ServerProcess, start_server
 
 PARTITIONS = 8
@@ -33,3 +37,14 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
 def client(server: ServerProcess) -> Iterator[httpx.Client]:
     with httpx.Client(base_url=server.url, timeout=10) as c:
         yield c
+
+
+@pytest.fixture
+async def inproc(tmp_path: Path) -> AsyncIterator[httpx.AsyncClient]:
+    """The app in this process over a real engine (protected mode, loopback caller): for route
+    logic that needs no server process.  The lifespan runs as under uvicorn."""
+    app = create_app(Settings(data_dir=tmp_path / "data", partitions=PARTITIONS), tokens=TokenTable())
+    async with app.router.lifespan_context(app):
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://127.0.0.1") as c:
+            yield c
