@@ -53,6 +53,7 @@ def _server_parser(sub: Any) -> None:
     opt("max_value_bytes", "BYTES", type=int)
     opt("max_bulk_bytes", "BYTES", type=int)
     opt("max_bulk_items", "N", type=int)
+    opt("max_request_bytes", "BYTES", type=int)
     opt("tokens_file", "FILE", type=Path)
     opt("read_threads", "N", type=int)
     opt("stream_max_connections", "N", type=int)

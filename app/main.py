@@ -18,12 +18,14 @@ from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from typing import Any
 
-from fastapi import FastAPI
+from fastapi import FastAPI, Request
 from fastapi.routing import APIRoute
 from fastapi.openapi.utils import get_openapi
+from starlette.responses import Response
 
 from app import problems
 from app.auth import TokenTable
+from app.limits import BodyLimit, BodyTooLarge
 from app.metrics import Metrics, MetricsMiddleware
 from app.models import BulkItem
 from app.problems import PROBLEM_MEDIA_TYPE
@@ -102,6 +104,8 @@ def create_app(
     app.state.started_at = time.monotonic()
 
     problems.install(app)
+    app.add_exception_handler(BodyTooLarge, _body_too_large)  # type: ignore[arg-type]
+    app.add_middleware(BodyLimit, limit=settings.max_request_bytes)
     app.add_middleware(MetricsMiddleware, metrics=app.state.metrics)
     modules = (health, bulk, docs, status, partitions, stream_status, admin)
     for module in modules:
@@ -116,6 +120,10 @@ def create_app(
 
     app.openapi = lambda: _openapi(app)  # type: ignore[method-assign]
     return app
+
+
+async def _body_too_large(request: Request, exc: BodyTooLarge) -> Response:
+    return exc.problem.response(request.url.path)
 
 
 def _openapi(app: FastAPI) -> dict[str, Any]:

@@ -111,7 +111,7 @@ def _check_all(engine: Any, positions: list[HeldPosition]) -> list[PositionVerdi
     "/positions/check",
     summary="Check saved stream positions",
     response_model=PositionsVerdict,
-    responses=problems(401, 403, 404, 422, 503),
+    responses=problems(401, 403, 404, 413, 422, 503),
 )
 async def check_positions(body: PositionsCheck, runner: RunnerDep, _user: ReadUser) -> PositionsVerdict:
     """For each position (partition, uuid, seqno, snapshot range), the answer a ``stream_request``
