@@ -23,7 +23,7 @@ from fastapi.routing import APIRoute
 from fastapi.openapi.utils import get_openapi
 from starlette.responses import Response
 
-from app import problems
+from app import api_docs, problems
 from app.auth import TokenTable
 from app.limits import BodyLimit, BodyTooLarge
 from app.metrics import Metrics, MetricsMiddleware
@@ -83,10 +83,9 @@ def create_app(
         version=status.VERSION,
         description=DESCRIPTION,
         lifespan=lifespan,
-        # /docs is the documents resource: the interactive API docs live under /api.
-        docs_url="/api/docs",
+        # /docs is the documents resource: the interactive API docs live under /api (app.api_docs).
+        docs_url=None,
         redoc_url=None,
-        swagger_ui_oauth2_redirect_url="/api/docs/oauth2-redirect",
         openapi_tags=[
             {"name": "documents", "description": "write and read documents"},
             {"name": "status", "description": "liveness, readiness, node status, metrics"},
@@ -117,6 +116,7 @@ def create_app(
 
     app.include_router(stream.router)
     app.include_router(positions.router)
+    api_docs.install(app)
 
     app.openapi = lambda: _openapi(app)  # type: ignore[method-assign]
     return app
