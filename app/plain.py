@@ -9,16 +9,16 @@ the lone ``Request`` parameter, and an exception wrapper.  Routed through ``plai
 endpoint is called with a Starlette ``Request`` and its ``Response`` sent, nothing else.
 
 What stays the same: the route is still a FastAPI ``APIRoute``, so it is matched, listed and
-described in the OpenAPI document as before, and every middleware still runs.
+described in the OpenAPI document as before, and every middleware still runs.  An exception
+an endpoint raises (``Problem``, an engine error) is turned into its problem document by the
+app's exception handlers in Starlette's ``ExceptionMiddleware``, which sits outside the router.
 
 Path parameters are decoded strictly.  The server decodes a path's percent-escapes with
 replacement, so ``/docs/a%FEx``, ``/docs/a%FFx`` and ``/docs/a%EF%BF%BDx`` would all name the key
 ``a\ufffdx`` (one document, silently overwritten by the others).  A path holding U+FFFD is therefore
 matched again from the raw bytes sent, each byte that is not UTF-8 kept as a lone surrogate
-(``surrogateescape``), and the key rule every route applies (``engine.core.keys``: valid UTF-8)
-refuses it with 422, as it refuses the same key in a bulk item.  An exception
-an endpoint raises (``Problem``, an engine error) is turned into its problem document by the
-app's exception handlers in Starlette's ``ExceptionMiddleware``, which sits outside the router.
+(``surrogateescape``), and the engine's key rule (``engine.core.keys``: valid UTF-8) refuses it
+with 422 ``invalid-key``, as it refuses the same key in a bulk item.
 """
 from __future__ import annotations
 
