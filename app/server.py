@@ -91,6 +91,8 @@ def serve(settings: Settings) -> int:
     if refusal:
         print(refusal, file=sys.stderr)
         return EXIT_CONFIG
+    logging.basicConfig(level=settings.log_level.upper() if settings.log_level != "trace" else "DEBUG",
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
         engine = open_engine(settings)
     except StartRefused as exc:
@@ -103,8 +105,6 @@ def serve(settings: Settings) -> int:
 
 
 def _run(settings: Settings, tokens: TokenTable, engine: Any) -> int:
-    logging.basicConfig(level=settings.log_level.upper() if settings.log_level != "trace" else "DEBUG",
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     if tokens.protected_mode:
         log.warning(
             "protected mode: no auth tokens configured, serving loopback (%s) only; every local caller is admin",
