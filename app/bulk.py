@@ -178,7 +178,7 @@ def plain_sets(body: bytes, ndjson: bool) -> PlainSets | None:
         else:
             lines = body.split(b"\n")
             if lines and not lines[-1].strip():
-                lines.pop()  # the usual final newline; any other blank line takes the general path
+                lines.pop()  # the usual final newline; any other blank line sends the body item by item
             # one decode per line, not decode_lines: that reads values across line breaks, and a
             # line must stand alone (a bad line is that line's error)
             plain = list(map(_DECODE_PLAIN_B64_LINE if b64 else _DECODE_PLAIN_LINE, lines))
