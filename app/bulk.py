@@ -20,7 +20,6 @@ import binascii
 import contextlib
 import gc
 from base64 import b64decode
-from binascii import a2b_base64
 from collections.abc import Iterator, Sequence
 from itertools import repeat
 from operator import attrgetter, itemgetter
@@ -75,7 +74,7 @@ _b64_of = attrgetter("value_b64")
 
 
 class PlainSets(NamedTuple):
-    """A batch made only of plain ``value`` sets: keys and value texts, in item order."""
+    """A body made only of plain sets: keys and values, in item order."""
     keys: list[str]
     values: list[bytes]
 
@@ -115,27 +114,58 @@ def is_ndjson(content_type: str | None, body: bytes) -> bool:
     return not body.lstrip()[:1] == b"["
 
 
-def decode(body: bytes, ndjson: bool, max_items: int) -> PlainSets | list[Any]:
-    """The body's items: ``PlainSets`` when every item is exactly ``{"op": "set", "key": <str>,
-    "value": <JSON>}``, or every one exactly the same with ``"value_b64"``, else what
-    ``parse_items`` gives.
+class Batch(NamedTuple):
+    """A parsed body: the operations to write and what became of every item.
 
-    WHY: one typed msgspec pass over such a body (the common bulk load) yields the keys and each
-    value's own text with no Python object per value: parsing and building the operations cost
-    ≈ 0.7 µs per item of small JSON objects against 1.1–1.7 µs with orjson's decode plus
-    ``orjson.dumps`` of each value, and ≈ 0.5–0.7 against ≈ 1.0–1.2 µs for ``value_b64``
-    (``bench_http --breakdown``, docs/benchmarks.md).
-    Anything else (another shape, any error) goes to ``parse_items``, which owns the error
-    messages and stores values the same way (their text as sent)."""
-    plain = _plain_values(body, ndjson)
+    ``ops`` are plain ``(op, key, value, cas)`` tuples (the engine unpacks them like
+    ``WriteOp``s, which they may also be); ``slots[j]`` is the item index of ``ops[j]``;
+    ``refused`` maps the index of each item refused before the engine to its result."""
+    size: int
+    ops: list[tuple[Op, str, bytes, int | None]]
+    slots: Sequence[int]
+    refused: dict[int, dict[str, Any]]
+
+
+def decode(body: bytes, ndjson: bool, max_items: int) -> Batch:
+    """The body as a ``Batch``, parsed along one path that first tries the whole body as plain
+    sets and otherwise looks at each item.
+
+    Plain sets are the bodies in which every item is exactly ``{"op": "set", "key": <str>,
+    "value": <JSON>}``, or every one exactly the same with ``"value_b64"``.  WHY a typed pass
+    for them: one msgspec decode of such a body (the common bulk load) yields the keys and each
+    value's own text with no Python object per value: ≈ 0.7 µs per item of small JSON objects
+    against 1.1–1.7 µs with orjson's decode plus ``orjson.dumps`` of each value, and ≈ 0.5–0.7
+    against ≈ 1.0–1.2 µs for ``value_b64`` (``bench_http --breakdown``, docs/benchmarks.md).
+    Any other body (another shape, any error) goes item by item through ``parse_items`` and
+    ``to_op``, which own the error messages and store values the same way (their text as sent),
+    so the typed pass never has to decide anything a second time."""
+    plain = plain_sets(body, ndjson)
     if plain is None or not plain.keys:  # also an empty array or body: parse_items answers those
-        return parse_items(body, ndjson, max_items)
-    if len(plain.keys) > max_items:
+        return batch_of(parse_items(body, ndjson, max_items))
+    n = len(plain.keys)
+    if n > max_items:
         raise _too_many(max_items)
-    return plain
+    return Batch(n, list(zip(repeat(Op.MUTATION, n), plain.keys, plain.values, repeat(None, n))), range(n), {})
 
 
-def _plain_values(body: bytes, ndjson: bool) -> PlainSets | None:
+def batch_of(items: list[Any]) -> Batch:
+    """The ``Batch`` of decoded items (``parse_items``' output): each through ``to_op``."""
+    ops: list[tuple[Op, str, bytes, int | None]] = []
+    slots: list[int] = []
+    refused: dict[int, dict[str, Any]] = {}
+    for i, item in enumerate(items):
+        op = to_op(i, item)
+        if type(op) is WriteOp:
+            ops.append(op)
+            slots.append(i)
+        else:
+            refused[i] = {"index": i, "status": op.status, "error": op.body()}  # type: ignore[union-attr]
+    return Batch(len(items), ops, slots, refused)
+
+
+def plain_sets(body: bytes, ndjson: bool) -> PlainSets | None:
+    """The typed pass of ``decode``: the body's keys and values if it is made only of plain
+    sets (one of the two shapes throughout), else None (the items then go one by one)."""
     if not body.isascii():
         try:
             body.decode()  # msgspec does not check the UTF-8 of the text it hands out as Raw
@@ -148,7 +178,7 @@ def _plain_values(body: bytes, ndjson: bool) -> PlainSets | None:
         else:
             lines = body.split(b"\n")
             if lines and not lines[-1].strip():
-                lines.pop()  # the usual final newline; any other blank line takes the general path
+                lines.pop()  # the usual final newline; any other blank line sends the body item by item
             # one decode per line, not decode_lines: that reads values across line breaks, and a
             # line must stand alone (a bad line is that line's error)
             plain = list(map(_DECODE_PLAIN_B64_LINE if b64 else _DECODE_PLAIN_LINE, lines))
@@ -225,8 +255,10 @@ def _too_many(max_items: int) -> Problem:
     return Problem(TOO_LARGE, f"more than {max_items} operations in one request", field="body", extra={"limit": max_items})
 
 
-def _bad(index: int, detail: str, field: str) -> Problem:
-    return Problem(INVALID_INPUT, f"item {index}: {detail}", field=f"[{index}].{field}")
+def _bad(index: int, detail: str, field: str = "") -> Problem:
+    """An item's problem, its ``field`` the JSON path of the culprit: ``[3].key``, or ``[3]``
+    when the whole item is wrong."""
+    return Problem(INVALID_INPUT, f"item {index}: {detail}", field=f"[{index}].{field}" if field else f"[{index}]")
 
 
 def to_op(index: int, item: Any) -> WriteOp | Problem:
@@ -234,9 +266,9 @@ def to_op(index: int, item: Any) -> WriteOp | Problem:
     if isinstance(item, Problem):
         return item
     if type(item) is not dict:
-        return _bad(index, "must be an object", "")
+        return _bad(index, "must be an object")
     if not _ALLOWED.issuperset(item):
-        return _bad(index, f"unknown field(s) {', '.join(sorted(set(item) - _ALLOWED))}", "")
+        return _bad(index, f"unknown field(s) {', '.join(sorted(set(item) - _ALLOWED))}")
     key = item.get("key")
     if type(key) is not str:
         return _bad(index, "key must be a string", "key")
@@ -267,74 +299,14 @@ def to_op(index: int, item: Any) -> WriteOp | Problem:
     return _bad(index, 'op must be "set" or "delete"', "op")
 
 
-_get_op = itemgetter("op")
-_get_key = itemgetter("key")
-_get_value = itemgetter("value")
-_get_b64 = itemgetter("value_b64")
-_DICT_ONLY = {dict}
-_THREE = {3}
-_STR_ONLY = {str}
-
-
-def plain_sets(items: list[Any]) -> tuple[list[str], list[bytes]] | None:
-    """Keys and value bytes when *every* item is a plain set (exactly ``op: "set"``, a string
-    ``key`` and ``value``, or exactly those with a valid ``value_b64``), else None.
-
-    WHY: that is what bulk loaders send, and then the checks run as C-level passes over the
-    whole batch (``map`` of item getters, one ``set`` of types) instead of a Python loop per
-    item: measured in the bulk breakdown (docs/benchmarks.md).  Anything else, even one item,
-    returns None and the caller takes the per-item path, which owns the error messages; a
-    table test checks that both build the same operations."""
-    n = len(items)
-    if not n or set(map(type, items)) != _DICT_ONLY or set(map(len, items)) != _THREE:
-        return None
-    try:
-        if list(map(_get_op, items)).count("set") != n:
-            return None
-        keys = list(map(_get_key, items))
-        if set(map(type, keys)) != _STR_ONLY:
-            return None
-        if "value" in items[0]:
-            return keys, list(map(value_text, map(_get_value, items)))
-        b64s = list(map(_get_b64, items))
-        if set(map(type, b64s)) != _STR_ONLY:
-            return None
-        # = b64decode(validate=True), one call less per item
-        return keys, [a2b_base64(b64, strict_mode=True) for b64 in b64s]
-    except (KeyError, binascii.Error, ValueError):  # an item without the field, bad base64
-        return None
-
-
-def apply(engine: BatchWriter, items: PlainSets | list[Any], durability: str,
+def apply(engine: BatchWriter, batch: Batch, durability: str,
           columns: bool = False) -> tuple[dict[str, Any], dict[int, int]]:
-    """Write every valid item in one engine batch.
+    """Write the batch's operations in one engine batch.
 
     Returns the response body (per-item ``results`` objects, or with ``columns`` the
     column form: see ``column_body``) and the highest seqno written per partition (the
-    targets of the batch's single durability wait).
-
-    WHY two ways to build the operations: ``plain_sets`` handles batches made only of plain
-    sets in C-level passes; otherwise each item is looked at in turn, and the common ones
-    (``{"op": "set", "key": str, "value": ...}``, the same with ``value_b64``) are still
-    recognised inline without a ``to_op`` call (three fields, two of them ``op`` and ``key``
-    with the right types, leave nothing for ``to_op`` to refuse).  Everything else goes
-    through ``to_op``, which owns the error messages.  ``items`` may also be the ``PlainSets``
-    that ``decode`` found."""
-    refused: dict[int, dict[str, Any]] = {}
-    if type(items) is PlainSets:
-        plain: tuple[list[str], list[bytes]] | None = items
-        items = _KeysOnly(items.keys)
-    else:
-        plain = plain_sets(items)
-    n = len(items)
-    if plain is not None:
-        keys, values = plain
-        # plain (op, key, value, cas) tuples: the engine unpacks them like WriteOps; building
-        # WriteOp instances as well cost ≈ 0.1 µs per item (docs/benchmarks.md)
-        ops = list(zip(repeat(Op.MUTATION, n), keys, values, repeat(None, n)))
-        slots: list[int] | range = range(n)
-    else:
-        ops, slots = _ops_one_by_one(items, refused)
+    targets of the batch's single durability wait)."""
+    n, ops, slots, refused = batch
     written = engine.write_batch(ops) if ops else []
     all_ok = not refused and set(map(type, written)) <= _OK_ONLY  # the usual case
     ok = written if all_ok else [r for r in written if type(r) is WriteResult]
@@ -343,91 +315,36 @@ def apply(engine: BatchWriter, items: PlainSets | list[Any], durability: str,
     targets: dict[int, int] = dict(zip(map(_partition_of, ok), map(_seqno_of, ok)))
     head = {"durability": durability, "succeeded": len(ok), "failed": n - len(ok)}
     if columns:
-        return {**head, **column_body(items, n, slots, written, refused, all_ok)}, targets
-    return {**head, "results": _result_objects(items, n, slots, written, refused)}, targets
+        return {**head, **column_body(batch, written, all_ok)}, targets
+    return {**head, "results": _result_objects(batch, written)}, targets
 
 
 _OK_ONLY = {WriteResult}
 
 
-class _KeysOnly:
-    """``items[i]["key"]`` for a ``PlainSets`` batch (what a failed item's result names),
-    without building 1000 dicts for the usual batch in which nothing fails."""
-
-    __slots__ = ("_keys",)
-
-    def __init__(self, keys: list[str]) -> None:
-        self._keys = keys
-
-    def __len__(self) -> int:
-        return len(self._keys)
-
-    def __getitem__(self, i: int) -> dict[str, str]:
-        return {"key": self._keys[i]}
-
-
-def _ops_one_by_one(items: list[Any], refused: dict[int, dict[str, Any]]) -> tuple[list[WriteOp], list[int]]:
-    """The operations of the valid items and their indexes; refused items' results go to ``refused``."""
-    ops: list[WriteOp] = []
-    slots: list[int] = []
-    add_op = ops.append
-    add_slot = slots.append
-    new = tuple.__new__
-    dumps = value_text
-    mutation = Op.MUTATION
-    for i, item in enumerate(items):
-        if type(item) is dict and len(item) == 3 and item.get("op") == "set":
-            key = item.get("key")
-            if type(key) is str:
-                value = item.get("value", _MISSING)
-                if value is not _MISSING:
-                    add_op(new(WriteOp, (mutation, key, dumps(value), None)))
-                    add_slot(i)
-                    continue
-                b64 = item.get("value_b64")
-                if type(b64) is str:
-                    try:
-                        raw = a2b_base64(b64, strict_mode=True)  # = b64decode(validate=True), one call less
-                    except (binascii.Error, ValueError):
-                        pass  # to_op reports it
-                    else:
-                        add_op(new(WriteOp, (mutation, key, raw, None)))
-                        add_slot(i)
-                        continue
-        op = to_op(i, item)
-        if type(op) is WriteOp:
-            add_op(op)
-            add_slot(i)
-        else:
-            refused[i] = {"index": i, "status": op.status, "error": op.body()}  # type: ignore[union-attr]
-    return ops, slots
-
-
-def _failed(i: int, items: list[Any], err: UprError) -> dict[str, Any]:
+def _failed(i: int, key: str, err: UprError) -> dict[str, Any]:
     body = item_error(err)
-    return {"index": i, "status": body["status"], "key": items[i]["key"], "error": body}
+    return {"index": i, "status": body["status"], "key": key, "error": body}
 
 
-def _result_objects(items: list[Any], n: int, slots: Sequence[int], written: list[WriteResult | UprError],
-                    refused: dict[int, dict[str, Any]]) -> list[dict[str, Any] | None]:
-    results: list[dict[str, Any] | None] = [None] * n
-    for i, body in refused.items():
+def _result_objects(batch: Batch, written: list[WriteResult | UprError]) -> list[dict[str, Any] | None]:
+    results: list[dict[str, Any] | None] = [None] * batch.size
+    for i, body in batch.refused.items():
         results[i] = body
-    for i, res in zip(slots, written):
+    for i, op, res in zip(batch.slots, batch.ops, written):
         if type(res) is WriteResult:
             key, p, seqno, cas, rev, deleted = res
             results[i] = {"index": i, "status": 200, "key": key, "partition": p, "seqno": seqno,
                           "cas": cas, "rev": rev, "deleted": deleted}
         else:
-            results[i] = _failed(i, items, res)  # type: ignore[arg-type]
+            results[i] = _failed(i, op[1], res)  # type: ignore[arg-type]
     return results
 
 
 COLUMNS = ("status", "partition", "seqno", "cas", "rev", "deleted")
 
 
-def column_body(items: list[Any], n: int, slots: Sequence[int], written: list[WriteResult | UprError],
-                refused: dict[int, dict[str, Any]], all_ok: bool) -> dict[str, Any]:
+def column_body(batch: Batch, written: list[WriteResult | UprError], all_ok: bool) -> dict[str, Any]:
     """``columns``: one array per field, element ``i`` for item ``i`` (``status`` 200, or the
     status the item alone would have had; the other fields null for a failed item), and
     ``errors``: ``{"index", "status", "key"?, "error"}`` of each failed item, in item order.
@@ -435,20 +352,21 @@ def column_body(items: list[Any], n: int, slots: Sequence[int], written: list[Wr
     WHY: 1000 result objects cost the writer thread ≈ 0.3 µs per item to build and encode,
     and a client ≈ 0.7 µs per item to decode, against ≈ 0.1 µs and ≈ 0.15 µs for six arrays
     of numbers (measured, docs/benchmarks.md); the key is left out since the caller sent it."""
+    n = batch.size
     if all_ok:
         _keys, parts, seqnos, cas, revs, deleted = zip(*written) if written else ((),) * 6
         return {"columns": {"status": [200] * n, "partition": parts, "seqno": seqnos, "cas": cas, "rev": revs,
                             "deleted": deleted}, "errors": []}
     cols: dict[str, list[Any]] = {name: [None] * n for name in COLUMNS}
     status, part_c, seq_c, cas_c, rev_c, del_c = cols.values()
-    errors: dict[int, dict[str, Any]] = dict(refused)
-    for i, body in refused.items():
+    errors: dict[int, dict[str, Any]] = dict(batch.refused)
+    for i, body in batch.refused.items():
         status[i] = body["status"]
-    for i, res in zip(slots, written):
+    for i, op, res in zip(batch.slots, batch.ops, written):
         if type(res) is WriteResult:
             status[i] = 200
             _key, part_c[i], seq_c[i], cas_c[i], rev_c[i], del_c[i] = res
         else:
-            errors[i] = _failed(i, items, res)  # type: ignore[arg-type]
+            errors[i] = _failed(i, op[1], res)  # type: ignore[arg-type]
             status[i] = errors[i]["status"]
     return {"columns": cols, "errors": [errors[i] for i in sorted(errors)]}

@@ -18,12 +18,14 @@ from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from typing import Any
 
-from fastapi import FastAPI
+from fastapi import FastAPI, Request
 from fastapi.routing import APIRoute
 from fastapi.openapi.utils import get_openapi
+from starlette.responses import Response
 
-from app import problems
+from app import api_docs, problems
 from app.auth import TokenTable
+from app.limits import BodyLimit, BodyTooLarge
 from app.metrics import Metrics, MetricsMiddleware
 from app.models import BulkItem
 from app.problems import PROBLEM_MEDIA_TYPE
@@ -32,6 +34,7 @@ from app.runner import EngineRunner
 from app.settings import Settings
 from app.streams_registry import StreamRegistry
 from engine.config import EngineConfig
+from engine.core.types import MAX_SEQNO
 
 log = logging.getLogger("upr.server")
 
@@ -80,10 +83,9 @@ def create_app(
         version=status.VERSION,
         description=DESCRIPTION,
         lifespan=lifespan,
-        # /docs is the documents resource: the interactive API docs live under /api.
-        docs_url="/api/docs",
+        # /docs is the documents resource: the interactive API docs live under /api (app.api_docs).
+        docs_url=None,
         redoc_url=None,
-        swagger_ui_oauth2_redirect_url="/api/docs/oauth2-redirect",
         openapi_tags=[
             {"name": "documents", "description": "write and read documents"},
             {"name": "status", "description": "liveness, readiness, node status, metrics"},
@@ -101,6 +103,8 @@ def create_app(
     app.state.started_at = time.monotonic()
 
     problems.install(app)
+    app.add_exception_handler(BodyTooLarge, _body_too_large)  # type: ignore[arg-type]
+    app.add_middleware(BodyLimit, limit=settings.max_request_bytes)
     app.add_middleware(MetricsMiddleware, metrics=app.state.metrics)
     modules = (health, bulk, docs, status, partitions, stream_status, admin)
     for module in modules:
@@ -112,9 +116,14 @@ def create_app(
 
     app.include_router(stream.router)
     app.include_router(positions.router)
+    api_docs.install(app)
 
     app.openapi = lambda: _openapi(app)  # type: ignore[method-assign]
     return app
+
+
+async def _body_too_large(request: Request, exc: BodyTooLarge) -> Response:
+    return exc.problem.response(request.url.path)
 
 
 def _openapi(app: FastAPI) -> dict[str, Any]:
@@ -145,5 +154,32 @@ def _openapi(app: FastAPI) -> dict[str, Any]:
                     content[PROBLEM_MEDIA_TYPE] = {"schema": {"$ref": "#/components/schemas/Problem"}}
     components.pop("HTTPValidationError", None)
     components.pop("ValidationError", None)
+    _integer_bounds(schema)
     app.openapi_schema = schema
     return schema
+
+
+_BOUND_KEYS = ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum")
+#: bounds that a float cannot carry exactly, by the float FastAPI turns them into
+_EXACT_BOUNDS = {float(MAX_SEQNO): MAX_SEQNO}
+
+
+def _integer_bounds(node: Any) -> None:
+    """Publish an integer schema's bounds as integers (``65535``, ``18446744073709551615``).
+
+    WHY: FastAPI passes the document through its OpenAPI model, whose bounds are floats, so
+    2**64 - 1 came out as ``1.8446744073709552e+19``: a value the server refuses, admitted by
+    the document, and rounded by client generators."""
+    if isinstance(node, list):
+        for item in node:
+            _integer_bounds(item)
+        return
+    if not isinstance(node, dict):
+        return
+    if node.get("type") == "integer":
+        for name in _BOUND_KEYS:
+            value = node.get(name)
+            if isinstance(value, float) and value.is_integer():
+                node[name] = _EXACT_BOUNDS.get(value, int(value))
+    for value in node.values():
+        _integer_bounds(value)

@@ -10,9 +10,9 @@ from __future__ import annotations
 from typing import Annotated, Literal
 
 from annotated_types import Ge, Le
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, StringConstraints
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, Strict, StringConstraints
 
-from engine.core.types import PartitionState
+from engine.core.types import MAX_SEQNO, PartitionState
 
 
 class Problem(BaseModel):
@@ -195,6 +195,11 @@ def _json_integer(value: object) -> object:
 #: 2**63 + 191 "valid" by the schema and rejected by us).  No partition reaches 2**53 seqnos.
 MAX_JSON_SEQNO = (1 << 53) - 1
 Seqno = Annotated[int, Ge(0), Le(MAX_JSON_SEQNO), BeforeValidator(_json_integer)]
+#: A full unsigned 64-bit value (a uuid, or a seqno the stream protocol carries), same integer rule.
+U64 = Annotated[int, Ge(0), Le(MAX_SEQNO), BeforeValidator(_json_integer)]
+U16 = Annotated[int, Ge(0), Le(0xFFFF), BeforeValidator(_json_integer)]
+#: true or false only (pydantic's lax mode also takes 0, 1, "yes", "off"...)
+StrictBool = Annotated[bool, Strict()]
 
 
 class CompactRequest(BaseModel):

@@ -18,6 +18,7 @@ from fastapi import APIRouter
 from pydantic import BaseModel, ConfigDict, Field
 
 from app.deps import ReadUser, RunnerDep
+from app.models import U16, U64, StrictBool
 from app.problems import UNKNOWN_PARTITION, Problem
 from app.routes.responses import problems
 from engine.core.errors import SeqnoRangeError
@@ -34,14 +35,14 @@ class HeldPosition(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    partition: int = Field(ge=0, le=0xFFFF)
-    uuid: int = Field(ge=0, le=MAX_SEQNO, description="failover-log uuid the consumer last saw (0: none)")
-    seqno: int = Field(ge=0, le=MAX_SEQNO, description="last seqno the consumer has")
-    snap_start: int = Field(ge=0, le=MAX_SEQNO)
-    snap_end: int = Field(ge=0, le=MAX_SEQNO)
-    end_seqno: int | None = Field(None, ge=0, le=MAX_SEQNO)
+    partition: U16
+    uuid: U64 = Field(description="failover-log uuid the consumer last saw (0: none)")
+    seqno: U64 = Field(description="last seqno the consumer has")
+    snap_start: U64
+    snap_end: U64
+    end_seqno: U64 | None = None
     expected_state: Literal["active", "replica"] = "active"
-    strict_uuid: bool = False
+    strict_uuid: StrictBool = False
 
 
 class PositionsCheck(BaseModel):
@@ -111,7 +112,7 @@ def _check_all(engine: Any, positions: list[HeldPosition]) -> list[PositionVerdi
     "/positions/check",
     summary="Check saved stream positions",
     response_model=PositionsVerdict,
-    responses=problems(401, 403, 404, 422, 503),
+    responses=problems(401, 403, 404, 413, 422, 503),
 )
 async def check_positions(body: PositionsCheck, runner: RunnerDep, _user: ReadUser) -> PositionsVerdict:
     """For each position (partition, uuid, seqno, snapshot range), the answer a ``stream_request``

@@ -1,7 +1,8 @@
 """Running the app under uvicorn, with the protected-mode rule applied first.
 
 WHY programmatic uvicorn (not ``uvicorn app.main:app``): the settings and token table
-are checked before anything binds, so a bad config or an unsafe bind fails with one
+are checked, and the engine opened, before anything binds, so a bad config, an unsafe bind, a
+data dir another server holds or a partition count the data dir does not have fails with one
 clear line and a non-zero exit instead of a traceback from inside a worker.
 """
 from __future__ import annotations
@@ -10,12 +11,14 @@ import asyncio
 import logging
 import sys
 from pathlib import Path
+from typing import Any
 
 import uvicorn
 
 from app.auth import TokenTable, check_bind, is_loopback
 from app.main import create_app
 from app.settings import Settings
+from engine.core.errors import UprError
 
 log = logging.getLogger("upr.server")
 
@@ -51,6 +54,36 @@ class _Server(uvicorn.Server):
             tmp.replace(self._ready_file)
 
 
+class StartRefused(Exception):
+    """The server cannot start on this data dir; the message is the one line to print."""
+
+
+def open_engine(settings: Settings) -> Any:
+    """The engine on ``settings.data_dir``, or ``StartRefused`` saying why not.
+
+    An explicit ``--partitions`` (flag, ``UPR_PARTITIONS`` or config file) that differs from the
+    count an existing data dir was created with is refused, as Kafka refuses to shrink a topic
+    and Couchbase fixes its vBucket count: the key → partition hash depends on it, and
+    silently keeping the stored count would leave the operator believing otherwise."""
+    from engine.engine import Engine
+
+    try:
+        engine = Engine.open(settings.engine_config())
+    except UprError as exc:
+        where = "" if str(settings.data_dir) in exc.message else f"cannot open data dir {settings.data_dir}: "
+        raise StartRefused(f"upr: {where}{exc.message}") from None
+    except OSError as exc:
+        raise StartRefused(f"upr: cannot open data dir {settings.data_dir}: {exc.strerror or exc}") from None
+    if "partitions" in settings.model_fields_set and engine.num_partitions != settings.partitions:
+        engine.close()
+        raise StartRefused(
+            f"upr: data dir {settings.data_dir} has {engine.num_partitions} partitions; --partitions "
+            f"{settings.partitions} cannot change that (the count is fixed when a data dir is created: "
+            f"drop the flag, or restore a backup into a new data dir)"
+        )
+    return engine
+
+
 def serve(settings: Settings) -> int:
     """Run until interrupted; returns the process exit code."""
     tokens = TokenTable.load(settings.tokens_file, settings.tokens)
@@ -60,6 +93,18 @@ def serve(settings: Settings) -> int:
         return EXIT_CONFIG
     logging.basicConfig(level=settings.log_level.upper() if settings.log_level != "trace" else "DEBUG",
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        engine = open_engine(settings)
+    except StartRefused as exc:
+        print(exc, file=sys.stderr)
+        return EXIT_CONFIG
+    try:
+        return _run(settings, tokens, engine)
+    finally:
+        engine.close()  # a no-op after the lifespan's clean close; closes it if uvicorn never started
+
+
+def _run(settings: Settings, tokens: TokenTable, engine: Any) -> int:
     if tokens.protected_mode:
         log.warning(
             "protected mode: no auth tokens configured, serving loopback (%s) only; every local caller is admin",
@@ -69,7 +114,7 @@ def serve(settings: Settings) -> int:
         log.info("auth: %d bearer token(s) configured", len(tokens))
         if not is_loopback(settings.host):
             log.info("binding %s: tokens required for every request but /health and /ready", settings.host)
-    app = create_app(settings, tokens=tokens)
+    app = create_app(settings, tokens=tokens, open_engine=lambda _config: engine)
     config = uvicorn.Config(
         app,
         host=settings.host,

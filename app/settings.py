@@ -83,6 +83,9 @@ class Settings(BaseSettings):
     max_key_bytes: int = Field(250, ge=1, le=250, description="largest key in UTF-8 bytes")
     max_value_bytes: int = Field(20 * MiB, ge=1, description="largest document value (PUT body) in bytes")
     max_bulk_bytes: int = Field(64 * MiB, ge=1, description="largest POST /docs/_bulk body in bytes")
+    max_request_bytes: int = Field(
+        8 * MiB, ge=1024, description="largest body of any other request (POST /positions/check, /admin/...) in bytes"
+    )
     max_bulk_items: int = Field(10_000, ge=1, description="most operations in one POST /docs/_bulk")
     tokens_file: Path | None = Field(None, description="TOML or JSON file of bearer tokens and roles")
     tokens: CliSuppress[str | None] = Field(

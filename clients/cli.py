@@ -303,7 +303,9 @@ def _cmd_get(args: argparse.Namespace) -> int:
                      "rev": doc.rev, **_value_fields(doc.value)})
     else:
         sys.stdout.buffer.write(doc.value)
-        if sys.stdout.isatty() and not doc.value.endswith(b"\n"):
+        # a line, like redis-cli or etcdctl print a value (the shell prompt, `read`, `wc -l` expect
+        # one); --raw gives the exact bytes, for binary values and byte-exact files
+        if not args.raw and not doc.value.endswith(b"\n"):
             sys.stdout.buffer.write(b"\n")
         sys.stdout.flush()
     return EXIT_OK
@@ -353,6 +355,8 @@ def register(sub: Any) -> None:
     p = sub.add_parser("get", help="print a document's value")
     _common(p)
     p.add_argument("key")
+    p.add_argument("--raw", action="store_true",
+                   help="write the value's exact bytes, without the newline added after a value that has none")
     p.set_defaults(func=_guard(_cmd_get))
 
     p = sub.add_parser("delete", help="delete a document")

@@ -28,7 +28,7 @@ def _set_state(engine: Any, partition: int, change: StateChange) -> Any:
     "/partitions/{partition}/state",
     summary="Change a partition's state",
     response_model=PartitionStatus,
-    responses=problems(401, 403, 404, 422, 503),
+    responses=problems(401, 403, 404, 413, 422, 503),
 )
 async def set_partition_state(
     partition: PartitionId, change: StateChange, ctx: AdminCtx
@@ -56,7 +56,7 @@ async def flush(ctx: AdminCtx) -> FlushResult:
 
 @router.post(
     "/compact", summary="Purge old tombstones", response_model=CompactResult,
-    responses=problems(401, 403, 404, 422, 503),
+    responses=problems(401, 403, 404, 413, 422, 503),
 )
 async def compact(request: CompactRequest, ctx: AdminCtx) -> CompactResult:
     """Removes tombstones below a seqno per partition and/or older than an age, moving each

@@ -45,7 +45,8 @@ def test_http_api_and_cli_roundtrip(upr_server):
     assert r.returncode == 0 and b"stored 'k1'" in r.stdout
     r = upr("put", "k2", "-", "--json", env=env, stdin=b"from stdin")
     assert r.returncode == 0 and json.loads(r.stdout)["key"] == "k2"
-    assert upr("get", "k2", env=env).stdout == b"from stdin"
+    assert upr("get", "k2", "--raw", env=env).stdout == b"from stdin"
+    assert upr("get", "k2", env=env).stdout == b"from stdin\n"  # a line, like redis-cli and etcdctl print
     got = json.loads(upr("get", "a/b c", "--json", env=env).stdout)
     assert got["value_b64"] == "/wBiaW4=" and "value" not in got
     r = upr("delete", "k1", env=env)

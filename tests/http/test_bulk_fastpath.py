@@ -1,14 +1,17 @@
-"""``bulk.apply``'s inline fast path must build exactly what ``bulk.to_op`` builds (or send the
-item to ``to_op`` for its error), for every shape of item."""
+"""``bulk.decode`` has one parsing path with a typed pass in front: for any body, the typed pass
+(``plain_sets``) must build exactly the operations the per-item path (``parse_items`` and
+``to_op``) builds, or decline the body and leave it to that path, for every shape of item."""
 from __future__ import annotations
 
 import base64
 
+import orjson
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
 from app import bulk
+from app.problems import Problem
 from engine.core.types import Op, WriteOp, WriteResult
 
 
@@ -43,58 +46,81 @@ ITEMS = [
     {"op": "set", "value": 1, "other": 2},
     ["not", "an", "object"],
 ]
+#: the shapes the typed pass takes (every other one must be declined)
+PLAIN = {0, 1, 2, 3}
 
 
+def _body(items: list[object], ndjson: bool) -> bytes:
+    return b"\n".join(map(orjson.dumps, items)) + b"\n" if ndjson else orjson.dumps(items)
+
+
+def _per_item(body: bytes, ndjson: bool) -> bulk.Batch:
+    return bulk.batch_of(bulk.parse_items(body, ndjson, 100))
+
+
+@pytest.mark.parametrize("ndjson", [False, True])
 @pytest.mark.parametrize("index", range(len(ITEMS)))
-def test_fast_path_matches_to_op(index: int) -> None:
+def test_each_item_shape_gets_what_to_op_gives(index: int, ndjson: bool) -> None:
     item = ITEMS[index]
     expected = bulk.to_op(0, item)
-    recorder = _Recorder()
-    body, _targets = bulk.apply(recorder, [item], "memory")
+    batch = bulk.decode(_body([item], ndjson), ndjson, 100)
+    assert (bulk.plain_sets(_body([item], ndjson), ndjson) is not None) == (index in PLAIN)
+    body, _targets = bulk.apply(_Recorder(), batch, "memory")
     result = body["results"][0]
     if isinstance(expected, WriteOp):
-        assert recorder.ops == [expected]
-        # a WriteOp, or from plain_sets the same plain (op, key, value, cas) tuple (Engine.write_batch takes both)
-        assert type(recorder.ops[0]) is (tuple if bulk.plain_sets([item]) is not None else WriteOp)
+        assert batch.ops == [expected] and batch.refused == {}
         assert result["status"] == 200
     else:
-        assert recorder.ops == []
+        assert batch.ops == []
         assert result == {"index": 0, "status": expected.status, "error": expected.body()}
 
 
+@pytest.mark.parametrize("ndjson", [False, True])
 @pytest.mark.parametrize("index", range(len(ITEMS)))
-def test_plain_sets_builds_what_to_op_builds_or_declines(index: int) -> None:
-    """A batch of one item shape: the whole-batch path (``plain_sets``) gives exactly the operations
-    ``to_op`` gives, or declines the batch (then the per-item path answers, as above)."""
-    items = [ITEMS[index]] * 3
-    plain = bulk.plain_sets(items)
-    expected = [bulk.to_op(i, item) for i, item in enumerate(items)]
-    if plain is None:
-        return
-    assert all(type(op) is WriteOp for op in expected)
-    keys, values = plain
-    assert [WriteOp(Op.MUTATION, k, v, None) for k, v in zip(keys, values)] == expected
-    recorder = _Recorder()
-    body, _targets = bulk.apply(recorder, items, "memory")
-    assert recorder.ops == expected  # plain (op, key, value, cas) tuples, equal to the WriteOps
-    assert [r["status"] for r in body["results"]] == [200, 200, 200]
+def test_typed_pass_builds_what_the_per_item_path_builds_or_declines(index: int, ndjson: bool) -> None:
+    """A body of one item shape: the typed pass gives exactly the per-item path's operations, or
+    declines; either way ``decode`` answers as the per-item path does."""
+    body = _body([ITEMS[index]] * 3, ndjson)
+    per_item = _per_item(body, ndjson)
+    batch = bulk.decode(body, ndjson, 100)
+    assert batch.size == 3
+    assert batch.ops == per_item.ops and list(batch.slots) == list(per_item.slots)
+    assert batch.refused == per_item.refused
+    plain = bulk.plain_sets(body, ndjson)
+    if index in PLAIN:
+        assert plain is not None
+        assert [WriteOp(Op.MUTATION, k, v, None) for k, v in zip(*plain)] == per_item.ops
+    else:
+        assert plain is None
+        assert len(per_item.refused) == 3 or all(type(op) is WriteOp for op in per_item.ops)
 
 
-@pytest.mark.parametrize("other", [i for i in range(len(ITEMS)) if bulk.plain_sets([ITEMS[i]]) is None] + [2])
-def test_one_other_item_sends_the_batch_item_by_item(other: int) -> None:
-    """A value batch with one item of another shape (a value_b64 one included) is not "plain"."""
-    items = [ITEMS[0], ITEMS[other], ITEMS[1]]
-    assert bulk.plain_sets(items) is None
-    recorder = _Recorder()
-    body, _targets = bulk.apply(recorder, items, "memory")
-    assert [r["index"] for r in body["results"]] == [0, 1, 2]
+@pytest.mark.parametrize("ndjson", [False, True])
+@pytest.mark.parametrize("other", [i for i in range(len(ITEMS)) if i not in PLAIN] + [2])
+def test_one_other_item_sends_the_body_item_by_item(other: int, ndjson: bool) -> None:
+    """A value body with one item of another shape (a value_b64 one included) is not "plain"."""
+    body = _body([ITEMS[0], ITEMS[other], ITEMS[1]], ndjson)
+    assert bulk.plain_sets(body, ndjson) is None
+    batch = bulk.decode(body, ndjson, 100)
+    assert batch == _per_item(body, ndjson)
+    result, _targets = bulk.apply(_Recorder(), batch, "memory")
+    assert [r["index"] for r in result["results"]] == [0, 1, 2]
 
 
 def test_plain_sets_of_value_b64() -> None:
-    items = [ITEMS[2], ITEMS[3], ITEMS[2]]
-    assert bulk.plain_sets(items) == (["c", "d", "c"], [b"\x00\xff\x10", b"", b"\x00\xff\x10"])
-    assert bulk.plain_sets([ITEMS[2], ITEMS[4]]) is None  # one bad base64 value
-    assert bulk.plain_sets([]) is None
+    assert bulk.plain_sets(_body([ITEMS[2], ITEMS[3], ITEMS[2]], False), False) == (
+        ["c", "d", "c"], [b"\x00\xff\x10", b"", b"\x00\xff\x10"])
+    assert bulk.plain_sets(_body([ITEMS[2], ITEMS[4]], False), False) is None  # one bad base64 value
+    assert bulk.plain_sets(b"[]", False) is None or bulk.plain_sets(b"[]", False) == ([], [])
+
+
+def test_a_whole_item_that_is_wrong_is_named_by_its_index() -> None:
+    """``[[null, null]]``: the item itself is the culprit, at field ``[0]`` (not ``[0].``)."""
+    batch = bulk.decode(b"[[null, null]]", False, 100)
+    assert batch.ops == []
+    assert batch.refused[0]["error"]["field"] == "[0]"
+    assert bulk.decode(b'[{"op":"set","key":"a","value":1,"x":2}]', False, 100).refused[0]["error"]["field"] == "[0]"
+    assert bulk.decode(b'[{"op":"set","key":7,"value":1}]', False, 100).refused[0]["error"]["field"] == "[0].key"
 
 
 # ------------------------------------------------------------------ values stored as sent
@@ -111,37 +137,36 @@ def _ops_of(body: bytes, ndjson: bool) -> list[tuple]:
 @pytest.mark.parametrize("ndjson", [False, True])
 def test_value_is_stored_as_its_text_as_sent(ndjson: bool) -> None:
     """The stored value is the client's text of it, byte for byte: valid JSON of the same value
-    (not re-encoded to compact form), on the plain path and on the general one."""
-    import orjson
-
+    (not re-encoded to compact form), on the typed pass and on the per-item path."""
     items = [b'{"op":"set","key":"a","value":' + _SPACED + b'}', b'{"op": "set", "key": "b", "value": "x" }']
     body = b"\n".join(items) + b"\n" if ndjson else b"[" + b" ,\n ".join(items) + b"]"
-    assert type(bulk.decode(body, ndjson, 100)) is bulk.PlainSets
+    assert bulk.plain_sets(body, ndjson) is not None
     expected = [(Op.MUTATION, "a", _SPACED, None), (Op.MUTATION, "b", b'"x"', None)]
     assert _ops_of(body, ndjson) == expected
     assert orjson.loads(_SPACED) == {"n": [1, 2.5, "é"]}
-    # one item with a cas (or any other shape) takes the general path: same stored text
+    # one item with a cas (or any other shape) takes the per-item path: same stored text
     items.append(b'{"op":"set","key":"c","value": [ 1 ] ,"cas":null}')
     body = b"\n".join(items) if ndjson else b"[" + b",".join(items) + b"]"
-    assert type(bulk.decode(body, ndjson, 100)) is list
+    assert bulk.plain_sets(body, ndjson) is None
     assert _ops_of(body, ndjson) == [*expected, (Op.MUTATION, "c", b"[ 1 ]", None)]
 
 
-def test_general_path_with_non_object_items_keeps_value_texts() -> None:
+def test_per_item_path_with_non_object_items_keeps_value_texts() -> None:
     body = b'[{"op":"set","key":"a","value": {"z" :1}}, 7, {"op":"delete","key":"b"}]'
     assert _ops_of(body, False) == [(Op.MUTATION, "a", b'{"z" :1}', None), (Op.DELETION, "b", b"", None)]
 
 
 @pytest.mark.parametrize("ndjson", [False, True])
 def test_invalid_utf8_in_a_value_is_refused(ndjson: bool) -> None:
-    """msgspec does not check the UTF-8 of a Raw value; the plain path declines and the general
-    path refuses the body (array) or that line (NDJSON), as before."""
-    from app.problems import Problem
-
+    """msgspec does not check the UTF-8 of a Raw value; the typed pass declines and the per-item
+    path refuses the body (array) or that line (NDJSON)."""
     line = b'{"op":"set","key":"a","value":"\xff"}'
     if ndjson:
-        items = bulk.decode(line + b"\n" + b'{"op":"set","key":"b","value":1}', True, 100)
-        assert isinstance(items[0], Problem) and items[0].field == "line 1"
+        body = line + b"\n" + b'{"op":"set","key":"b","value":1}'
+        assert bulk.plain_sets(body, True) is None
+        batch = bulk.decode(body, True, 100)
+        assert batch.refused[0]["error"]["field"] == "line 1"
+        assert [op[1] for op in batch.ops] == ["b"]
     else:
         with pytest.raises(Problem) as info:
             bulk.decode(b"[" + line + b"]", False, 100)
@@ -150,26 +175,25 @@ def test_invalid_utf8_in_a_value_is_refused(ndjson: bool) -> None:
 
 def test_ndjson_line_must_stand_alone() -> None:
     """Two items on one line, or one item over two lines, are errors of those lines (msgspec's
-    decode_lines would accept both, so the plain path decodes line by line)."""
-    from app.problems import Problem
-
+    decode_lines would accept both, so the typed pass decodes line by line)."""
     body = (b'{"op":"set","key":"a","value":1} {"op":"set","key":"b","value":2}\n'
             b'{"op":"set","key":"c",\n"value":3}\n{"op":"set","key":"d","value":4}\n')
-    items = bulk.decode(body, True, 100)
+    items = bulk.parse_items(body, True, 100)
     assert [type(i) for i in items] == [Problem, Problem, Problem, dict]
     assert [i.field for i in items[:3]] == ["line 1", "line 2", "line 3"]
+    batch = bulk.decode(body, True, 100)
+    assert sorted(batch.refused) == [0, 1, 2] and [op[1] for op in batch.ops] == ["d"]
 
 
 @pytest.mark.parametrize("ndjson", [False, True])
 def test_plain_batch_over_the_item_limit(ndjson: bool) -> None:
-    from app.problems import Problem
-
     items = [b'{"op":"set","key":"k%d","value":1}' % i for i in range(4)]
     body = b"\n".join(items) if ndjson else b"[" + b",".join(items) + b"]"
     with pytest.raises(Problem) as info:
         bulk.decode(body, ndjson, 3)
     assert info.value.status == 413
-    assert type(bulk.decode(body, ndjson, 4)) is bulk.PlainSets
+    assert bulk.plain_sets(body, ndjson) is not None
+    assert bulk.decode(body, ndjson, 4).size == 4
 
 
 _B64_CASES = ["", "00000000=", "QUFC", "QR==", "QQ", "QQ=", "QQ===", "Q===", "QQ==QQ==", "QUFB\n", "QUFC\r\n", " QUFC", "QU FC",
@@ -177,25 +201,24 @@ _B64_CASES = ["", "00000000=", "QUFC", "QR==", "QQ", "QQ=", "QQ===", "Q===", "QQ
 
 
 @pytest.mark.parametrize("text", _B64_CASES)
-def test_plain_value_b64_batch_decodes_as_to_op(text: str) -> None:
-    """What msgspec's base64 (the plain ``value_b64`` path) accepts, it decodes to exactly what
-    ``b64decode(validate=True)`` (``to_op``) yields, and it never accepts what ``to_op`` refuses.
-    When it refuses, the batch takes the general path, so ``to_op`` decides: either the same value
-    or ``to_op``'s error.  (msgspec refuses a few texts Python accepts, e.g. ``"00000000="`` with
-    excess padding: those batches are merely slower.)"""
-    import orjson
-
+def test_value_b64_decodes_as_to_op_on_either_path(text: str) -> None:
+    """Whichever path a ``value_b64`` body takes, each item gets exactly what ``to_op``
+    (``b64decode(validate=True)``) gives: the same bytes, or ``to_op``'s error.  (msgspec's base64
+    in the typed pass refuses a few texts Python accepts, e.g. ``"00000000="`` with excess
+    padding: those bodies take the per-item path and are merely slower.)"""
     item = {"op": "set", "key": "k", "value_b64": text}
     expected = bulk.to_op(0, item)
     items = [item, {**item, "key": "k2"}]
-    for decoded in (bulk.decode(orjson.dumps(items), False, 10),
-                    bulk.decode(b"\n".join(map(orjson.dumps, items)) + b"\n", True, 10)):
+    for ndjson in (False, True):
+        batch = bulk.decode(_body(items, ndjson), ndjson, 10)
         if isinstance(expected, WriteOp):
-            assert type(decoded) is list or decoded == bulk.PlainSets(["k", "k2"], [expected.value] * 2)
+            assert batch.ops == [expected, expected._replace(key="k2")] and batch.refused == {}
         else:
-            assert type(decoded) is list
+            assert batch.ops == []
+            assert batch.refused[0] == {"index": 0, "status": expected.status, "error": expected.body()}
+            assert batch.refused[1]["status"] == expected.status
 
 
 @given(st.text(alphabet="ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/=-_ \n", max_size=24))
 def test_msgspec_base64_matches_b64decode_validate(text: str) -> None:
-    test_plain_value_b64_batch_decodes_as_to_op(text)
+    test_value_b64_decodes_as_to_op_on_either_path(text)

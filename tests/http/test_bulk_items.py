@@ -34,7 +34,7 @@ def test_valid_items(item: dict, expected: WriteOp) -> None:
 @pytest.mark.parametrize(
     ("item", "field", "words"),
     [
-        ([1, 2], "[4].", "must be an object"),
+        ([1, 2], "[4]", "must be an object"),
         ({"op": "set", "key": "a"}, "[4].value", "needs value or value_b64"),
         ({"op": "set", "key": "a", "value": 1, "value_b64": "AA=="}, "[4].value_b64", "not both"),
         ({"op": "set", "key": "a", "value_b64": "***"}, "[4].value_b64", "not valid base64"),
@@ -47,7 +47,7 @@ def test_valid_items(item: dict, expected: WriteOp) -> None:
         ({"op": "set", "key": "a", "value": 1, "cas": "12"}, "[4].cas", "unsigned 64-bit"),
         ({"op": "set", "key": "a", "value": 1, "cas": True}, "[4].cas", "unsigned 64-bit"),
         ({"op": "set", "key": "a", "value": 1, "cas": 1 << 64}, "[4].cas", "unsigned 64-bit"),
-        ({"op": "set", "key": "a", "value": 1, "ttl": 3}, "[4].", "unknown field(s) ttl"),
+        ({"op": "set", "key": "a", "value": 1, "ttl": 3}, "[4]", "unknown field(s) ttl"),
     ],
 )
 def test_invalid_items(item: object, field: str, words: str) -> None:
@@ -109,7 +109,7 @@ class _FakeBatchWriter:
 def test_apply_keeps_order_and_targets_highest_seqno_per_partition() -> None:
     items = [{"op": "set", "key": "a", "value": 1}, {"op": "nope"}, {"op": "set", "key": "bad", "value": 1, "cas": 1},
              {"op": "delete", "key": "cc"}, {"op": "set", "key": "e", "value": 2}]
-    body, targets = bulk.apply(_FakeBatchWriter(), items, "persist")
+    body, targets = bulk.apply(_FakeBatchWriter(), bulk.batch_of(items), "persist")
     assert [r["status"] for r in body["results"]] == [200, 422, 409, 200, 200]
     assert [r["index"] for r in body["results"]] == [0, 1, 2, 3, 4]
     assert body["succeeded"] == 3 and body["failed"] == 2
@@ -129,8 +129,8 @@ def test_apply_keeps_order_and_targets_highest_seqno_per_partition() -> None:
 def test_columns_say_what_each_item_got_as_the_objects_do(items: list[object]) -> None:
     """``results=columns`` carries the per-item outcome of the objects form: element i of every
     column is item i's; failed items have null fields and an entry in ``errors``."""
-    objects, targets = bulk.apply(_FakeBatchWriter(), items, "persist")
-    columns, targets2 = bulk.apply(_FakeBatchWriter(), items, "persist", columns=True)
+    objects, targets = bulk.apply(_FakeBatchWriter(), bulk.batch_of(items), "persist")
+    columns, targets2 = bulk.apply(_FakeBatchWriter(), bulk.batch_of(items), "persist", columns=True)
     assert targets == targets2
     assert (columns["succeeded"], columns["failed"], columns["durability"]) == (
         objects["succeeded"], objects["failed"], "persist")
