@@ -49,6 +49,7 @@ def _server_parser(sub: Any) -> None:
     opt("partitions", "N", type=int)
     opt("flush_interval_ms", "MS", type=float)
     opt("queue_memory_limit_mb", "MIB", type=int)
+    opt("flush_failure_backlog_bytes", "BYTES", type=int)
     opt("max_key_bytes", "BYTES", type=int)
     opt("max_value_bytes", "BYTES", type=int)
     opt("max_bulk_bytes", "BYTES", type=int)

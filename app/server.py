@@ -14,7 +14,7 @@ from pathlib import Path
 import uvicorn
 
 from app.auth import TokenTable, check_bind, is_loopback
-from app.main import create_app
+from app.main import EXIT_UNFLUSHED, create_app
 from app.settings import Settings
 
 log = logging.getLogger("upr.server")
@@ -40,6 +40,11 @@ class _Server(uvicorn.Server):
                 if isinstance(result, Exception):
                     log.warning("stream shutdown failed: %s", result)
         await super().shutdown(sockets)
+        state = getattr(self.config.app, "state", None)
+        if state is not None and not getattr(state, "closed_clean", True):
+            # uvicorn re-raises the SIGTERM/SIGINT it caught once shutdown is over; dying by that
+            # signal would look like an ordinary stop, so ``serve`` returns EXIT_UNFLUSHED instead
+            getattr(self, "_captured_signals", []).clear()
 
     async def startup(self, sockets: list | None = None) -> None:  # type: ignore[type-arg]
         await super().startup(sockets)
@@ -93,4 +98,6 @@ def serve(settings: Settings) -> int:
     # server.run(), not asyncio.run(server.serve()): only run() builds the loop from config.loop, so
     # the plain asyncio loop ran here instead of uvloop (measured: see docs/benchmarks.md, HTTP)
     server.run()
-    return 0 if server.started else 1
+    if not server.started:
+        return 1
+    return 0 if app.state.closed_clean else EXIT_UNFLUSHED
