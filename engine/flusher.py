@@ -237,11 +237,7 @@ class Flusher:
         if change is not None:
             # a traceback helps only with an unexpected error, and once per state change
             log.error("%s", change.message(), exc_info=exc if kind is FaultKind.WRITE_ERROR else None)
-        fault = self.health.fault
-        if kind is FaultKind.NO_SPACE and fault is not None:
-            self._fail_waiters(exc, fault)
-        else:
-            self._fail_waiters(exc)
+        self._fail_waiters(exc, self.health.fault if kind is FaultKind.NO_SPACE else None)
 
     # ------------------------------------------------------------------ waiters
 
