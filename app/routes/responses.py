@@ -19,9 +19,9 @@ _DESCRIPTIONS = {
     429: ("write queue over its memory limit, or over `--flush-failure-backlog-bytes` while flushing to disk "
           "fails; nothing was written; retry after Retry-After"),
     503: "partition not active (see `partition`) or engine not open",
-    507: ("durability=persist only: the write was applied and stays queued in memory, but the disk is full, "
-          "so it is not persisted yet; the server persists it by itself once space returns (do not resend it). "
-          "`unpersisted` lists each partition and the seqno waited for"),
+    507: ("the disk is full: the writes waited for (durability=persist, or a flush) were applied and stay queued "
+          "in memory, but are not persisted yet; the server persists them by itself once space returns (do not "
+          "resend them). `unpersisted` lists each partition and the seqno waited for"),
 }
 
 

@@ -128,6 +128,8 @@ def test_full_disk_gives_typed_outcome_backs_off_refuses_backlog_and_recovers_lo
     engine.flush_now()
     assert all(engine.persisted_seqno(p) == engine.high_seqno(p) for p in range(4))
     assert engine.engine_stats()["flush_failing"] == 0.0
+    # the flusher logs right after it clears the fault: wait for the line, do not race it
+    wait_until(lambda: any("recovered" in rec.getMessage() for rec in flusher_records(caplog)))
     recovered = [rec for rec in flusher_records(caplog) if "recovered" in rec.getMessage()]
     assert len(recovered) == 1 and "failed round(s)" in recovered[0].getMessage()
     engine.write(WriteOp(Op.MUTATION, "after", b"a"))  # accepted again

@@ -80,6 +80,8 @@ def test_full_disk_answers_507_goes_unready_refuses_backlog_and_recovers_lossles
         assert bulk.status_code == 507, bulk.text
         assert [u["partition"] for u in bulk.json()["unpersisted"]] == [1]
         acknowledged[key_in(1, "bulk", PARTITIONS)] = b'"x"'
+        flush = c.post("/admin/flush")
+        assert flush.status_code == 507 and flush.json()["code"] == "insufficient_storage", flush.text
 
         # not ready, with the reason; the metric says so
         ready = c.get("/ready")
