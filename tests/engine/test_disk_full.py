@@ -96,7 +96,7 @@ def test_full_disk_gives_typed_outcome_backs_off_refuses_backlog_and_recovers_lo
         engine.persist_future({r.partition: r.seqno}).result(timeout=15)
     assert time.monotonic() - began < 5.0  # generous: the point is "no hang", not a latency figure
 
-    # capped backoff: a handful of attempts per second (a 2 ms interval retried ~80/s before)
+    # capped backoff: a handful of attempts per second, not one per 2 ms flush interval
     errors = engine.engine_stats()["flush_errors_total"]
     time.sleep(1.0)
     retries = engine.engine_stats()["flush_errors_total"] - errors
