@@ -38,6 +38,10 @@ from engine.core.types import MAX_SEQNO
 
 log = logging.getLogger("upr.server")
 
+#: ``upr server``'s exit code when the engine closed with writes it could not persist (disk full):
+#: a supervisor sees that the stop lost data (EXIT_CONFIG, 2, is a refused configuration).
+EXIT_UNFLUSHED = 3
+
 DESCRIPTION = """Change-data-capture streaming service in the line of Couchbase UPR/DCP.
 
 Writers `PUT`/`DELETE` documents or `POST /docs/_bulk`; every change gets a per-partition
@@ -76,7 +80,11 @@ def create_app(
             app.state.metrics.detach()
             runner.shutdown()
             await asyncio.to_thread(engine.close)
-            log.info("engine closed cleanly")
+            app.state.closed_clean = getattr(engine, "closed_clean", True) is not False
+            if app.state.closed_clean:
+                log.info("engine closed cleanly")
+            else:  # the engine has logged what was lost, per partition
+                log.error("engine closed with unpersisted writes lost; exiting with code %d", EXIT_UNFLUSHED)
 
     app = FastAPI(
         title="upr",
@@ -101,6 +109,7 @@ def create_app(
     app.state.stream_limits = settings.stream_limits()
     app.state.runner = None
     app.state.started_at = time.monotonic()
+    app.state.closed_clean = True
 
     problems.install(app)
     app.add_exception_handler(BodyTooLarge, _body_too_large)  # type: ignore[arg-type]

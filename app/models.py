@@ -171,6 +171,9 @@ class Ready(BaseModel):
     ready: bool
     engine_open: bool
     flusher_running: bool
+    flush_failing: bool = Field(
+        False, description="present (true) while flushing to disk fails (e.g. disk full): writes are not persisted")
+    reason: str | None = Field(None, description="present when not ready: why")
 
 
 class StateChange(BaseModel):

@@ -49,6 +49,8 @@ KEY_NOT_FOUND = ProblemType("key-not-found", 404, "Key not found")
 CAS_MISMATCH = ProblemType("cas-mismatch", 412, "CAS mismatch")
 PARTITION_NOT_ACTIVE = ProblemType("partition-not-active", 503, "Partition not active")
 BACKPRESSURE = ProblemType("backpressure", 429, "Write queue full")
+#: WHY 507 (RFC 4918) and not 503: the write was applied; what failed is storing it, for lack of space.
+INSUFFICIENT_STORAGE = ProblemType("insufficient-storage", 507, "Insufficient storage: applied but not persisted")
 SEQNO_RANGE = ProblemType("seqno-range", 416, "Sequence number out of range")
 ENGINE_CLOSED = ProblemType("engine-closed", 503, "Engine not available")
 ENGINE_ERROR = ProblemType("engine-error", 500, "Engine error")
@@ -71,6 +73,7 @@ ENGINE_PROBLEMS: dict[type[E.UprError], ProblemType] = {
     E.CasMismatch: CAS_MISMATCH,
     E.PartitionNotActive: PARTITION_NOT_ACTIVE,
     E.Backpressure: BACKPRESSURE,
+    E.InsufficientStorage: INSUFFICIENT_STORAGE,
     E.SeqnoRangeError: SEQNO_RANGE,
     E.EngineClosed: ENGINE_CLOSED,
     E.UprError: ENGINE_ERROR,
@@ -122,6 +125,11 @@ class Problem(Exception):
                 extra["expected_cas"] = exc.expected
             if exc.actual is not None:
                 extra["actual_cas"] = exc.actual
+        if isinstance(exc, E.InsufficientStorage):
+            # the outcome, machine-readable: the write happened and will be persisted without a retry
+            extra["applied"] = True
+            extra["persisted"] = False
+            extra["unpersisted"] = [{"partition": p, "seqno": s} for p, s in sorted(exc.unpersisted.items())]
         if exc.retriable and ptype.status in (429, 503):
             headers["Retry-After"] = "1"
         return cls(

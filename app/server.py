@@ -16,7 +16,7 @@ from typing import Any
 import uvicorn
 
 from app.auth import TokenTable, check_bind, is_loopback
-from app.main import create_app
+from app.main import EXIT_UNFLUSHED, create_app
 from app.settings import Settings
 from engine.core.errors import UprError
 
@@ -43,6 +43,11 @@ class _Server(uvicorn.Server):
                 if isinstance(result, Exception):
                     log.warning("stream shutdown failed: %s", result)
         await super().shutdown(sockets)
+        state = getattr(self.config.app, "state", None)
+        if state is not None and not getattr(state, "closed_clean", True):
+            # uvicorn re-raises the SIGTERM/SIGINT it caught once shutdown is over; dying by that
+            # signal would look like an ordinary stop, so ``serve`` returns EXIT_UNFLUSHED instead
+            getattr(self, "_captured_signals", []).clear()
 
     async def startup(self, sockets: list | None = None) -> None:  # type: ignore[type-arg]
         await super().startup(sockets)
@@ -138,4 +143,6 @@ def _run(settings: Settings, tokens: TokenTable, engine: Any) -> int:
     # server.run(), not asyncio.run(server.serve()): only run() builds the loop from config.loop, so
     # the plain asyncio loop ran here instead of uvloop (measured: see docs/benchmarks.md, HTTP)
     server.run()
-    return 0 if server.started else 1
+    if not server.started:
+        return 1
+    return 0 if app.state.closed_clean else EXIT_UNFLUSHED

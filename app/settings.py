@@ -80,6 +80,10 @@ class Settings(BaseSettings):
     queue_memory_limit_mb: int = Field(
         1024, ge=1, description="write queues above this many MiB answer 429 (backpressure)"
     )
+    flush_failure_backlog_bytes: int = Field(
+        64 * MiB, ge=0,
+        description="while flushing to disk fails (disk full), writes answer 429 once this many bytes are unpersisted",
+    )
     max_key_bytes: int = Field(250, ge=1, le=250, description="largest key in UTF-8 bytes")
     max_value_bytes: int = Field(20 * MiB, ge=1, description="largest document value (PUT body) in bytes")
     max_bulk_bytes: int = Field(64 * MiB, ge=1, description="largest POST /docs/_bulk body in bytes")
@@ -154,4 +158,5 @@ class Settings(BaseSettings):
             max_key_bytes=self.max_key_bytes,
             max_value_bytes=self.max_value_bytes,
             queue_memory_limit_bytes=self.queue_memory_limit_mb * MiB,
+            flush_failure_backlog_bytes=self.flush_failure_backlog_bytes,
         )

@@ -24,6 +24,12 @@ class EngineConfig:
     #: only address space (the file grows as data is written), and growing must wait until no
     #: read transaction is open, which a slow stream's disk snapshot can delay.
     lmdb_map_size: int = 16 << 30
+    #: While flushing fails (a full disk), writes get ``Backpressure`` once the write queues hold
+    #: more than this: a stop then loses at most this much, and memory does not fill up instead.
+    flush_failure_backlog_bytes: int = 64 * MiB
+    #: Longest wait between two attempts of a failing flush (the wait doubles from 50 ms up to it);
+    #: also about how long the engine takes to notice that space has returned.
+    flush_retry_max_s: float = 2.0
     #: Largest number of items one flush moves in one LMDB write transaction.
     flush_batch_items: int = 50_000
     #: Raised (never lowered) at ``Engine.open``: CPython's default of 700 makes the cyclic

@@ -41,6 +41,7 @@ from engine.core.errors import (
     TooLarge,
     UprError,
 )
+from engine.flush_health import FlushFault
 from engine.flusher import Flusher, lmdb_turn
 from engine.core.keys import encode_key
 from engine.partition import Partition
@@ -98,10 +99,11 @@ class Engine:
         self._listeners: list[Callable[[int], None]] = []
         self._last_cas = max((p.persisted_max_cas for p in partitions), default=0)
         self._flusher = Flusher(store, partitions, self._lock, config.flush_interval_ms / 1000.0,
-                                config.flush_batch_items, self._turn)
+                                config.flush_batch_items, self._turn, config.flush_retry_max_s)
         self.writes_total = 0
         self.write_errors_total = 0
         self.backpressure_total = 0
+        self.closed_clean: bool | None = None
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -136,10 +138,20 @@ class Engine:
             self._closed = True
         self._flusher.stop()
         try:
-            if all(p.queue.persisted == p.queue.root.high for p in self._parts):
+            lost = {p.id: (p.queue.persisted + 1, p.queue.root.high, p.queue.depth)
+                    for p in self._parts if p.queue.root.high > p.queue.persisted}
+            if not lost:
                 self._store.mark_clean()
             else:  # a failed final flush: the next open must treat this stop as unclean
-                log.error("engine closed with unpersisted writes; the next open adds failover entries")
+                fault = self._flusher.fault
+                why = fault.describe() if fault is not None else "the final flush failed"
+                log.error(
+                    "engine closed with unpersisted writes, which are lost (%s): %d item(s) in %d partition(s): %s; "
+                    "persisted data up to each partition's persisted seqno is kept; the next open starts a "
+                    "new history branch (failover entry) in every partition", why,
+                    sum(n for _lo, _hi, n in lost.values()), len(lost),
+                    ", ".join(f"partition {p} seqnos {lo}..{hi} ({n} item(s))" for p, (lo, hi, n) in sorted(lost.items())[:16]))
+            self.closed_clean = not lost
         finally:
             self._store.close()
 
@@ -157,6 +169,11 @@ class Engine:
     def flusher_running(self) -> bool:
         """Whether the flusher thread is alive (readiness checks)."""
         return self._flusher.running
+
+    @property
+    def flush_fault(self) -> FlushFault | None:
+        """Why flushing to disk fails right now (readiness, metrics), or None while it works."""
+        return self._flusher.fault
 
     def partition_of(self, key: str) -> int:
         """``crc32(utf8(key)) % num_partitions`` (documented in engine.core.keys)."""
@@ -179,15 +196,25 @@ class Engine:
         ``cas`` of None or 0 means "no check" (as in Couchbase).  A CAS write against a
         missing or deleted key fails with ``CasMismatch`` (actual 0); deleting a missing or
         deleted key fails with ``KeyNotFound``.  The whole batch is refused with
-        ``Backpressure`` while the queues hold more than ``queue_memory_limit_bytes``.
+        ``Backpressure`` while the queues hold more than ``queue_memory_limit_bytes``, or more
+        than ``flush_failure_backlog_bytes`` while flushing fails (``flush_fault``).
         """
         if self._closed:
             raise EngineClosed("engine is closed")
         parts = self._parts
-        if sum(p.queue.bytes for p in parts) > self.config.queue_memory_limit_bytes:
+        queued = sum(p.queue.bytes for p in parts)
+        if queued > self.config.queue_memory_limit_bytes:
             self.backpressure_total += 1
             self._flusher.kick()
             raise Backpressure("write queues are over their memory limit; retry shortly")
+        fault = self._flusher.fault
+        if fault is not None and queued > self.config.flush_failure_backlog_bytes:
+            # nothing can reach the disk: past this bound, taking more only grows what a stop loses
+            self.backpressure_total += 1
+            raise Backpressure(
+                f"nothing was written: flushing to disk is failing ({fault.describe()}) and {queued} bytes "
+                f"are unpersisted, over the {self.config.flush_failure_backlog_bytes} bytes allowed during "
+                "a flush failure; retry once space returns")
         results: list[WriteResult | UprError] = []
         add_result = results.append
         batches: dict[int, QueueBatch] = {}
@@ -486,6 +513,7 @@ class Engine:
             "flush_last_batch_items": float(f.last_batch_items),
             "flush_max_batch_items": float(f.max_batch_items),
             "flush_errors_total": float(f.errors),
+            "flush_failing": 1.0 if f.fault is not None else 0.0,
             "persist_waiters": float(f.pending_waiters),
             "lmdb_commits_total": float(self._store.fsyncs),
             "lmdb_map_size": float(self._store.map_size),

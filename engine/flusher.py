@@ -14,16 +14,26 @@ by that round's single commit.
 
 A round builds its transaction while holding the engine's ``lmdb_turn`` and commits (page writes
 and fsync) after releasing it, so writers run during the fsync but not during the build.
+
+A failed round changes nothing in memory (items leave a queue only after a commit), so the next
+successful round persists them.  ``engine.flush_health`` decides around a failure: the backoff
+before the next attempt, one log line per state change, and the fault others read
+(``Flusher.fault``).  While the disk is full, persist waiters get ``InsufficientStorage`` at once.
 """
 from __future__ import annotations
 
+import errno as errnos
 import logging
+import os
 import threading
 import time
 from collections.abc import Mapping, Sequence
 from concurrent.futures import Future
 
-from engine.core.errors import EngineClosed
+import lmdb
+
+from engine.core.errors import EngineClosed, InsufficientStorage
+from engine.flush_health import FaultKind, FlushFault, FlushHealth, classify
 from engine.partition import Partition
 from engine.store import Store
 from engine.core.types import Item
@@ -31,7 +41,6 @@ from engine.core.types import Item
 log = logging.getLogger(__name__)
 
 _Work = tuple[Partition, list[Item], int]
-_ERROR_BACKOFF_S = 0.1
 
 
 def lmdb_turn() -> threading.Lock:
@@ -63,6 +72,7 @@ class Flusher:
         interval_s: float,
         batch_items: int,
         turn: threading.Lock | None = None,
+        max_retry_s: float = 2.0,
     ) -> None:
         self._store = store
         self._turn = turn if turn is not None else lmdb_turn()
@@ -71,6 +81,8 @@ class Flusher:
         self._interval = max(interval_s, 0.0005)
         self._batch_items = max(batch_items, 1)
         self._kick = threading.Event()
+        self._stop = threading.Event()  # wakes a backoff sleep, which kicks must not cut short
+        self.health = FlushHealth(max_retry_s)
         self._waiters_lock = threading.Lock()
         self._waiters: list[tuple[dict[int, int], Future[None]]] = []
         self._stopping = False
@@ -102,6 +114,11 @@ class Flusher:
             if self._stopping and not self._thread.is_alive():
                 future.set_exception(EngineClosed("engine is closed"))
                 return future
+            fault = self.health.fault
+            if fault is not None and fault.kind is FaultKind.NO_SPACE:
+                # the next attempt is up to a backoff away and would fail like the last one
+                future.set_exception(_not_persisted(wanted, fault))
+                return future
             self._waiters.append((wanted, future))
         self._kick.set()
         return future
@@ -110,6 +127,7 @@ class Flusher:
         """Flush everything queued, resolve waiters, and end the thread."""
         self._stopping = True
         self._kick.set()
+        self._stop.set()
         if self._thread.is_alive():
             self._thread.join()
         with self._waiters_lock:
@@ -131,13 +149,11 @@ class Flusher:
             try:
                 more = self.flush_round()
             except Exception as exc:  # keep the thread alive; waiters learn of the failure
-                self.errors += 1
-                log.exception("flush failed")
-                self._fail_waiters(exc)
+                self._round_failed(exc)
                 if self._stopping:
                     return  # close() must not hang on a broken disk; it will not mark the store clean
                 more = False
-                time.sleep(min(self._interval, _ERROR_BACKOFF_S))  # retry soon, but do not spin
+                self._stop.wait(self.health.retry_delay())
                 continue
             self._resolve_waiters()
             if self._stopping and not more:
@@ -204,7 +220,24 @@ class Flusher:
         self.max_batch_items = max(self.max_batch_items, count)
         self.flush_seconds += time.perf_counter() - began
         self.flush_cpu_seconds += time.thread_time() - began_cpu
+        if self.health.fault is not None:
+            queued = sum(p.queue.depth for p in parts)
+            recovered = self.health.succeeded(time.monotonic(), count, nbytes, queued)
+            if recovered is not None:
+                log.warning("%s", recovered.message())
         return more
+
+    def _round_failed(self, exc: Exception) -> None:
+        """Record the failure, log it if the state changed, and answer the waiters."""
+        self.errors += 1
+        kind = classify(_errno_of(exc), _free_bytes(self._store))
+        pending = {p.id: (p.queue.persisted + 1, p.queue.root.high)
+                   for p in self._partitions if p.queue.root.high > p.queue.persisted}
+        change = self.health.failed(time.monotonic(), kind, _reason(exc), pending)
+        if change is not None:
+            # a traceback helps only with an unexpected error, and once per state change
+            log.error("%s", change.message(), exc_info=exc if kind is FaultKind.WRITE_ERROR else None)
+        self._fail_waiters(exc, self.health.fault if kind is FaultKind.NO_SPACE else None)
 
     # ------------------------------------------------------------------ waiters
 
@@ -226,17 +259,64 @@ class Flusher:
         if self._waiters:
             self._kick.set()
 
-    def _fail_waiters(self, exc: BaseException) -> None:
+    def _fail_waiters(self, exc: BaseException, fault: FlushFault | None = None) -> None:
         with self._waiters_lock:
             waiters, self._waiters = self._waiters, []
-        for _wanted, future in waiters:
+        for wanted, future in waiters:
             if not future.done():
-                future.set_exception(exc)
+                future.set_exception(_not_persisted(wanted, fault) if fault is not None else exc)
 
     @property
     def running(self) -> bool:
         return self._thread.is_alive()
 
     @property
+    def fault(self) -> FlushFault | None:
+        """The current flush fault, or None while flushing works."""
+        return self.health.fault
+
+    @property
     def pending_waiters(self) -> int:
         return len(self._waiters)
+
+
+def _not_persisted(wanted: Mapping[int, int], fault: FlushFault) -> InsufficientStorage:
+    """The error a persist waiter gets while the disk is full: the write is applied, queued, and
+    will be persisted by the flusher once space returns."""
+    shown = sorted(wanted.items())
+    where = ", ".join(f"partition {p} up to seqno {s}" for p, s in shown[:8])
+    if len(shown) > 8:
+        where += f" and {len(shown) - 8} more partition(s)"
+    only = next(iter(wanted.items())) if len(wanted) == 1 else None
+    return InsufficientStorage(
+        f"{where}: applied and queued in memory, but not persisted: {fault.describe()}; "
+        "it will be persisted once space returns",
+        partition=only[0] if only else None, seqno=only[1] if only else None, unpersisted=dict(wanted),
+    )
+
+
+def _errno_of(exc: BaseException) -> int | None:
+    """The errno behind a failed commit.  py-lmdb raises ``DiskError`` for ENOSPC and a plain
+    ``lmdb.Error`` naming the errno's text for others (EIO: a short write)."""
+    if isinstance(exc, OSError):
+        return exc.errno
+    if isinstance(exc, lmdb.DiskError):
+        return errnos.ENOSPC
+    if isinstance(exc, lmdb.Error):
+        text = str(exc)
+        for number in (errnos.ENOSPC, errnos.EDQUOT, errnos.EIO):
+            if os.strerror(number) in text:
+                return number
+    return None
+
+
+def _free_bytes(store: Store) -> int | None:
+    try:
+        st = os.statvfs(store.env.path())
+    except (OSError, lmdb.Error):
+        return None
+    return st.f_bavail * st.f_frsize
+
+
+def _reason(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {exc}"

@@ -48,9 +48,11 @@ def _flush(engine: Any) -> FlushResult:
     return FlushResult(flushed=True, duration_s=round(time.perf_counter() - start, 6), persisted_seqnos=persisted)
 
 
-@router.post("/flush", summary="Flush now and wait", response_model=FlushResult, responses=problems(401, 403, 503))
+@router.post("/flush", summary="Flush now and wait", response_model=FlushResult,
+             responses=problems(401, 403, 503, 507))
 async def flush(ctx: AdminCtx) -> FlushResult:
-    """Persists everything queued at the time of the call, then answers with the persisted seqnos."""
+    """Persists everything queued at the time of the call, then answers with the persisted seqnos
+    (507 while the disk is full)."""
     return await ctx.runner.read(_flush, ctx.runner.engine)
 
 

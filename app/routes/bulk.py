@@ -49,7 +49,7 @@ def _run(engine: Any, body: bytes, ndjson: bool, max_items: int, durability: Dur
     summary="Write many documents",
     response_model=BulkResult | BulkColumnsResult,
     openapi_extra=_BULK_BODY,
-    responses=problems(401, 403, 413, 422, 429, 503),
+    responses=problems(401, 403, 413, 422, 429, 503, 507),
 )
 async def post_bulk(
     request: Request,
@@ -59,7 +59,8 @@ async def post_bulk(
     Each gets its own result (`status` 200, or the status and problem of its error); a bad
     item does not stop the others.  `results=columns` answers with one array per field
     instead of one object per item (much cheaper for large batches).  With `durability=persist` the answer waits until every
-    successful item is fsynced."""
+    successful item is fsynced; on a full disk it is 507 (the items were applied and stay queued in
+    memory until space returns; `unpersisted` names each partition and seqno)."""
     settings, runner, metrics = ctx.settings, ctx.runner, ctx.metrics
     durability = durability_of(request)
     columns = columns_wanted(request)

@@ -4,7 +4,7 @@ Values are opaque bytes (any content type).  These are the hottest routes, so th
 their parameters by hand (``app.params``), resolve their context with ``ctx_for``, and are
 served without FastAPI's request handler (``app.plain``).  ``If-Match: "<cas>"`` makes a write a
 compare-and-swap; losing it is 412 Precondition Failed.  ``?durability=persist`` holds
-the answer until the write is fsynced.
+the answer until the write is fsynced; on a full disk it is 507 (applied, queued, not yet persisted).
 """
 from __future__ import annotations
 
@@ -75,11 +75,13 @@ async def _apply(ctx: Ctx, op: WriteOp, durability: Durability) -> Response:
     summary="Create or replace a document",
     response_model=WriteResultModel,
     openapi_extra=_VALUE_BODY,
-    responses={200: {"headers": _VERSION_HEADERS}, **problems(401, 403, 412, 413, 422, 429, 503)},
+    responses={200: {"headers": _VERSION_HEADERS}, **problems(401, 403, 412, 413, 422, 429, 503, 507)},
 )
 async def put_doc(request: Request) -> Response:
     """The body is the value.  With `If-Match` the write happens only if the document's
-    CAS still matches (412 otherwise).  The answer carries partition, seqno and CAS."""
+    CAS still matches (412 otherwise).  The answer carries partition, seqno and CAS.  With
+    `durability=persist` on a full disk the answer is 507: the write is applied and queued in
+    memory, and is persisted once space returns."""
     ctx = await ctx_for(request, write_ctx)
     key, durability, cas = key_of(request), durability_of(request), if_match_of(request)
     value = await read_body(request, ctx.settings.max_value_bytes, "the value")
@@ -91,7 +93,7 @@ async def put_doc(request: Request) -> Response:
     summary="Delete a document",
     response_model=WriteResultModel,
     openapi_extra=_WRITE_PARAMS,
-    responses={200: {"headers": _VERSION_HEADERS}, **problems(401, 403, 404, 412, 422, 429, 503)},
+    responses={200: {"headers": _VERSION_HEADERS}, **problems(401, 403, 404, 412, 422, 429, 503, 507)},
 )
 async def delete_doc(request: Request) -> Response:
     """Leaves a tombstone that streams deliver as a deletion.  404 if there is no live document."""

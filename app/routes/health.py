@@ -28,16 +28,36 @@ async def health() -> Response:
     return Response(_OK, media_type="application/json")
 
 
+def flush_fault(engine: object) -> str | None:
+    """What is wrong with flushing to disk (``engine.flush_fault``), or None while it works."""
+    fault = getattr(engine, "flush_fault", None)
+    return fault.describe() if fault is not None else None
+
+
 @router.get(
     "/ready",
     summary="Readiness",
     response_model=Ready,
-    responses={503: {"model": Ready, "description": "engine not open or flusher stopped"}},
+    responses={503: {"model": Ready, "description": "engine not open, flusher stopped, or flushing to disk fails"}},
 )
 async def ready(request: Request) -> Response:
-    """200 once the engine is open and its flusher thread runs; 503 otherwise."""
+    """200 once the engine is open, its flusher thread runs and flushing to disk works; 503 with a
+    `reason` otherwise.  WHY a failing flush makes the node unready: it still applies writes, but
+    cannot persist them (a full disk), so a load balancer should send writers elsewhere."""
     runner = getattr(request.app.state, "runner", None)
     engine_open = runner is not None and not runner.engine.closed
     flusher = engine_open and flusher_running(runner.engine)
-    body = Ready(ready=engine_open and flusher, engine_open=engine_open, flusher_running=flusher)
-    return Response(body.model_dump_json(), 200 if body.ready else 503, media_type="application/json")
+    failing = flush_fault(runner.engine) if flusher else None
+    if not engine_open:
+        reason: str | None = "engine not open"
+    elif not flusher:
+        reason = "flusher thread stopped"
+    elif failing is not None:
+        reason = f"flushing to disk fails: {failing}"
+    else:
+        reason = None
+    body = Ready(ready=reason is None, engine_open=engine_open, flusher_running=flusher,
+                 flush_failing=failing is not None, reason=reason)
+    # a ready node answers as it always has; ``flush_failing`` and ``reason`` appear when they say something
+    return Response(body.model_dump_json(exclude_defaults=True), 200 if body.ready else 503,
+                    media_type="application/json")

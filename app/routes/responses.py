@@ -16,8 +16,12 @@ _DESCRIPTIONS = {
     415: "unsupported media type",
     416: "seqno out of range",
     422: "invalid input; `field` names it",
-    429: "write queue over its memory limit; retry after Retry-After",
+    429: ("write queue over its memory limit, or over `--flush-failure-backlog-bytes` while flushing to disk "
+          "fails; nothing was written; retry after Retry-After"),
     503: "partition not active (see `partition`) or engine not open",
+    507: ("the disk is full: the writes waited for (durability=persist, or a flush) were applied and stay queued "
+          "in memory, but are not persisted yet; the server persists them by itself once space returns (do not "
+          "resend them). `unpersisted` lists each partition and the seqno waited for"),
 }
 
 

@@ -9,6 +9,7 @@
     ├── CasMismatch               compare-and-swap lost (412)
     ├── PartitionNotActive        write to a replica/pending/dead partition (503)
     ├── Backpressure              write queue over its memory limit (429); retriable
+    ├── InsufficientStorage       applied and queued, but the disk is full: not persisted (507)
     ├── SeqnoRangeError           stream request outside what the partition has (DCP ERANGE)
     └── EngineClosed              the engine is shut down (503)
 
@@ -87,6 +88,22 @@ class PartitionNotActive(UprError):
 class Backpressure(UprError):
     code = "backpressure"
     retriable = True
+
+
+class InsufficientStorage(UprError):
+    """A write was applied and stays queued in memory, but could not be persisted: the disk is full.
+
+    WHY its own error (not EngineClosed or a bare OSError): the outcome differs from every other
+    failure.  The write happened (it has its seqno, readers and streams see it) and the flusher
+    persists it by itself once space returns; only its durability is missing, and only for now.
+    ``unpersisted`` maps each partition the caller waited on to the seqno it waited for.
+    """
+
+    code = "insufficient_storage"
+
+    def __init__(self, message: str, *, unpersisted: dict[int, int] | None = None, **kw: object) -> None:
+        super().__init__(message, **kw)  # type: ignore[arg-type]
+        self.unpersisted = dict(unpersisted or {})
 
 
 class SeqnoRangeError(UprError):
