@@ -1,0 +1,104 @@
+"""The orchestrator's loop: observe etcd, take one pure step, publish what it decided.
+
+Runs on every node; only the elected one acts.  Each cycle reads the live nodes, the map and
+the replicas' progress at one etcd revision, calls ``engine.cluster.orchestration.step`` and,
+if the map changes, publishes it guarded by the map's revision and the orchestrator's key.
+A lost race is not an error: the next cycle observes the winner's map.  Each decision is
+logged once, naming the partition, the node and the seqno, as Patroni names each HA cycle's
+decision.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from collections.abc import Callable
+
+from app.cluster.election import Election
+from app.cluster.etcd import EtcdClient, EtcdError
+from app.cluster.layout import Layout
+from app.cluster.mapstore import MapStore
+from app.cluster.membership import ClusterSettings
+from engine.cluster.orchestration import ClusterView, Decision, step
+from engine.cluster.promotion import ReplicaProgress
+
+log = logging.getLogger("upr.cluster")
+
+
+class Orchestrator:
+    def __init__(self, etcd: EtcdClient, layout: Layout, settings: ClusterSettings, election: Election, *,
+                 auto_failover: bool = True, tick_s: float = 0.5,
+                 on_decision: Callable[[Decision], None] | None = None) -> None:
+        self.etcd, self.layout, self.settings, self.election = etcd, layout, settings, election
+        self.maps = MapStore(etcd, layout)
+        self.auto_failover = auto_failover
+        self.tick_s = tick_s
+        self.on_decision = on_decision
+        self._reported: set[tuple[int, str]] = set()
+
+    async def run(self) -> None:
+        """Campaign, then run cycles until cancelled.  etcd being away only delays both."""
+        while True:
+            try:
+                await self.election.campaign()
+                break
+            except EtcdError as exc:
+                log.warning("orchestrator campaign waits for etcd: %s", exc)
+                await asyncio.sleep(self.tick_s)
+        changed = asyncio.Event()
+        watcher = asyncio.create_task(self._watch(changed))
+        try:
+            while True:
+                try:
+                    await self.cycle()
+                except EtcdError as exc:
+                    log.warning("orchestrator cycle skipped: %s", exc)
+                changed.clear()
+                try:
+                    await asyncio.wait_for(changed.wait(), self.tick_s)
+                except asyncio.TimeoutError:
+                    pass
+        finally:
+            watcher.cancel()
+
+    async def observe(self) -> tuple[ClusterView, int]:
+        nodes, _ = await self.etcd.get_prefix(self.layout.nodes)
+        progress_kvs, _ = await self.etcd.get_prefix(self.layout.progress)
+        current, mod_revision = await self.maps.load(self.settings.partitions)
+        progress = {}
+        for kv in progress_kvs:
+            data = json.loads(kv.value)
+            progress[self.layout.progress_owner(kv.key)] = ReplicaProgress(int(data["seqno"]), bool(data["in_sync"]))
+        live = frozenset(self.layout.node_name(kv.key) for kv in nodes)
+        view = ClusterView(current, live, self.settings.replicas, progress, auto_failover=self.auto_failover)
+        return view, mod_revision
+
+    async def cycle(self) -> Decision:
+        view, mod_revision = await self.observe()
+        decision = step(view)
+        if decision.new_map is not None:
+            won = await self.maps.publish(decision.new_map, mod_revision, [self.election.guard()])
+            if not won:
+                log.info("map revision %d was changed by another orchestrator; observing again", view.map.revision)
+                return Decision(based_on=decision.based_on)
+            for promoted in decision.promotions:
+                log.warning("failover: partition %d promoted on node %s at seqno %d%s", promoted.partition,
+                            promoted.node, promoted.seqno, " (forced)" if promoted.forced else "")
+            log.info("published map revision %d", decision.new_map.revision)
+        for gone in decision.unavailable:
+            if (gone.partition, gone.reason) not in self._reported:
+                log.error("partition %d is unavailable: %s", gone.partition, gone.reason)
+                self._reported.add((gone.partition, gone.reason))
+        if self.on_decision is not None:
+            self.on_decision(decision)
+        return decision
+
+    async def _watch(self, changed: asyncio.Event) -> None:
+        prefix = self.layout.prefix.rstrip("/").encode() + b"/"
+        while True:
+            try:
+                _, revision = await self.etcd.get_prefix(prefix)
+                async for _event in self.etcd.watch_prefix(prefix, revision + 1):
+                    changed.set()
+            except EtcdError:
+                await asyncio.sleep(self.tick_s)

@@ -1,0 +1,93 @@
+"""One orchestrator step: what the cluster looks like now -> what to change.
+
+The driver (the elected orchestrator's loop) observes the live nodes (their leases), the map
+at its revision and each replica's reported progress, calls ``step`` and carries out the
+``Decision``: it sets the promoted replicas active (each adds its failover entry), then
+publishes ``new_map`` in a transaction that succeeds only if the stored map still has
+``based_on``.  If the transaction fails, another orchestrator won; the driver observes again.
+
+Order of concerns in one step:
+
+1. a brand-new cluster (revision 0, no partition placed) gets its first map;
+2. a partition whose active node is gone gets a successor (``promotion``), or stays with its
+   dead active and is reported unavailable: when that node comes back it still has the data,
+   which an empty new active would not;
+3. copies on gone nodes are dropped and missing replicas added (``placement``, no moves).
+"""
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from engine.cluster.partition_map import PartitionMap, Placement
+from engine.cluster.placement import place
+from engine.cluster.promotion import Promote, ReplicaProgress, Unavailable, choose_successor
+
+
+@dataclass(frozen=True, slots=True)
+class ClusterView:
+    map: PartitionMap
+    live_nodes: frozenset[str]
+    replicas: int
+    #: (partition, node) -> what that replica last reported.
+    progress: Mapping[tuple[int, str], ReplicaProgress]
+    auto_failover: bool = True
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    promotions: tuple[Promote, ...] = ()
+    unavailable: tuple[Unavailable, ...] = ()
+    #: the map to publish, guarded by ``based_on``; None when nothing changes.
+    new_map: PartitionMap | None = None
+    based_on: int = 0
+
+
+def step(view: ClusterView) -> Decision:
+    current = view.map
+    if not view.live_nodes:
+        return Decision(based_on=current.revision)
+    if _never_placed(current):
+        placements = place(current.placements, view.live_nodes, view.replicas, create=True)
+        return Decision(new_map=current.succeeded_by(placements), based_on=current.revision)
+
+    placements = list(current.placements)
+    promotions: list[Promote] = []
+    unavailable: list[Unavailable] = []
+    for p, placement in enumerate(current.placements):
+        if placement.active is None or placement.active in view.live_nodes:
+            continue
+        choice = _successor(p, placement, view)
+        if isinstance(choice, Promote):
+            promotions.append(choice)
+            placements[p] = Placement(choice.node, tuple(r for r in placement.replicas if r != choice.node))
+        else:
+            unavailable.append(choice)
+
+    placed = list(place(placements, view.live_nodes, view.replicas))
+    for gone in unavailable:
+        # Keep the dead active in the map: it holds the data and may come back.
+        placed[gone.partition] = Placement(current.placements[gone.partition].active, placed[gone.partition].replicas)
+
+    changed = tuple(placed) != current.placements
+    return Decision(
+        promotions=tuple(promotions),
+        unavailable=tuple(unavailable),
+        new_map=current.succeeded_by(placed) if changed else None,
+        based_on=current.revision,
+    )
+
+
+def _never_placed(current: PartitionMap) -> bool:
+    return current.revision == 0 and all(not placement.nodes for placement in current.placements)
+
+
+def _successor(partition: int, placement: Placement, view: ClusterView) -> Promote | Unavailable:
+    if not view.auto_failover:
+        return Unavailable(partition, f"active node {placement.active} is gone and auto-failover is off")
+    progress = {
+        node: view.progress[(partition, node)] for node in placement.replicas if (partition, node) in view.progress
+    }
+    return choose_successor(partition, placement, progress, view.live_nodes)
+
+
