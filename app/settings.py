@@ -93,7 +93,9 @@ class Settings(BaseSettings):
     stream_default_window_bytes: int = Field(
         16 * MiB, ge=4096, description="flow-control window for clients whose hello asks for none"
     )
-    stream_max_window_bytes: int = Field(1024 * MiB, ge=4096, description="largest flow-control window granted")
+    stream_max_window_bytes: int = Field(
+        64 * MiB, ge=4096, description="largest flow-control window a hello may ask for; larger is refused (invalid_field)"
+    )
     stream_drop_after_s: float = Field(
         2.0, gt=0, description="release a stalled consumer's memory snapshot after this long (cursor dropping)"
     )

@@ -22,8 +22,10 @@ session returns and feeds it what happened, with two tasks on the event loop:
 
 Bounded memory for slow consumers: encoded output is capped by the chunk budget, unacknowledged
 bytes by the window, the socket buffer by uvicorn's write flow control (a send waits until the
-transport drains).  A snapshot held while the consumer has made no progress for ``drop_after_s``
-is released (cursor dropping) and re-read, from disk, when the consumer moves again.
+transport drains).  Once the sender has waited ``drop_after_s`` for the consumer (the socket does not
+take a frame, or the window is full), every snapshot the connection holds is released (cursor
+dropping: no LMDB read transaction or write-queue root stays pinned by a stalled consumer) and
+re-read, from disk, when the consumer moves again.
 """
 from __future__ import annotations
 
@@ -140,9 +142,12 @@ class StreamConnection:
         self._done = asyncio.Event()
         self._stopped = False
         self._visiting: int | None = None
+        self._visiting_cursor: PartitionCursor | None = None
         self._job: asyncio.Future[Any] | None = None
         self._cursor_lock = asyncio.Lock()  # one reader-thread job per connection at a time
-        self._progress_at = time.monotonic()  # last frame handed to the socket
+        #: when the sender began waiting for the consumer (a send the socket has not taken, or
+        #: a full window); None while it is not waiting.  Cursor dropping keys on this alone.
+        self._waiting_since: float | None = None
         self.inline_passes = 0  # passes produced on the loop from memory (Engine.memory_snapshot)
         #: messages of the pass not yet handed to the socket (hello bundle: true), see _emit
         self._bundler: Bundler | None = None
@@ -351,12 +356,13 @@ class StreamConnection:
     async def _transmit(self, data: str | bytes, counted: int = 0) -> None:
         """Send one WebSocket message; ``counted`` of its bytes were already counted against the
         window (bundled parts are counted as they are added)."""
+        self._waiting_since = time.monotonic()
         if isinstance(data, str):
             await self.ws.send_text(data)  # pure ASCII: len(text) is the byte count acknowledged
         else:
             await self.ws.send_bytes(data)
+        self._waiting_since = None
         size = len(data)
-        self._progress_at = time.monotonic()
         self.session.sent(size - counted)
         self.bytes_sent += size
         self._on_bytes(size)
@@ -469,6 +475,7 @@ class StreamConnection:
         session = self.session
         p = visit.partition
         self._visiting = p
+        self._visiting_cursor = cursor
         try:
             while True:
                 if changed is not None:
@@ -492,6 +499,7 @@ class StreamConnection:
                     changed = exc
         finally:
             self._visiting = None
+            self._visiting_cursor = None
             self._visit_notified.pop(p, None)
         if self.cursors.get(p) is not cursor and cursor.holding:
             await self._flush_bundle()
@@ -537,26 +545,40 @@ class StreamConnection:
                 continue
             self._wake.clear()
             if not self.session.can_send:
-                await self._wake.wait()
+                self._waiting_since = time.monotonic()
+                try:
+                    await self._wake.wait()
+                finally:
+                    self._waiting_since = None
         return self._close is None and not self._peer_closed
 
     async def _watchdog(self) -> None:
-        """Cursor dropping: while a visit pins a snapshot and no frame has reached the socket for
-        ``drop_after_s`` (window full or socket not draining), release the snapshot.  The visit
-        re-reads after its last encoded seqno when the consumer moves again."""
-        period = self.limits.drop_after_s / 2
+        """Cursor dropping: once the sender has waited ``drop_after_s`` for the consumer (a send
+        the socket does not take, or a full window: whatever window it asked for), release every
+        snapshot this connection pins, not only the one being sent: a pass produces several
+        visits in one job, so the stalled send may belong to a visit whose snapshot is already
+        released while a later visit of the same job still holds an LMDB read transaction (which
+        keeps every page written since from being reused: the data file grows at the write rate)
+        or a write-queue root.  Each stream re-reads after its last encoded seqno when the
+        consumer moves again (a continuation snapshot, as DCP's backfill after a dropped cursor)."""
+        period = self.limits.drop_after_s / 4
         while True:
             await asyncio.sleep(period)
-            p = self._visiting
-            cursor = self.cursors.get(p) if p is not None else None
-            if (cursor is None or not cursor.holding or self._cursor_lock.locked()
-                    or time.monotonic() - self._progress_at < self.limits.drop_after_s):
+            since = self._waiting_since
+            if since is None or time.monotonic() - since < self.limits.drop_after_s:
                 continue
-            if await self._on_reader(cursor.drop):
-                self.cursor_drops += 1
+            held = [c for c in {*self.cursors.values(), self._visiting_cursor} if c is not None and c.holding]
+            if not held:
+                continue
+            dropped = await self._on_reader(_drop_cursors, held)
+            if not dropped:
+                continue
+            self.cursor_drops += len(dropped)
+            for _ in dropped:
                 self._on_cursor_drop()
-                log.info("stream %s: consumer slow, released the snapshot of partition %d at seqno %d "
-                         "(re-read from disk when it moves again)", self.name, cursor.partition, cursor.last_seqno)
+            log.info("stream %s (%s): consumer stalled for %.1f s, released the snapshots of partition(s) %s "
+                     "(re-read from disk when it moves again)", self.name or "?", self.remote,
+                     time.monotonic() - since, ", ".join(f"{c.partition}@{c.last_seqno}" for c in dropped))
 
     def _produce_inline(self, cursors: list[PartitionCursor], check_only: bool = False
                         ) -> list[tuple[list[Marker | Batch], bool, StateChanged | None]] | None:
@@ -678,6 +700,11 @@ def _produce_many(cursors: list[PartitionCursor], args: tuple[Any, ...],
         if not complete or used >= budget:
             break
     return results
+
+
+def _drop_cursors(cursors: list[PartitionCursor]) -> list[PartitionCursor]:
+    """Reader thread: release each cursor's snapshot; the ones that held one."""
+    return [cursor for cursor in cursors if cursor.drop()]
 
 
 def _close_cursors(cursors: list[PartitionCursor]) -> None:
