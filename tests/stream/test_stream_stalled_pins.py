@@ -1,7 +1,9 @@
 """Consumers that stop draining their sockets must not pin LMDB pages or write-queue roots.
 
-Stalled consumers ask for a huge window, request every partition from 0 on a non-empty data dir
-and then never read: their sends block long before the window fills.  A writer then overwrites the
+Stalled consumers request every partition from 0 on a non-empty data dir and then never read:
+two ask for a huge window, so their sends block (socket buffers full) long before the window
+fills; one reads the backlog with the smallest window, then stops reading and acknowledging, so
+its window fills with the first frame of its next pass.  A writer then overwrites the
 same keys.  LMDB can reuse the pages freed by those writes only once no read transaction older
 than them is open, so a backfill snapshot held for the whole stall makes the data file grow at the
 write rate.  Cursor dropping must release every snapshot of a stalled connection after the drop
@@ -20,13 +22,16 @@ from websockets.asyncio.client import connect
 from websockets.exceptions import ConnectionClosed
 
 from tests.conftest import start_server
-from tests.stream.wsclient import RawStream, ws_url
+from tests.stream.wsclient import Mirror, Position, RawStream, ws_url
 
 pytestmark = pytest.mark.slow
 
 PARTITIONS = 64
 VALUE_B64 = base64.b64encode(b"v" * 1000).decode()
-PRELOAD = 8_000  # ~8 MiB: a few frames per partition, so one reader job covers several visits
+#: ~100 KiB per partition: one reader job (256 KiB of encoded output) completes the first visits of
+#: a pass and leaves a later one holding its snapshot, so a stall while sending the first visits
+#: happens while *another* visit pins an LMDB read transaction
+PRELOAD = 6_400
 WRITES = 100_000  # ~100 MiB of overwrites of the preloaded keys
 GiB = 1 << 30
 
@@ -36,10 +41,10 @@ def _bulk(client: httpx.Client, keys: range, prefix: str = "k") -> None:
     client.post("/docs/_bulk", json=items).raise_for_status()
 
 
-def _write(url: str, start: int, n: int) -> None:
+def _write(url: str, start: int, n: int, per_bulk: int = 1000) -> None:
     with httpx.Client(base_url=url, timeout=60) as client:
-        for i in range(start, start + n, 1000):
-            _bulk(client, range(i, i + 1000))
+        for i in range(start, start + n, per_bulk):
+            _bulk(client, range(i, i + per_bulk))
 
 
 def _cursor_drops(url: str) -> float:
@@ -49,8 +54,22 @@ def _cursor_drops(url: str) -> float:
     return 0.0
 
 
-async def _growth(workdir: Path, stalled: int) -> tuple[int, float]:
-    """data.mdb growth while WRITES overwrites flow, with ``stalled`` consumers that never read."""
+async def _window_stalled(url: str) -> RawStream:
+    """A consumer that reads the whole backlog, then neither reads nor acknowledges any more: its
+    next pass fills the smallest window with the first frame of its first visit, while the same
+    reader job already took the snapshot of a later visit."""
+    st = await RawStream.open(url, name="window-stalled", window=4096, max_queue=1)
+    await st.stream(range(PARTITIONS))
+    await st.send({"type": "barrier", "cookie": "caught-up"})
+    await st.consume(Mirror(), until=lambda m: isinstance(m, dict) and m.get("cookie") == "caught-up")
+    await st.ack()
+    st.auto_ack = False
+    return st
+
+
+async def _growth(workdir: Path, stalled: int) -> tuple[int, float, dict[str, int]]:
+    """data.mdb growth while WRITES overwrites flow, with ``stalled`` consumers that never read
+    (the last one with a full window); also the drop counter and each consumer's drops."""
     args = ["--stream-max-window-bytes", str(GiB), "--stream-drop-after-s", "0.5"]
     srv = start_server(workdir, partitions=PARTITIONS, args=args)
     try:
@@ -60,32 +79,38 @@ async def _growth(workdir: Path, stalled: int) -> tuple[int, float]:
         mdb = srv.data_dir / "data.mdb"
         before = mdb.stat().st_size
         streams = []
-        for n in range(stalled):
-            st = await RawStream.open(srv.url, name=f"stalled-{n}", window=GiB, auto_ack=False, max_queue=1)
+        if stalled:
+            streams.append(await _window_stalled(srv.url))
+        for n in range(stalled - 1):
+            st = await RawStream.open(srv.url, name=f"socket-stalled-{n}", window=GiB, auto_ack=False, max_queue=1)
             for p in range(PARTITIONS):
-                await st.send({"type": "stream_request", "partition": p, "uuid": 0, "start_seqno": 0,
-                               "snap_start": 0, "snap_end": 0})
+                await st.send(Position().request(p))
             streams.append(st)
-        await asyncio.sleep(1.0)  # the sends block: socket buffers full, nothing read
+        # Every key again, in one write batch: the window-stalled consumer's next pass finds
+        # more than a frame new on every partition, so its reader job leaves a later visit open.
+        await asyncio.to_thread(_write, srv.url, 0, PRELOAD, PRELOAD)
+        await asyncio.sleep(1.0)  # the sends block: socket buffers or the window full, nothing read
         await asyncio.to_thread(_write, srv.url, PRELOAD, WRITES)
         grown = mdb.stat().st_size - before
         drops = _cursor_drops(srv.url)
+        listed = {s["name"]: s["cursor_drops"] for s in httpx.get(f"{srv.url}/streams").json()["streams"]}
         for st in streams:
             try:
                 await asyncio.wait_for(st.ws.close(), 2)
             except (ConnectionClosed, asyncio.TimeoutError, OSError):
                 pass
-        return grown, drops
+        return grown, drops, listed
     finally:
         srv.kill()
 
 
 async def test_stalled_consumers_do_not_grow_the_data_file(tmp_path: Path) -> None:
-    baseline, _ = await _growth(tmp_path / "baseline", stalled=0)
-    grown, drops = await _growth(tmp_path / "stalled", stalled=3)
+    baseline, _, _ = await _growth(tmp_path / "baseline", stalled=0)
+    grown, drops, listed = await _growth(tmp_path / "stalled", stalled=3)
     print(f"data.mdb grew {grown / 2**20:.0f} MiB with 3 stalled consumers, {baseline / 2**20:.0f} MiB without; "
-          f"{drops:.0f} snapshots released")
+          f"{drops:.0f} snapshots released {listed}")
     assert drops >= 1, "no snapshot of a stalled consumer was released (cursor dropping never fired)"
+    assert listed["window-stalled"] >= 1, listed  # its window filled in a visit before the one holding
     assert grown <= 2 * baseline + 32 * 2**20, (
         f"data.mdb grew {grown / 2**20:.0f} MiB with stalled consumers, {baseline / 2**20:.0f} MiB without")
 
