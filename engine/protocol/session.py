@@ -245,6 +245,7 @@ class ServerSession:
             return self._fail(exc)
 
     def _on_hello(self, msg: Hello) -> list[Output]:
+        _check_unicode(msg.name, "name")
         if msg.protocol != PROTOCOL_VERSION:
             raise ProtocolError(
                 ErrorCode.UNSUPPORTED_PROTOCOL,
@@ -387,6 +388,7 @@ class ServerSession:
         return self.end_stream(msg.partition, StreamEndReason.CLOSED)
 
     def _on_barrier(self, msg: Barrier) -> list[Output]:
+        _check_unicode(msg.cookie, "cookie")
         self._barrier.add(msg.cookie)
         return self._release_barriers()
 
@@ -544,6 +546,21 @@ class ServerSession:
 
     def is_open(self, partition: int) -> bool:
         return partition in self.streams
+
+
+def _check_unicode(text: str, field: str) -> None:
+    """Refuse a string that is not valid Unicode: JSON's ``\\ud800`` escape decodes to a lone
+    surrogate, which no UTF-8 encoder accepts, so a name holding one would break every later
+    use of it (``GET /streams``, logs, metrics labels) instead of this one message."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise ProtocolError(
+            ErrorCode.INVALID_FIELD,
+            f"{field} holds a lone surrogate (U+{ord(text[exc.start]):04X} at index {exc.start}): "
+            "not valid Unicode",
+            field=field,
+        ) from None
 
 
 def _close_reason(exc: ProtocolError) -> str:

@@ -152,6 +152,10 @@ def test_failover_logs_carry_state_seqnos_and_log() -> None:
          [error("invalid_partition", "partitions", 8), {"close": 1008}]),
         ("hello with a window below the minimum", {"type": "hello", "name": "x", "window_bytes": 10},
          [error("invalid_field", "window_bytes"), {"close": 1008}]),
+        ("hello whose name holds a lone surrogate", {"type": "hello", "name": "a\ud800"},
+         [error("invalid_field", "name"), {"close": 1008}]),
+        ("hello whose name holds a lone low surrogate", {"type": "hello", "name": "\udfff"},
+         [error("invalid_field", "name"), {"close": 1008}]),
     ],
 )
 def test_connection_level_faults_close_with_an_error_naming_the_field(
@@ -161,6 +165,13 @@ def test_connection_level_faults_close_with_an_error_naming_the_field(
     assert h.raw(json.dumps(first)) == expected
     assert h.session.state is SessionState.CLOSED
     assert h.hello() == []  # a closed session ignores everything
+
+
+def test_a_cookie_that_is_not_unicode_closes_the_connection() -> None:
+    h = Harness()
+    h.hello()
+    assert h.raw('{"type": "barrier", "cookie": "c\\ud800"}') == [error("invalid_field", "cookie"), {"close": 1008}]
+    assert h.session.pending_cookies == ()
 
 
 def test_malformed_json_closes_with_1008() -> None:
