@@ -56,6 +56,8 @@ def _server_parser(sub: Any) -> None:
     opt("tokens_file", "FILE", type=Path)
     opt("read_threads", "N", type=int)
     opt("stream_max_connections", "N", type=int)
+    opt("stream_max_connections_per_client", "N", type=int)
+    opt("stream_hello_timeout_s", "SECONDS", type=float)
     opt("stream_max_message_bytes", "BYTES", type=int)
     opt("stream_default_window_bytes", "BYTES", type=int)
     opt("stream_max_window_bytes", "BYTES", type=int)

@@ -92,6 +92,11 @@ class StreamLimits:
     max_queued_replies: int = 1024
     #: open stream connections per server; more are refused (503) before the upgrade
     max_connections: int = 1000
+    #: open stream connections per bearer token (per address when auth is off); more get 429
+    max_connections_per_client: int = 100
+    #: a connection that sends no hello this long is closed (error hello_timeout, 1008): an idle
+    #: socket holds a slot, and client libraries answer pings, so ping timeouts never end it
+    hello_timeout_s: float = 10.0
 
 
 class StreamConnection:
@@ -180,6 +185,7 @@ class StreamConnection:
         sender = asyncio.create_task(self._send_loop(), name=f"stream-send-{self.remote}")
         reader = asyncio.create_task(self._read_loop(), name=f"stream-read-{self.remote}")
         watchdog = asyncio.create_task(self._watchdog(), name=f"stream-watchdog-{self.remote}")
+        hello_deadline = asyncio.get_running_loop().call_later(self.limits.hello_timeout_s, self._hello_overdue)
         try:
             await asyncio.wait({sender, reader}, return_when=asyncio.FIRST_COMPLETED)
             if reader.done() and not sender.done() and not self._peer_closed:
@@ -197,6 +203,7 @@ class StreamConnection:
         finally:
             self._stopped = True
             self.hub.unsubscribe(self)
+            hello_deadline.cancel()
             watchdog.cancel()
             for task in (sender, reader):
                 task.cancel()
@@ -207,6 +214,12 @@ class StreamConnection:
                     pass
             await self._release_all()
             self._done.set()
+
+    def _hello_overdue(self) -> None:
+        outs = self.session.hello_timeout(self.limits.hello_timeout_s)
+        if outs:
+            log.info("stream (%s): no hello within %g s; closing", self.remote, self.limits.hello_timeout_s)
+            self._carry_out(outs)
 
     async def shutdown(self) -> None:
         """Server stopping: ``stream_end(shutting_down)`` for every stream, then close 1001."""

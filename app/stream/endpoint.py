@@ -15,10 +15,19 @@ from fastapi import APIRouter, WebSocket
 from starlette.responses import Response
 
 from app.auth import AuthError, Role, authorize_connection
-from app.problems import ENGINE_CLOSED, FORBIDDEN, PROBLEM_MEDIA_TYPE, TOO_MANY_STREAMS, UNAUTHORIZED, Problem
+from app.problems import (
+    ENGINE_CLOSED,
+    FORBIDDEN,
+    PROBLEM_MEDIA_TYPE,
+    TOO_MANY_CLIENT_STREAMS,
+    TOO_MANY_STREAMS,
+    UNAUTHORIZED,
+    Problem,
+)
 from app.stream.connection import StreamConnection, StreamLimits
 from app.stream.hub import ChangeHub
 from app.stream.jobs import JobBatcher
+from app.stream.slots import ConnectionSlots, SlotRefusal
 
 __all__ = ["router", "hub_of", "limits_of"]
 
@@ -41,6 +50,26 @@ def hub_of(app: Any, engine: Any) -> ChangeHub:
         hub.jobs = JobBatcher(app.state.runner.read)
         app.state.stream_hub = hub
     return hub
+
+
+def slots_of(app: Any, limits: StreamLimits) -> ConnectionSlots:
+    """The app's connection slots (made on first use, with the limits of that moment)."""
+    slots: ConnectionSlots | None = getattr(app.state, "stream_slots", None)
+    if slots is None:
+        slots = ConnectionSlots(limits.max_connections, limits.max_connections_per_client)
+        app.state.stream_slots = slots
+    return slots
+
+
+def _refusal_problem(refusal: SlotRefusal, client: str) -> Problem:
+    if refusal.scope == "server":
+        return Problem(TOO_MANY_STREAMS,
+                       f"this server serves at most {refusal.limit} stream connections (--stream-max-connections)",
+                       headers={"Retry-After": "1"}, extra={"limit": refusal.limit})
+    return Problem(TOO_MANY_CLIENT_STREAMS,
+                   f"{client} already holds {refusal.limit} stream connections, the most one client may hold "
+                   "(--stream-max-connections-per-client)",
+                   headers={"Retry-After": "1"}, extra={"limit": refusal.limit})
 
 
 class StreamMetrics:
@@ -79,7 +108,7 @@ async def stream(ws: WebSocket) -> None:
     """Change stream (see ``docs/architecture.md`` "Stream protocol" and ``openapi/asyncapi.yaml``)."""
     app = ws.app
     try:
-        authorize_connection(app.state.tokens, ws, Role.READ, allow_query=True)
+        principal = authorize_connection(app.state.tokens, ws, Role.READ, allow_query=True)
     except AuthError as exc:
         ptype = UNAUTHORIZED if exc.status == 401 else FORBIDDEN
         headers = {"WWW-Authenticate": 'Bearer realm="upr"'} if exc.status == 401 else None
@@ -90,20 +119,28 @@ async def stream(ws: WebSocket) -> None:
         await _deny(ws, Problem(ENGINE_CLOSED, "the engine is not open (starting or shutting down)",
                                 headers={"Retry-After": "1"}))
         return
-    engine = runner.engine
     limits = limits_of(app)
-    if len(app.state.streams) >= limits.max_connections:
-        await _deny(ws, Problem(TOO_MANY_STREAMS,
-                                f"this server serves at most {limits.max_connections} stream connections "
-                                "(--stream-max-connections)", headers={"Retry-After": "1"},
-                                extra={"limit": limits.max_connections}))
+    # the token's name when auth is on; in protected mode every caller is the same local admin
+    client = f"address {ws.client.host}" if app.state.tokens.protected_mode and ws.client else f"token {principal.name}"
+    slots = slots_of(app, limits)
+    refusal = slots.acquire(client)
+    if refusal is not None:
+        await _deny(ws, _refusal_problem(refusal, client))
         return
+    try:
+        await _serve(ws, app, runner, limits)
+    finally:
+        slots.release(client)
+
+
+async def _serve(ws: WebSocket, app: Any, runner: Any, limits: StreamLimits) -> None:
+    engine = runner.engine
     metrics = app.state.metrics
     extra = stream_metrics(app)
     hub = hub_of(app, engine)
     await ws.accept()
-    client = ws.client
-    remote = f"{client.host}:{client.port}" if client else "?"
+    peer = ws.client
+    remote = f"{peer.host}:{peer.port}" if peer else "?"
     conn = StreamConnection(
         ws,
         engine=engine,

@@ -24,6 +24,7 @@ Adapter API (everything else is internal)::
     # engine facts
     session.notify(p)                      # new mutations queued on p (engine listener)
     session.end_stream(p, StreamEndReason) # state changed, cursor dropped (too_slow), ...
+    session.hello_timeout(seconds)         # the adapter's hello timer fired: error + Close(1008)
     session.shutdown()                     # server going away: stream_end for all + Close(1001)
     # the stream loop
     p = session.next_visit()               # None: nothing to do (or window full); wait for input
@@ -54,7 +55,7 @@ Connection states (transitions as a table, ``_ALLOWED``)::
 
     state         accepts                                          on anything else
     ------------  -----------------------------------------------  --------------------------------
-    EXPECT_HELLO  hello                                            error wrong_order + Close(1008)
+    EXPECT_HELLO  hello (hello_timeout(): error hello_timeout)     error wrong_order + Close(1008)
     STREAMING     stream_request, close_stream, barrier, ack       hello: duplicate_hello + Close
     CLOSED        nothing (input ignored)                          -
 
@@ -412,6 +413,15 @@ class ServerSession:
             return []
         self._count(f"stream_end.{reason.value}")
         return [StreamEnd(partition, reason, stream.position), *self._stopped(partition)]
+
+    def hello_timeout(self, seconds: float) -> list[Output]:
+        """The adapter's hello timer fired: a connection still without hello is closed (an idle
+        socket holds a connection slot); later, this is a no-op."""
+        if self.state is not SessionState.EXPECT_HELLO:
+            return []
+        return self._fail(
+            ProtocolError(ErrorCode.HELLO_TIMEOUT, f"no hello within {seconds:g} s of connecting", field="type")
+        )
 
     def shutdown(self) -> list[Output]:
         """The server is going away: end every stream, drop pending cookies, close with 1001."""

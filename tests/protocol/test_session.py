@@ -167,6 +167,20 @@ def test_connection_level_faults_close_with_an_error_naming_the_field(
     assert h.hello() == []  # a closed session ignores everything
 
 
+def test_no_hello_in_time_closes_the_connection() -> None:
+    h = Harness()
+    assert h.feed(h.session.hello_timeout(10)) == [error("hello_timeout", "type"), {"close": 1008}]
+    assert h.session.state is SessionState.CLOSED
+    assert h.hello() == []
+
+
+def test_the_hello_timer_does_nothing_once_hello_came() -> None:
+    h = Harness()
+    h.hello()
+    assert h.session.hello_timeout(10) == []
+    assert h.session.state is SessionState.STREAMING
+
+
 def test_a_cookie_that_is_not_unicode_closes_the_connection() -> None:
     h = Harness()
     h.hello()
