@@ -168,14 +168,25 @@ class StreamConnection:
 
     # ------------------------------------------------------------------ hub subscriber
     def notify(self, partitions: frozenset[int]) -> None:
-        streams = self.session.streams
+        """Engine changes (writes, state changes) on ``partitions``.  The state is read here, on
+        the loop (one attribute read), so a stream of a partition that left its state ends at
+        once instead of after the snapshot it is in and the rest of the pass."""
+        session = self.session
+        streams = session.streams
         now = time.monotonic()
         hit = False
         for p in partitions:
-            if p in streams:
-                self.session.notify(p)
-                self._notified_at.setdefault(p, now)
-                hit = True
+            stream = streams.get(p)
+            if stream is None:
+                continue
+            state = self.engine.state(p).value
+            if state != stream.expected_state:
+                log.info("stream %s: partition %d is now %s; stream ended", self.name, p, state)
+                self._carry_out(session.state_changed(p, state))
+                continue
+            session.notify(p)
+            self._notified_at.setdefault(p, now)
+            hit = True
         if hit:
             self._wake.set()
 

@@ -23,6 +23,7 @@ Adapter API (everything else is internal)::
     session.partitions_info({p: PartitionInfo, ...}) ; session.stream_info(p, PartitionInfo)
     # engine facts
     session.notify(p)                      # new mutations queued on p (engine listener)
+    session.state_changed(p, state)        # the engine's state of p now: may end its stream
     session.end_stream(p, StreamEndReason) # state changed, cursor dropped (too_slow), ...
     session.hello_timeout(seconds)         # the adapter's hello timer fired: error + Close(1008)
     session.shutdown()                     # server going away: stream_end for all + Close(1001)
@@ -413,6 +414,16 @@ class ServerSession:
             return []
         self._count(f"stream_end.{reason.value}")
         return [StreamEnd(partition, reason, stream.position), *self._stopped(partition)]
+
+    def state_changed(self, partition: int, state: str) -> list[Output]:
+        """The engine reports ``partition`` in ``state``: a stream opened for another state ends
+        now with ``state_changed`` (DCP's StateChanged), even mid-snapshot.  WHY at once: after
+        a takeover or demotion this node's copy is no longer the one consumers should follow,
+        and the rest of the snapshot or pass would be seconds of it."""
+        stream = self.streams.get(partition)
+        if stream is None or state == stream.expected_state:
+            return []
+        return self.end_stream(partition, StreamEndReason.STATE_CHANGED)
 
     def hello_timeout(self, seconds: float) -> list[Output]:
         """The adapter's hello timer fired: a connection still without hello is closed (an idle

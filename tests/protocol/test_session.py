@@ -451,6 +451,39 @@ def test_close_stream_ends_it_and_later_batches_are_ignored() -> None:
     assert h.client("close_stream", partition=2) == [error("stream_not_open", "partition", 2)]
 
 
+@pytest.mark.parametrize(
+    ("expected_state", "new_state", "ends"),
+    [
+        ("active", "replica", True),
+        ("active", "pending", True),
+        ("active", "dead", True),
+        ("active", "active", False),  # a write notification, or a change that came back
+        ("replica", "active", True),  # a promotion ends a replica stream too
+        ("replica", "replica", False),
+    ],
+)
+def test_a_state_change_ends_the_stream_at_once_even_mid_snapshot(
+    expected_state: str, new_state: str, ends: bool
+) -> None:
+    h = Harness()
+    h.infos[2] = PartitionInfo(expected_state, 100, 0, (FailoverEntry(A, 0),))
+    h.hello()
+    h.open(2, expected_state=expected_state)
+    s = h.session
+    visit = s.begin_visit(2)
+    s.snapshot_marker(2, 1, 100, "disk", 0)
+    s.items_sent(2, 10, False)  # mid-snapshot
+    out = h.feed(s.state_changed(2, new_state))
+    if ends:
+        assert out == [{"type": "stream_end", "partition": 2, "reason": "state_changed", "last_seqno": 10}]
+        assert not s.is_open(2)
+        assert s.items_sent(2, 20, True) == []  # the rest of the snapshot is not sent
+    else:
+        assert out == [] and s.is_open(2)
+    s.end_visit(visit)
+    assert h.feed(s.state_changed(5, "replica")) == []  # no stream on that partition
+
+
 def test_end_stream_reports_the_reason_and_position() -> None:
     h = Harness()
     h.hello()

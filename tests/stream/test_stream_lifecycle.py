@@ -182,3 +182,34 @@ async def test_idle_connections_time_out_and_one_token_cannot_take_every_slot(tm
         await busy.close()
     finally:
         srv.kill()
+
+
+async def test_a_partition_demoted_mid_snapshot_ends_its_stream_at_once(tmp_path: Path) -> None:
+    """A stream in the middle of a snapshot (stalled on a full window) ends with
+    ``state_changed`` as soon as its partition becomes a replica: the consumer never gets the
+    rest of that snapshot from a node that is no longer the partition's active copy."""
+    from engine.protocol import frames as F
+    from tests.stream.conftest import key_in
+
+    srv = start_server(tmp_path / "srv", partitions=2)
+    try:
+        write_docs(srv.url, {key_in(0, f"big{i}", partitions=2): b"x" * 1000 for i in range(1000)})
+        stream = await RawStream.open(srv.url, partitions=[0], name="demoted", window=4096, auto_ack=False)
+        await stream.stream([0])
+        mirror = Mirror()
+        await stream.consume(mirror, until=lambda m: isinstance(m, F.ItemBatch))  # mid-snapshot now
+        assert httpx.post(f"{srv.url}/admin/partitions/0/state", json={"state": "replica"},
+                          timeout=10).status_code == 200
+        stream.auto_ack = True
+        await stream.ack()
+        after: list[F.ItemBatch] = []
+        controls: list[dict] = []
+        while not controls or controls[-1].get("type") != "stream_end":
+            msg = await stream.recv(timeout=10)
+            (after if isinstance(msg, F.ItemBatch) else controls).append(msg)
+        assert controls[-1]["reason"] == "state_changed", controls
+        assert not any(batch.last for batch in after), "the snapshot went on after the state change"
+        assert len(mirror.docs) + sum(len(b) for b in after) < 1000
+        await stream.close()
+    finally:
+        srv.kill()
