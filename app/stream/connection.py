@@ -150,9 +150,11 @@ class StreamConnection:
         self._visiting_cursor: PartitionCursor | None = None
         self._job: asyncio.Future[Any] | None = None
         self._cursor_lock = asyncio.Lock()  # one reader-thread job per connection at a time
-        #: when the sender began waiting for the consumer (a send the socket has not taken, or
-        #: a full window); None while it is not waiting.  Cursor dropping keys on this alone.
-        self._waiting_since: float | None = None
+        #: when the send in progress began (None: no send in progress) and when the sender began
+        #: waiting for window credit (None: not waiting): how long the sender has waited for the
+        #: consumer, on which cursor dropping keys
+        self._send_since: float | None = None
+        self._credit_wait_since: float | None = None
         self.inline_passes = 0  # passes produced on the loop from memory (Engine.memory_snapshot)
         #: messages of the pass not yet handed to the socket (hello bundle: true), see _emit
         self._bundler: Bundler | None = None
@@ -380,12 +382,12 @@ class StreamConnection:
     async def _transmit(self, data: str | bytes, counted: int = 0) -> None:
         """Send one WebSocket message; ``counted`` of its bytes were already counted against the
         window (bundled parts are counted as they are added)."""
-        self._waiting_since = time.monotonic()
+        self._send_since = time.monotonic()
         if isinstance(data, str):
             await self.ws.send_text(data)  # pure ASCII: len(text) is the byte count acknowledged
         else:
             await self.ws.send_bytes(data)
-        self._waiting_since = None
+        self._send_since = None
         size = len(data)
         self.session.sent(size - counted)
         self.bytes_sent += size
@@ -557,24 +559,35 @@ class StreamConnection:
         return True
 
     async def _wait_for_credit(self, cursor: PartitionCursor) -> bool:
-        """Wait until the window has room (control replies still go out meanwhile)."""
-        while not self.session.can_send:
-            if self._close is not None or self._peer_closed:
-                return False
-            if self._bundler is not None and len(self._bundler):
-                await self._flush_bundle()  # the consumer can only acknowledge what it received
-                continue
-            if self._control:
-                await self._flush_control()
-                continue
-            self._wake.clear()
-            if not self.session.can_send:
-                self._waiting_since = time.monotonic()
-                try:
+        """Wait until the window has room (control replies still go out meanwhile).  The wait
+        is timed from its start: wake-ups that bring no credit (engine notifications) and control
+        replies sent meanwhile do not restart the clock cursor dropping reads."""
+        if self.session.can_send:
+            return self._close is None and not self._peer_closed
+        self._credit_wait_since = time.monotonic()
+        try:
+            while not self.session.can_send:
+                if self._close is not None or self._peer_closed:
+                    return False
+                if self._bundler is not None and len(self._bundler):
+                    await self._flush_bundle()  # the consumer can only acknowledge what it received
+                    continue
+                if self._control:
+                    await self._flush_control()
+                    continue
+                self._wake.clear()
+                if not self.session.can_send:
                     await self._wake.wait()
-                finally:
-                    self._waiting_since = None
+        finally:
+            self._credit_wait_since = None
         return self._close is None and not self._peer_closed
+
+    def _waiting_since(self) -> float | None:
+        """Since when the sender has been waiting for the consumer (None: it is not)."""
+        send, credit = self._send_since, self._credit_wait_since
+        if send is None:
+            return credit
+        return send if credit is None else min(send, credit)
 
     async def _watchdog(self) -> None:
         """Cursor dropping: once the sender has waited ``drop_after_s`` for the consumer (a send
@@ -588,7 +601,7 @@ class StreamConnection:
         period = self.limits.drop_after_s / 4
         while True:
             await asyncio.sleep(period)
-            since = self._waiting_since
+            since = self._waiting_since()
             if since is None or time.monotonic() - since < self.limits.drop_after_s:
                 continue
             held = [c for c in {*self.cursors.values(), self._visiting_cursor} if c is not None and c.holding]
