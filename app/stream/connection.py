@@ -356,9 +356,9 @@ class StreamConnection:
             if self._close is not None:
                 await self._close_socket(int(self._close.code), self._close.reason)
                 return
-            first = session.next_visit()
-            if first is not None:
-                await self._visit_batch(first)
+            visits = session.begin_visits(self.limits.max_visits_per_job)
+            if visits:
+                await self._visit_batch(visits)
                 continue
             self._wake.clear()
             if self._control or self._close is not None or self._peer_closed or session.next_visit() is not None:
@@ -434,19 +434,12 @@ class StreamConnection:
         for t in notified:
             self._on_delivery(now - t)
 
-    async def _visit_batch(self, first: int) -> None:
-        """Visit the due streams of this pass, in id order: their visits begin together (each draws
-        its barrier token before its snapshot is taken), one reader-thread job takes the snapshots
-        and encodes them up to the chunk budget, then each visit is sent and ended in order.  A busy
-        tail with many partitions thus costs one executor hop per wake-up, not one per partition."""
-        session = self.session
-        # ``first`` is what session.next_visit() just returned.  The session's next_visit() would return, one call each, the due streams after ``first``
-        # in id order; one scan of the public stream fields gives the same list (a superset while
-        # cookies are pending: an extra visit is merely idle) without an O(streams) call per visit.
-        cookies = bool(session.pending_cookies)
-        due = sorted(p for p, st in session.streams.items()
-                     if p > first and st.visiting is None and (st.dirty or cookies))
-        visits = [session.begin_visit(p) for p in [first, *due][: self.limits.max_visits_per_job]]
+    async def _visit_batch(self, visits: list[Any]) -> None:
+        """Carry out visits the session began together (``ServerSession.begin_visits``: the due
+        streams of this pass in id order, each with its barrier token drawn before its snapshot
+        is taken): one reader-thread job takes the snapshots and encodes them up to the chunk
+        budget, then each visit is sent and ended in order.  A busy tail with many partitions
+        thus costs one executor hop per wake-up, not one per partition."""
         cursors = [self.cursors[v.partition] for v in visits]
         for v in visits:
             notified = self._notified_at.pop(v.partition, None)
@@ -506,7 +499,7 @@ class StreamConnection:
             while True:
                 if changed is not None:
                     log.info("stream %s: partition %d %s; stream ended", self.name, p, changed)
-                    self._carry_out(session.end_stream(p, M.StreamEndReason.STATE_CHANGED))
+                    self._carry_out(session.state_changed(p, changed.state))
                     break
                 stopped = False
                 for item in out:
@@ -665,7 +658,7 @@ class StreamConnection:
         if stream is not None:
             state = self.engine.state(partition).value
             if state != stream.expected_state:
-                raise StateChanged(f"is now {state}, the stream expected {stream.expected_state}")
+                raise StateChanged(state, f"is now {state}, the stream expected {stream.expected_state}")
 
     def _snapshot_of(self, partition: int, after_seqno: int) -> Any:
         """Executor side: the partition must still be in the state the stream expected."""
@@ -701,6 +694,10 @@ def control_text(msg: Any) -> str:
 
 class StateChanged(Exception):
     """The partition left the state the stream was opened for (DCP's StateChanged end)."""
+
+    def __init__(self, state: str, message: str) -> None:
+        super().__init__(message)
+        self.state = state
 
 
 class _NotInMemory(Exception):

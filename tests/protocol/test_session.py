@@ -389,6 +389,67 @@ def test_a_pass_continues_upwards_and_lower_ids_wait_for_the_next_pass() -> None
     assert s.next_visit() == 1
 
 
+@pytest.mark.parametrize(
+    ("name", "setup", "limit", "expected"),
+    [
+        ("every new stream is due, in id order", [], 10, [1, 3, 5, 6]),
+        ("the limit cuts the pass; the rest comes next", [], 2, [1, 3]),
+        ("a visit in progress is not begun twice; the pass goes on above it", ["begin 3"], 10, [5, 6]),
+        ("the pass goes on upwards from the last visit", ["visit 1", "visit 3", "notify 1"], 10, [5, 6]),
+        ("then the next pass starts from the lowest due id", ["visit 1", "visit 3", "visit 5", "visit 6",
+                                                              "notify 6", "notify 3"], 10, [3, 6]),
+        ("nothing due: nothing begun", ["visit 1", "visit 3", "visit 5", "visit 6"], 10, []),
+        ("a pending cookie makes idle streams due", ["visit 1", "visit 3", "visit 5", "visit 6", "cookie"], 10,
+         [1, 3, 5, 6]),
+        ("a full window begins nothing", ["fill window"], 10, []),
+        ("no limit, no visit", [], 0, []),
+    ],
+)
+def test_begin_visits_begins_the_due_streams_of_the_pass_together(
+    name: str, setup: list[str], limit: int, expected: list[int]
+) -> None:
+    h = _after(setup)
+    visits = h.session.begin_visits(limit)
+    assert [v.partition for v in visits] == expected
+    assert all(h.session.streams[v.partition].visiting == v.token for v in visits)  # each one begun
+    assert expected == _one_by_one(_after(setup), limit)  # the same as next_visit, one call each
+
+
+def _after(setup: list[str]) -> Harness:
+    """A session streaming partitions 1, 3, 5 and 6 (window 4096) after the ``setup`` steps."""
+    h = Harness()
+    h.hello(window_bytes=4096)
+    for p in (1, 3, 5, 6):
+        h.open(p)
+    s = h.session
+    for step in setup:
+        verb, _, arg = step.partition(" ")
+        if verb == "visit":
+            h.visit(int(arg))
+        elif verb == "begin":
+            s.begin_visit(int(arg))
+        elif verb == "notify":
+            s.notify(int(arg))
+        elif verb == "cookie":
+            h.client("barrier", cookie="c")
+        else:  # fill window
+            s.sent(4096)
+    return h
+
+
+def _one_by_one(h: Harness, limit: int) -> list[int]:
+    """What ``next_visit`` + ``begin_visit`` give, one call each, for the rest of the pass."""
+    out: list[int] = []
+    s = h.session
+    while len(out) < limit:
+        p = s.next_visit()
+        if p is None or (out and p < out[-1]):
+            break
+        s.begin_visit(p)
+        out.append(p)
+    return out
+
+
 def test_mutations_during_a_visit_make_the_stream_due_again() -> None:
     h = Harness()
     h.hello()
