@@ -1,4 +1,5 @@
-"""``GET /stream``: authenticate, upgrade, and hand the socket to a ``StreamConnection``.
+"""``GET /stream``: authenticate, take a connection slot, and hand the socket to the app's
+``StreamServer`` (made by the lifespan while the engine is open).
 
 Auth (``read`` role, the same bearer tokens as HTTP; ``?access_token=`` for clients that
 cannot set headers) is checked *before* the upgrade: a refused client gets a plain HTTP
@@ -6,7 +7,6 @@ cannot set headers) is checked *before* the upgrade: a refused client gets a pla
 """
 from __future__ import annotations
 
-import asyncio
 from typing import Any
 
 import orjson
@@ -24,41 +24,12 @@ from app.problems import (
     UNAUTHORIZED,
     Problem,
 )
-from app.stream.connection import StreamConnection, StreamLimits
-from app.stream.hub import ChangeHub
-from app.stream.jobs import JobBatcher
-from app.stream.slots import ConnectionSlots, SlotRefusal
+from app.stream.server import StreamServer
+from app.stream.slots import SlotRefusal
 
-__all__ = ["router", "hub_of", "limits_of"]
+__all__ = ["router", "stream_metrics"]
 
 router = APIRouter(tags=["streams"])
-
-
-def limits_of(app: Any) -> StreamLimits:
-    limits = getattr(app.state, "stream_limits", None)
-    return limits if isinstance(limits, StreamLimits) else StreamLimits()
-
-
-def hub_of(app: Any, engine: Any) -> ChangeHub:
-    """The app's one change hub for this engine, created on first use on the running loop."""
-    hub: ChangeHub | None = getattr(app.state, "stream_hub", None)
-    if hub is None or getattr(hub, "engine", None) is not engine:
-        if hub is not None:
-            hub.close()
-        hub = ChangeHub(engine.add_listener, asyncio.get_running_loop())
-        hub.engine = engine  # type: ignore[attr-defined]
-        hub.jobs = JobBatcher(app.state.runner.read)
-        app.state.stream_hub = hub
-    return hub
-
-
-def slots_of(app: Any, limits: StreamLimits) -> ConnectionSlots:
-    """The app's connection slots (made on first use, with the limits of that moment)."""
-    slots: ConnectionSlots | None = getattr(app.state, "stream_slots", None)
-    if slots is None:
-        slots = ConnectionSlots(limits.max_connections, limits.max_connections_per_client)
-        app.state.stream_slots = slots
-    return slots
 
 
 def _refusal_problem(refusal: SlotRefusal, client: str) -> Problem:
@@ -114,48 +85,18 @@ async def stream(ws: WebSocket) -> None:
         headers = {"WWW-Authenticate": 'Bearer realm="upr"'} if exc.status == 401 else None
         await _deny(ws, Problem(ptype, exc.detail, headers=headers, extra={"required_role": "read"}))
         return
-    runner = getattr(app.state, "runner", None)
-    if runner is None:
+    server: StreamServer | None = getattr(app.state, "stream_server", None)
+    if server is None:
         await _deny(ws, Problem(ENGINE_CLOSED, "the engine is not open (starting or shutting down)",
                                 headers={"Retry-After": "1"}))
         return
-    limits = limits_of(app)
     # the token's name when auth is on; in protected mode every caller is the same local admin
     client = f"address {ws.client.host}" if app.state.tokens.protected_mode and ws.client else f"token {principal.name}"
-    slots = slots_of(app, limits)
-    refusal = slots.acquire(client)
+    refusal = server.slots.acquire(client)
     if refusal is not None:
         await _deny(ws, _refusal_problem(refusal, client))
         return
     try:
-        await _serve(ws, app, runner, limits)
+        await server.serve(ws)
     finally:
-        slots.release(client)
-
-
-async def _serve(ws: WebSocket, app: Any, runner: Any, limits: StreamLimits) -> None:
-    engine = runner.engine
-    metrics = app.state.metrics
-    extra = stream_metrics(app)
-    hub = hub_of(app, engine)
-    await ws.accept()
-    peer = ws.client
-    remote = f"{peer.host}:{peer.port}" if peer else "?"
-    conn = StreamConnection(
-        ws,
-        engine=engine,
-        read=runner.read,
-        hub=hub,
-        limits=limits,
-        remote=remote,
-        on_rollback=lambda reason: metrics.rollbacks.labels(reason).inc(),
-        on_bytes=metrics.stream_bytes.inc,
-        on_delivery=extra.delivery.observe,
-        on_cursor_drop=extra.cursor_drops.inc,
-    )
-    registry = app.state.streams
-    registry.register(conn)
-    try:
-        await conn.run()
-    finally:
-        registry.unregister(conn)
+        server.slots.release(client)
