@@ -11,10 +11,12 @@ session returns and feeds it what happened, with two tasks on the event loop:
   session's engine lookups (``LookupPartitions``, ``LookupStream``) with reads in executor
   threads, queues the messages the session returns for the sender, and wakes it.  It never waits
   for the consumer, so acks, cookies and WebSocket pongs keep flowing while the sender is blocked.
-* the **sender** owns the socket's outgoing side: queued control messages first, then the
-  session's stream loop: ``next_visit`` -> ``begin_visit`` -> snapshot and encode in executor
-  threads (``PartitionCursor.produce``, at most ``chunk_bytes`` of encoded output at a time) ->
-  send marker and batch frames, each only while ``session.can_send`` -> ``end_visit``.  A pass
+* the **sender** owns the socket's outgoing side (through the ``Outbox``, outbox.py, which
+  counts every frame against the window and bundles for clients that accept bundles): queued
+  control messages first, then the session's stream loop: ``begin_visits`` (the due streams of
+  the pass) -> snapshot and encode in executor threads (``PartitionCursor.produce``, at most
+  ``chunk_bytes`` of encoded output at a time) -> send marker and batch frames, each only while
+  ``session.can_send`` -> ``end_visit``.  A pass
   that needs only a few items still in the write queue's memory is produced on the loop instead
   (``Engine.memory_snapshot``: no LMDB call, no thread hop; it was most of the tail latency).  With
   nothing to do it sleeps on one ``asyncio.Event`` set by engine notifications (``ChangeHub``),
@@ -41,9 +43,9 @@ from starlette.websockets import WebSocketDisconnect
 
 from app.stream.cursor import Batch, BatchEncoder, Marker, PartitionCursor
 from app.stream.hub import ChangeHub
+from app.stream.outbox import Outbox
 from app.streams_registry import PartitionStreamStatus, StreamStatus
 from engine.protocol import messages as M
-from engine.protocol.bundle import Bundler
 from engine.protocol.errors import CloseCode
 from engine.protocol.frames import encode_binary_columns, encode_json_columns
 from engine.protocol.session import Close, LookupPartitions, LookupStream, ServerSession
@@ -123,8 +125,6 @@ class StreamConnection:
         self.limits = limits
         self.remote = remote
         self._on_rollback = on_rollback
-        self._on_bytes = on_bytes
-        self._on_delivery = on_delivery
         self._on_cursor_drop = on_cursor_drop
         #: partition -> when the first not yet delivered change notification arrived (loop time)
         self._notified_at: dict[int, float] = {}
@@ -136,11 +136,8 @@ class StreamConnection:
                                      limits=limits.protocol)
         self.cursors: dict[int, PartitionCursor] = {}
         self.connected_at = time.time()
-        self.bytes_sent = 0
         self.cursor_drops = 0
         self.rollbacks = 0
-        self._control: deque[Any] = deque()
-        self._drained = asyncio.Event()
         self._wake = asyncio.Event()
         self._close: Close | None = None
         self._peer_closed = False
@@ -150,15 +147,15 @@ class StreamConnection:
         self._visiting_cursor: PartitionCursor | None = None
         self._job: asyncio.Future[Any] | None = None
         self._cursor_lock = asyncio.Lock()  # one reader-thread job per connection at a time
-        #: when the send in progress began (None: no send in progress) and when the sender began
-        #: waiting for window credit (None: not waiting): how long the sender has waited for the
-        #: consumer, on which cursor dropping keys
-        self._send_since: float | None = None
+        #: when the sender began waiting for window credit (None: not waiting); with the
+        #: outbox's send in progress, how long the sender has waited for the consumer, on which
+        #: cursor dropping keys
         self._credit_wait_since: float | None = None
         self.inline_passes = 0  # passes produced on the loop from memory (Engine.memory_snapshot)
-        #: messages of the pass not yet handed to the socket (hello bundle: true), see _emit
-        self._bundler: Bundler | None = None
-        self._bundled_notified: list[float] = []
+        #: everything sent goes through the outbox (control replies queued by the reader, the
+        #: sender's markers and batches, bundling when the client accepts bundles)
+        self.outbox = Outbox(ws, self.session, bundle_bytes=limits.bundle_bytes, on_bytes=on_bytes,
+                             on_delivery=on_delivery)
 
     @property
     def name(self) -> str:
@@ -277,9 +274,8 @@ class StreamConnection:
     async def _read_loop(self) -> None:
         session = self.session
         while True:
-            while len(self._control) > self.limits.max_queued_replies:
-                self._drained.clear()
-                await self._drained.wait()
+            while self.outbox.queued > self.limits.max_queued_replies:
+                await self.outbox.wait_drained()
             message = await self.ws.receive()
             if message["type"] == "websocket.disconnect":
                 self._peer_closed = True
@@ -312,16 +308,16 @@ class StreamConnection:
                 self._close = out
             elif isinstance(out, M.StreamResponse):
                 self._on_response(out)
-                self._control.append(out)
+                self.outbox.queue(out)
             elif isinstance(out, M.StreamEnd):
                 self._forget(out.partition)
-                self._control.append(out)
+                self.outbox.queue(out)
             elif isinstance(out, M.Error):
                 log.info("stream %s (%s): refused: %s (field %s): %s", self.name or "?", self.remote, out.code,
                          out.field, out.message)
-                self._control.append(out)
+                self.outbox.queue(out)
             else:
-                self._control.append(out)
+                self.outbox.queue(out)
         self._wake.set()
 
     def _on_response(self, r: M.StreamResponse) -> None:
@@ -350,7 +346,7 @@ class StreamConnection:
     async def _send_loop(self) -> None:
         session = self.session
         while True:
-            await self._flush_control()
+            await self.outbox.flush_control()
             if self._peer_closed:
                 return
             if self._close is not None:
@@ -361,78 +357,9 @@ class StreamConnection:
                 await self._visit_batch(visits)
                 continue
             self._wake.clear()
-            if self._control or self._close is not None or self._peer_closed or session.next_visit() is not None:
+            if self.outbox.queued or self._close is not None or self._peer_closed or session.next_visit() is not None:
                 continue
             await self._wake.wait()
-
-    async def _flush_control(self) -> None:
-        """Send the queued control messages.  Bundling, they join the pending bundle, after the
-        items before them (a cookie or stream end never overtakes those), and it goes out now:
-        a pass's last batches and its ``cycle_complete`` travel as one message."""
-        if self._control:
-            if self._bundling() is not None:
-                while self._control:
-                    await self._emit(control_text(self._control.popleft()))
-                await self._flush_bundle()
-            else:
-                while self._control:
-                    await self._transmit(control_text(self._control.popleft()))
-        self._drained.set()
-
-    async def _transmit(self, data: str | bytes, counted: int = 0) -> None:
-        """Send one WebSocket message; ``counted`` of its bytes were already counted against the
-        window (bundled parts are counted as they are added)."""
-        self._send_since = time.monotonic()
-        if isinstance(data, str):
-            await self.ws.send_text(data)  # pure ASCII: len(text) is the byte count acknowledged
-        else:
-            await self.ws.send_bytes(data)
-        self._send_since = None
-        size = len(data)
-        self.session.sent(size - counted)
-        self.bytes_sent += size
-        self._on_bytes(size)
-
-    async def _emit(self, data: str | bytes) -> None:
-        """Send a marker or batch: at once, or (hello ``bundle: true``) into the pass's bundle.
-
-        WHY: each WebSocket message costs ~13 µs on the loop whatever its size, and a tail pass
-        sends a marker and a batch per partition per consumer; with 50 consumers that, not the
-        items, was the server's limit.  Bundled parts are counted against the window when added,
-        so ``can_send`` sees them; the bundle goes out when the next part does not fit, before
-        any control message, before waiting for a reader thread or for credit, and at the end of
-        the pass (``_flush_bundle``)."""
-        bundler = self._bundling()
-        if bundler is None:
-            await self._transmit(data)
-            return
-        size = len(data)
-        if not bundler.fits(size):
-            await self._flush_bundle()
-        bundler.add(data)
-        self.session.sent(size)
-
-    def _bundling(self) -> Bundler | None:
-        """The pass's bundler when the client said ``bundle: true`` in hello (made on first use),
-        else None: the one place that decides whether messages are bundled."""
-        if self._bundler is None:
-            hello = self.session.hello
-            if hello is not None and hello.bundle:
-                self._bundler = Bundler(self.limits.bundle_bytes)
-        return self._bundler
-
-    async def _flush_bundle(self, min_bytes: int = 0) -> None:
-        bundler = self._bundler
-        if bundler is None or not len(bundler) or bundler.pending_bytes < min_bytes:
-            return
-        counted = bundler.pending_bytes
-        data = bundler.flush()
-        assert data is not None
-        notified, self._bundled_notified = self._bundled_notified, []
-        await self._transmit(data, counted)
-        now = time.monotonic()
-        for t in notified:
-            self._on_delivery(now - t)
 
     async def _visit_batch(self, visits: list[Any]) -> None:
         """Carry out visits the session began together (``ServerSession.begin_visits``: the due
@@ -458,12 +385,12 @@ class StreamConnection:
                 produced = self._produce_inline([cursor]) or [([], False, None)]
                 await self._send_visit(visit, cursor, *produced[0])
                 if i % yield_every == yield_every - 1:
-                    await self._flush_bundle()  # a tail pass: what is ready goes out at once
+                    await self.outbox.flush_bundle()  # a tail pass: what is ready goes out at once
                     await asyncio.sleep(0)
-            await self._flush_control()  # with cycle_complete, if the pass is over
-            await self._flush_bundle()
+            await self.outbox.flush_control()  # with cycle_complete, if the pass is over
+            await self.outbox.flush_bundle()
             return
-        await self._flush_bundle()
+        await self.outbox.flush_bundle()
         # One job produces visits in order until the chunk budget is used; the visits it did not
         # reach go to the next job, again many at once.  WHY: when each of those made its own
         # reader-thread hop, a consumer a few seconds behind (a few hundred KiB per partition,
@@ -474,7 +401,7 @@ class StreamConnection:
         sent = 0
         while pending:
             if sent:
-                await self._flush_bundle(self.limits.mid_pass_flush_bytes)
+                await self.outbox.flush_bundle(self.limits.mid_pass_flush_bytes)
             produced = await self._on_reader(_produce_many, [c for _, c in pending], self._produce_args(),
                                              self.limits.chunk_bytes)
             if not produced:  # never without progress: the first visit goes on by itself
@@ -483,11 +410,12 @@ class StreamConnection:
                 await self._send_visit(visit, cursor, outs, complete, changed)
                 sent += 1
                 if sent % yield_every == 0:
-                    await self._flush_bundle(self.limits.mid_pass_flush_bytes)  # what is ready goes out before others run
+                    # what is ready goes out before others run
+                    await self.outbox.flush_bundle(self.limits.mid_pass_flush_bytes)
                     await asyncio.sleep(0)  # let the loop's other work (HTTP writes, other connections) in
             pending = pending[len(produced):]
-        await self._flush_control()
-        await self._flush_bundle()
+        await self.outbox.flush_control()
+        await self.outbox.flush_bundle()
 
     async def _send_visit(self, visit: Any, cursor: PartitionCursor, out: list[Marker | Batch], complete: bool,
                           changed: "StateChanged | None") -> None:
@@ -509,7 +437,8 @@ class StreamConnection:
                 if stopped or complete:
                     break
                 out = []
-                await self._flush_bundle(self.limits.mid_pass_flush_bytes)  # a full bundle does not wait for the reader
+                # a full bundle does not wait for the reader
+                await self.outbox.flush_bundle(self.limits.mid_pass_flush_bytes)
                 try:
                     snapshot_of, encode, cache, codec, high_of = self._produce_args()
                     complete = await self._on_reader(cursor.produce, snapshot_of, encode, self.limits.chunk_bytes,
@@ -521,7 +450,7 @@ class StreamConnection:
             self._visiting_cursor = None
             self._visit_notified.pop(p, None)
         if self.cursors.get(p) is not cursor and cursor.holding:
-            await self._flush_bundle()
+            await self.outbox.flush_bundle()
             await self._on_reader(cursor.close)  # the stream ended during the visit
         self._carry_out(session.end_visit(visit))
 
@@ -537,17 +466,14 @@ class StreamConnection:
             data: str | bytes = item.text  # encoded on the reader thread
         else:
             data = item.data
-        await self._emit(data)
+        await self.outbox.emit(data)
         if isinstance(item, Batch):
             if item.last_seqno is not None:
                 notified = self._visit_notified.pop(p, None)
                 if notified is not None:
-                    if self._bundler is not None and len(self._bundler):
-                        self._bundled_notified.append(notified)  # delivered when the bundle is sent
-                    else:
-                        self._on_delivery(time.monotonic() - notified)
+                    self.outbox.delivered(notified)
             self._carry_out(session.items_sent(p, item.last_seqno, item.last))
-            await self._flush_control()
+            await self.outbox.flush_control()
             return session.is_open(p)
         return True
 
@@ -562,11 +488,11 @@ class StreamConnection:
             while not self.session.can_send:
                 if self._close is not None or self._peer_closed:
                     return False
-                if self._bundler is not None and len(self._bundler):
-                    await self._flush_bundle()  # the consumer can only acknowledge what it received
+                if self.outbox.bundle_pending:
+                    await self.outbox.flush_bundle()  # the consumer can only acknowledge what it received
                     continue
-                if self._control:
-                    await self._flush_control()
+                if self.outbox.queued:
+                    await self.outbox.flush_control()
                     continue
                 self._wake.clear()
                 if not self.session.can_send:
@@ -577,7 +503,7 @@ class StreamConnection:
 
     def _waiting_since(self) -> float | None:
         """Since when the sender has been waiting for the consumer (None: it is not)."""
-        send, credit = self._send_since, self._credit_wait_since
+        send, credit = self.outbox.send_since, self._credit_wait_since
         if send is None:
             return credit
         return send if credit is None else min(send, credit)
@@ -682,14 +608,6 @@ class StreamConnection:
             connected_at=self.connected_at, window_bytes=flow.window if flow else 0,
             cursor_drops=self.cursor_drops, rollbacks=self.rollbacks,
         )
-
-
-def control_text(msg: Any) -> str:
-    """``M.encode(msg)``, with ``cycle_complete`` (one per pass per connection, the most frequent
-    control message) formatted directly: the generic encoder was ~5 % of a fan-out pass."""
-    if type(msg) is M.CycleComplete and type(msg.cycle) is int:
-        return f'{{"type":"cycle_complete","cycle":{msg.cycle}}}'
-    return M.encode(msg)
 
 
 class StateChanged(Exception):
