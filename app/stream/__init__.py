@@ -5,6 +5,7 @@ stream protocol (``engine.protocol``) and the engine's snapshots.
     server.py      what the connections share while the engine is open (owned by the lifespan)
     slots.py       connection limits per server and per client
     connection.py  reader + sender tasks carrying out engine.protocol.session.ServerSession
+    passes.py      the sender's pass: produce visits (reader jobs or inline), send within the window
     outbox.py      everything a connection sends: control replies, markers and batches, bundles
     cursor.py      per-partition snapshot reading and encoding (executor threads), cursor dropping
     tailcache.py   encoded memory snapshots shared by connections tailing the same partitions

@@ -10,7 +10,7 @@ import pytest
 
 from engine.protocol import messages as M
 
-from app.stream.connection import _NotInMemory, _produce_many
+from app.stream.passes import _NotInMemory, _produce_many
 from app.stream.cursor import Batch, Marker, PartitionCursor
 from engine.config import EngineConfig
 from engine.engine import Engine
