@@ -14,13 +14,13 @@ session returns and feeds it what happened, with two tasks on the event loop:
 * the **sender** owns the socket's outgoing side (through the ``Outbox``, outbox.py, which
   counts every frame against the window and bundles for clients that accept bundles): queued
   control messages first, then the session's stream loop (``PassSender``, passes.py):
-  ``begin_visits`` (the due streams of the pass) -> snapshot and encode in executor threads (``PartitionCursor.produce``, at most
-  ``chunk_bytes`` of encoded output at a time) -> send marker and batch frames, each only while
-  ``session.can_send`` -> ``end_visit``.  A pass
-  that needs only a few items still in the write queue's memory is produced on the loop instead
-  (``Engine.memory_snapshot``: no LMDB call, no thread hop; it was most of the tail latency).  With
-  nothing to do it sleeps on one ``asyncio.Event`` set by engine notifications (``ChangeHub``),
-  client messages and shutdown: no busy loop.
+  ``begin_visits`` (the due streams of the pass) -> snapshot and encode in executor threads
+  (``PartitionCursor.produce``, at most ``chunk_bytes`` of encoded output at a time) -> send
+  marker and batch frames, each only while ``session.can_send`` -> ``end_visit``.  A pass that
+  needs only a few items still in the write queue's memory is produced on the loop instead
+  (``Engine.memory_snapshot``: no LMDB call, no thread hop, which dominate a live tail's latency).
+  With nothing to do it sleeps on one ``asyncio.Event`` set by engine notifications
+  (``ChangeHub``), client messages and shutdown: no busy loop.
 
 Bounded memory for slow consumers: encoded output is capped by the chunk budget, unacknowledged
 bytes by the window, the socket buffer by uvicorn's write flow control (a send waits until the
