@@ -25,7 +25,15 @@ from engine.protocol.messages import (
     encode,
     to_json_obj,
 )
-from engine.protocol.session import Close, LookupPartitions, LookupStream, ServerSession, SessionState
+from engine.protocol.session import (
+    Close,
+    LookupPartitions,
+    LookupStream,
+    PartPlan,
+    ServerSession,
+    SessionState,
+    plan_reading,
+)
 from engine.core.types import FailoverEntry
 
 A, B = 0xA, 0xB
@@ -750,3 +758,23 @@ def test_marker_sent_is_snapshot_marker_without_the_message(start: int, end: int
         st = s.streams[2]
         states.append((st.snap_start, st.snap_end, st.purge_seqno, st.in_snapshot))
     assert states[0] == states[1] == (start, end, purge, True)
+
+
+@pytest.mark.parametrize(
+    ("name", "parts", "continue_after", "expected"),
+    [
+        ("a fresh reading sends each part as its own snapshot", [(11, 20), (21, 30)], None,
+         [PartPlan((11, 20), True), PartPlan((21, 30), True)]),
+        ("one part", [(5, 9)], None, [PartPlan((5, 9), True)]),
+        ("a re-read after a drop continues the open snapshot, one marker to the new end", [(16, 20), (21, 40)], 15,
+         [PartPlan((16, 40), False), PartPlan(None, True)]),
+        ("a one-part continuation", [(8, 12)], 7, [PartPlan((8, 12), True)]),
+        ("the continuation starts right after the last item sent, whatever the part's start", [(3, 12)], 7,
+         [PartPlan((8, 12), True)]),
+        ("nothing to read", [], None, []),
+    ],
+)
+def test_plan_reading_decides_markers_and_last_batches(
+    name: str, parts: list[tuple[int, int]], continue_after: int | None, expected: list[PartPlan]
+) -> None:
+    assert plan_reading(parts, continue_after) == expected
