@@ -2,8 +2,8 @@
 
 Stalled consumers request every partition from 0 on a non-empty data dir and then never read:
 two ask for a huge window, so their sends block (socket buffers full) long before the window
-fills; one reads the backlog with the smallest window, then stops reading and acknowledging, so
-its window fills with the first frame of its next pass.  A writer then overwrites the
+fills; one reads the backlog with the smallest window, then stops acknowledging, so its window
+fills with the first frame of a pass whose reader job already holds a later visit's snapshot.  A writer then overwrites the
 same keys.  LMDB can reuse the pages freed by those writes only once no read transaction older
 than them is open, so a backfill snapshot held for the whole stall makes the data file grow at the
 write rate.  Cursor dropping must release every snapshot of a stalled connection after the drop
@@ -21,8 +21,10 @@ import pytest
 from websockets.asyncio.client import connect
 from websockets.exceptions import ConnectionClosed
 
+from engine.protocol import frames as F
 from tests.conftest import start_server
-from tests.stream.wsclient import Mirror, Position, RawStream, ws_url
+from tests.stream.conftest import key_in
+from tests.stream.wsclient import Mirror, Position, RawStream, write_docs, ws_url
 
 pytestmark = pytest.mark.slow
 
@@ -55,16 +57,26 @@ def _cursor_drops(url: str) -> float:
 
 
 async def _window_stalled(url: str) -> RawStream:
-    """A consumer that reads the whole backlog, then neither reads nor acknowledges any more: its
-    next pass fills the smallest window with the first frame of its first visit, while the same
-    reader job already took the snapshot of a later visit."""
+    """A consumer that reads the whole backlog, then stops acknowledging with its smallest window
+    full (one frame of a big document on partition 0 received, not acknowledged): no pass can
+    start until ``_release`` frees the window."""
     st = await RawStream.open(url, name="window-stalled", window=4096, max_queue=1)
     await st.stream(range(PARTITIONS))
     await st.send({"type": "barrier", "cookie": "caught-up"})
     await st.consume(Mirror(), until=lambda m: isinstance(m, dict) and m.get("cookie") == "caught-up")
     await st.ack()
     st.auto_ack = False
+    write_docs(url, {key_in(0, "window-filler", partitions=PARTITIONS): b"f" * 8192})
+    await st.consume(Mirror(), until=lambda m: isinstance(m, F.ItemBatch))  # 8 KiB unacknowledged
     return st
+
+
+async def _release(st: RawStream) -> None:
+    """Acknowledge what the window-stalled consumer received, once every partition has new data:
+    its next pass then visits all of them, its first reader job completes the first visits and
+    leaves a later one holding its snapshot, and the first frame sent fills the window again
+    inside the first visit, so the stall happens while *another* visit pins a read transaction."""
+    await st.ack()
 
 
 async def _growth(workdir: Path, stalled: int) -> tuple[int, float, dict[str, int]]:
@@ -86,9 +98,10 @@ async def _growth(workdir: Path, stalled: int) -> tuple[int, float, dict[str, in
             for p in range(PARTITIONS):
                 await st.send(Position().request(p))
             streams.append(st)
-        # Every key again, in one write batch: the window-stalled consumer's next pass finds
-        # more than a frame new on every partition, so its reader job leaves a later visit open.
+        # Every key again, in one write batch: more than a frame new on every partition.
         await asyncio.to_thread(_write, srv.url, 0, PRELOAD, PRELOAD)
+        if stalled:
+            await _release(streams[0])
         await asyncio.sleep(1.0)  # the sends block: socket buffers or the window full, nothing read
         await asyncio.to_thread(_write, srv.url, PRELOAD, WRITES)
         grown = mdb.stat().st_size - before
