@@ -7,7 +7,8 @@ tests and ``upr openapi`` build apps freely without touching a data directory.
 
 ``app.state`` holds: ``settings``, ``tokens``, ``metrics``, ``streams`` (the stream
 registry, read by ``GET /streams``), ``started_at``, and while the engine is open
-``runner`` (the engine behind its executors).
+``runner`` (the engine behind its executors) and ``stream_server`` (``app.stream.server``:
+hub, reader jobs and connection slots of the ``GET /stream`` connections); both None otherwise.
 """
 from __future__ import annotations
 
@@ -66,16 +67,23 @@ def create_app(
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        from app.stream.endpoint import stream_metrics
+        from app.stream.server import StreamServer
+
         engine = await asyncio.to_thread(open_engine, settings.engine_config())
         runner = EngineRunner(engine, settings.read_threads)
         app.state.metrics.attach(engine, app.state.streams)
         app.state.runner = runner
+        app.state.stream_server = StreamServer(engine=engine, runner=runner, limits=app.state.stream_limits,
+                                               streams=app.state.streams, metrics=app.state.metrics,
+                                               stream_metrics=stream_metrics(app))
         app.state.started_at = time.monotonic()
         log.info("engine open: %s (%d partitions, node %s)", settings.data_dir, engine.num_partitions, engine.node_id)
         try:
             yield
         finally:
-            await app.state.streams.shutdown()
+            stream_server, app.state.stream_server = app.state.stream_server, None  # new streams: 503
+            await stream_server.close()
             app.state.runner = None
             app.state.metrics.detach()
             runner.shutdown()
@@ -108,6 +116,7 @@ def create_app(
     app.state.streams = StreamRegistry()
     app.state.stream_limits = settings.stream_limits()
     app.state.runner = None
+    app.state.stream_server = None
     app.state.started_at = time.monotonic()
     app.state.closed_clean = True
 

@@ -61,6 +61,7 @@ METHOD_NOT_ALLOWED = ProblemType("method-not-allowed", 405, "Method not allowed"
 UNSUPPORTED_MEDIA_TYPE = ProblemType("unsupported-media-type", 415, "Unsupported media type")
 NOT_READY = ProblemType("not-ready", 503, "Not ready")
 TOO_MANY_STREAMS = ProblemType("too-many-streams", 503, "Too many stream connections")
+TOO_MANY_CLIENT_STREAMS = ProblemType("too-many-client-streams", 429, "Too many stream connections for this client")
 INTERNAL = ProblemType("internal-error", 500, "Internal server error")
 
 #: engine error class -> problem type; most specific class first is not required.

@@ -99,13 +99,22 @@ class Settings(BaseSettings):
     stream_max_connections: int = Field(
         1000, ge=1, description="open GET /stream connections; more are refused with 503 before the upgrade"
     )
+    stream_max_connections_per_client: int = Field(
+        100, ge=1, description="open GET /stream connections per bearer token (per address when auth is off); "
+        "more are refused with 429 before the upgrade"
+    )
+    stream_hello_timeout_s: float = Field(
+        10.0, gt=0, description="close a stream connection (error hello_timeout, code 1008) that sends no hello this long"
+    )
     stream_max_message_bytes: int = Field(
         1 << 20, ge=1024, description="largest WebSocket message a stream client may send (close 1009 past it)"
     )
     stream_default_window_bytes: int = Field(
         16 * MiB, ge=4096, description="flow-control window for clients whose hello asks for none"
     )
-    stream_max_window_bytes: int = Field(1024 * MiB, ge=4096, description="largest flow-control window granted")
+    stream_max_window_bytes: int = Field(
+        64 * MiB, ge=4096, description="largest flow-control window a hello may ask for; larger is refused (invalid_field)"
+    )
     stream_drop_after_s: float = Field(
         2.0, gt=0, description="release a stalled consumer's memory snapshot after this long (cursor dropping)"
     )
@@ -147,7 +156,9 @@ class Settings(BaseSettings):
             max_window_bytes=self.stream_max_window_bytes,
         )
         return StreamLimits(protocol=protocol, drop_after_s=self.stream_drop_after_s,
-                            max_connections=self.stream_max_connections)
+                            max_connections=self.stream_max_connections,
+                            max_connections_per_client=self.stream_max_connections_per_client,
+                            hello_timeout_s=self.stream_hello_timeout_s)
 
     def engine_config(self) -> EngineConfig:
         """The engine's half of these settings."""

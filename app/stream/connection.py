@@ -11,19 +11,23 @@ session returns and feeds it what happened, with two tasks on the event loop:
   session's engine lookups (``LookupPartitions``, ``LookupStream``) with reads in executor
   threads, queues the messages the session returns for the sender, and wakes it.  It never waits
   for the consumer, so acks, cookies and WebSocket pongs keep flowing while the sender is blocked.
-* the **sender** owns the socket's outgoing side: queued control messages first, then the
-  session's stream loop: ``next_visit`` -> ``begin_visit`` -> snapshot and encode in executor
-  threads (``PartitionCursor.produce``, at most ``chunk_bytes`` of encoded output at a time) ->
-  send marker and batch frames, each only while ``session.can_send`` -> ``end_visit``.  A pass
-  that needs only a few items still in the write queue's memory is produced on the loop instead
-  (``Engine.memory_snapshot``: no LMDB call, no thread hop; it was most of the tail latency).  With
-  nothing to do it sleeps on one ``asyncio.Event`` set by engine notifications (``ChangeHub``),
-  client messages and shutdown: no busy loop.
+* the **sender** owns the socket's outgoing side (through the ``Outbox``, outbox.py, which
+  counts every frame against the window and bundles for clients that accept bundles): queued
+  control messages first, then the session's stream loop (``PassSender``, passes.py):
+  ``begin_visits`` (the due streams of the pass) -> snapshot and encode in executor threads
+  (``PartitionCursor.produce``, at most ``chunk_bytes`` of encoded output at a time) -> send
+  marker and batch frames, each only while ``session.can_send`` -> ``end_visit``.  A pass that
+  needs only a few items still in the write queue's memory is produced on the loop instead
+  (``Engine.memory_snapshot``: no LMDB call, no thread hop, which dominate a live tail's latency).
+  With nothing to do it sleeps on one ``asyncio.Event`` set by engine notifications
+  (``ChangeHub``), client messages and shutdown: no busy loop.
 
 Bounded memory for slow consumers: encoded output is capped by the chunk budget, unacknowledged
 bytes by the window, the socket buffer by uvicorn's write flow control (a send waits until the
-transport drains).  A snapshot held while the consumer has made no progress for ``drop_after_s``
-is released (cursor dropping) and re-read, from disk, when the consumer moves again.
+transport drains).  Once the sender has waited ``drop_after_s`` for the consumer (the socket does not
+take a frame, or the window is full), every snapshot the connection holds is released (cursor
+dropping: no LMDB read transaction or write-queue root stays pinned by a stalled consumer) and
+re-read, from disk, when the consumer moves again.
 """
 from __future__ import annotations
 
@@ -37,20 +41,18 @@ from typing import Any
 
 from starlette.websockets import WebSocketDisconnect
 
-from app.stream.cursor import Batch, BatchEncoder, Marker, PartitionCursor
+from app.stream.cursor import PartitionCursor
 from app.stream.hub import ChangeHub
+from app.stream.outbox import Outbox
+from app.stream.passes import PassSender
 from app.streams_registry import ConnectionStatus, PartitionStreamStatus
 from engine.protocol import messages as M
-from engine.protocol.bundle import Bundler
 from engine.protocol.errors import CloseCode
-from engine.protocol.frames import encode_binary_columns, encode_json_columns
 from engine.protocol.session import Close, LookupPartitions, LookupStream, ServerSession
 
 log = logging.getLogger("upr.stream")
 
 __all__ = ["StreamConnection", "StreamLimits"]
-
-ENCODERS: dict[str, BatchEncoder] = {M.Codec.BINARY: encode_binary_columns, M.Codec.JSON: encode_json_columns}
 
 
 @dataclass(frozen=True, slots=True)
@@ -90,9 +92,14 @@ class StreamLimits:
     max_queued_replies: int = 1024
     #: open stream connections per server; more are refused (503) before the upgrade
     max_connections: int = 1000
+    #: open stream connections per bearer token (per address when auth is off); more get 429
+    max_connections_per_client: int = 100
+    #: a connection that sends no hello this long is closed (error hello_timeout, 1008): an idle
+    #: socket holds a slot, and client libraries answer pings, so ping timeouts never end it
+    hello_timeout_s: float = 10.0
 
 
-class StreamConnection:
+class StreamConnection(PassSender):
     """Drives one accepted WebSocket; ``run`` returns when the connection is over."""
 
     def __init__(
@@ -116,8 +123,6 @@ class StreamConnection:
         self.limits = limits
         self.remote = remote
         self._on_rollback = on_rollback
-        self._on_bytes = on_bytes
-        self._on_delivery = on_delivery
         self._on_cursor_drop = on_cursor_drop
         #: partition -> when the first not yet delivered change notification arrived (loop time)
         self._notified_at: dict[int, float] = {}
@@ -129,24 +134,26 @@ class StreamConnection:
                                      limits=limits.protocol)
         self.cursors: dict[int, PartitionCursor] = {}
         self.connected_at = time.time()
-        self.bytes_sent = 0
         self.cursor_drops = 0
         self.rollbacks = 0
-        self._control: deque[Any] = deque()
-        self._drained = asyncio.Event()
         self._wake = asyncio.Event()
         self._close: Close | None = None
         self._peer_closed = False
         self._done = asyncio.Event()
         self._stopped = False
         self._visiting: int | None = None
+        self._visiting_cursor: PartitionCursor | None = None
         self._job: asyncio.Future[Any] | None = None
         self._cursor_lock = asyncio.Lock()  # one reader-thread job per connection at a time
-        self._progress_at = time.monotonic()  # last frame handed to the socket
+        #: when the sender began waiting for window credit (None: not waiting); with the
+        #: outbox's send in progress, how long the sender has waited for the consumer, on which
+        #: cursor dropping keys
+        self._credit_wait_since: float | None = None
         self.inline_passes = 0  # passes produced on the loop from memory (Engine.memory_snapshot)
-        #: messages of the pass not yet handed to the socket (hello bundle: true), see _emit
-        self._bundler: Bundler | None = None
-        self._bundled_notified: list[float] = []
+        #: everything sent goes through the outbox (control replies queued by the reader, the
+        #: sender's markers and batches, bundling when the client accepts bundles)
+        self.outbox = Outbox(ws, self.session, bundle_bytes=limits.bundle_bytes, on_bytes=on_bytes,
+                             on_delivery=on_delivery)
 
     @property
     def name(self) -> str:
@@ -158,14 +165,25 @@ class StreamConnection:
 
     # ------------------------------------------------------------------ hub subscriber
     def notify(self, partitions: frozenset[int]) -> None:
-        streams = self.session.streams
+        """Engine changes (writes, state changes) on ``partitions``.  The state is read here, on
+        the loop (one attribute read), so a stream of a partition that left its state ends at
+        once instead of after the snapshot it is in and the rest of the pass."""
+        session = self.session
+        streams = session.streams
         now = time.monotonic()
         hit = False
         for p in partitions:
-            if p in streams:
-                self.session.notify(p)
-                self._notified_at.setdefault(p, now)
-                hit = True
+            stream = streams.get(p)
+            if stream is None:
+                continue
+            state = self.engine.state(p).value
+            if state != stream.expected_state:
+                log.info("stream %s: partition %d is now %s; stream ended", self.name, p, state)
+                self._carry_out(session.state_changed(p, state))
+                continue
+            session.notify(p)
+            self._notified_at.setdefault(p, now)
+            hit = True
         if hit:
             self._wake.set()
 
@@ -175,6 +193,7 @@ class StreamConnection:
         sender = asyncio.create_task(self._send_loop(), name=f"stream-send-{self.remote}")
         reader = asyncio.create_task(self._read_loop(), name=f"stream-read-{self.remote}")
         watchdog = asyncio.create_task(self._watchdog(), name=f"stream-watchdog-{self.remote}")
+        hello_deadline = asyncio.get_running_loop().call_later(self.limits.hello_timeout_s, self._hello_overdue)
         try:
             await asyncio.wait({sender, reader}, return_when=asyncio.FIRST_COMPLETED)
             if reader.done() and not sender.done() and not self._peer_closed:
@@ -192,6 +211,7 @@ class StreamConnection:
         finally:
             self._stopped = True
             self.hub.unsubscribe(self)
+            hello_deadline.cancel()
             watchdog.cancel()
             for task in (sender, reader):
                 task.cancel()
@@ -202,6 +222,12 @@ class StreamConnection:
                     pass
             await self._release_all()
             self._done.set()
+
+    def _hello_overdue(self) -> None:
+        outs = self.session.hello_timeout(self.limits.hello_timeout_s)
+        if outs:
+            log.info("stream (%s): no hello within %g s; closing", self.remote, self.limits.hello_timeout_s)
+            self._carry_out(outs)
 
     async def shutdown(self) -> None:
         """Server stopping: ``stream_end(shutting_down)`` for every stream, then close 1001."""
@@ -246,9 +272,8 @@ class StreamConnection:
     async def _read_loop(self) -> None:
         session = self.session
         while True:
-            while len(self._control) > self.limits.max_queued_replies:
-                self._drained.clear()
-                await self._drained.wait()
+            while self.outbox.queued > self.limits.max_queued_replies:
+                await self.outbox.wait_drained()
             message = await self.ws.receive()
             if message["type"] == "websocket.disconnect":
                 self._peer_closed = True
@@ -281,16 +306,16 @@ class StreamConnection:
                 self._close = out
             elif isinstance(out, M.StreamResponse):
                 self._on_response(out)
-                self._control.append(out)
+                self.outbox.queue(out)
             elif isinstance(out, M.StreamEndMessage):
                 self._forget(out.partition)
-                self._control.append(out)
+                self.outbox.queue(out)
             elif isinstance(out, M.Error):
                 log.info("stream %s (%s): refused: %s (field %s): %s", self.name or "?", self.remote, out.code,
                          out.field, out.message)
-                self._control.append(out)
+                self.outbox.queue(out)
             else:
-                self._control.append(out)
+                self.outbox.queue(out)
         self._wake.set()
 
     def _on_response(self, r: M.StreamResponse) -> None:
@@ -319,299 +344,48 @@ class StreamConnection:
     async def _send_loop(self) -> None:
         session = self.session
         while True:
-            await self._flush_control()
+            await self.outbox.flush_control()
             if self._peer_closed:
                 return
             if self._close is not None:
                 await self._close_socket(int(self._close.code), self._close.reason)
                 return
-            first = session.next_visit()
-            if first is not None:
-                await self._visit_batch(first)
+            visits = session.begin_visits(self.limits.max_visits_per_job)
+            if visits:
+                await self._visit_batch(visits)
                 continue
             self._wake.clear()
-            if self._control or self._close is not None or self._peer_closed or session.next_visit() is not None:
+            if self.outbox.queued or self._close is not None or self._peer_closed or session.next_visit() is not None:
                 continue
             await self._wake.wait()
 
-    async def _flush_control(self) -> None:
-        """Send the queued control messages.  Bundling, they join the pending bundle, after the
-        items before them (a cookie or stream end never overtakes those), and it goes out now:
-        a pass's last batches and its ``cycle_complete`` travel as one message."""
-        if self._control:
-            if self._bundling() is not None:
-                while self._control:
-                    await self._emit(control_text(self._control.popleft()))
-                await self._flush_bundle()
-            else:
-                while self._control:
-                    await self._transmit(control_text(self._control.popleft()))
-        self._drained.set()
-
-    async def _transmit(self, data: str | bytes, counted: int = 0) -> None:
-        """Send one WebSocket message; ``counted`` of its bytes were already counted against the
-        window (bundled parts are counted as they are added)."""
-        if isinstance(data, str):
-            await self.ws.send_text(data)  # pure ASCII: len(text) is the byte count acknowledged
-        else:
-            await self.ws.send_bytes(data)
-        size = len(data)
-        self._progress_at = time.monotonic()
-        self.session.sent(size - counted)
-        self.bytes_sent += size
-        self._on_bytes(size)
-
-    async def _emit(self, data: str | bytes) -> None:
-        """Send a marker or batch: at once, or (hello ``bundle: true``) into the pass's bundle.
-
-        WHY: each WebSocket message costs ~13 µs on the loop whatever its size, and a tail pass
-        sends a marker and a batch per partition per consumer; with 50 consumers that, not the
-        items, was the server's limit.  Bundled parts are counted against the window when added,
-        so ``can_send`` sees them; the bundle goes out when the next part does not fit, before
-        any control message, before waiting for a reader thread or for credit, and at the end of
-        the pass (``_flush_bundle``)."""
-        bundler = self._bundling()
-        if bundler is None:
-            await self._transmit(data)
-            return
-        size = len(data)
-        if not bundler.fits(size):
-            await self._flush_bundle()
-        bundler.add(data)
-        self.session.sent(size)
-
-    def _bundling(self) -> Bundler | None:
-        """The pass's bundler when the client said ``bundle: true`` in hello (made on first use),
-        else None: the one place that decides whether messages are bundled."""
-        if self._bundler is None:
-            hello = self.session.hello
-            if hello is not None and hello.bundle:
-                self._bundler = Bundler(self.limits.bundle_bytes)
-        return self._bundler
-
-    async def _flush_bundle(self, min_bytes: int = 0) -> None:
-        bundler = self._bundler
-        if bundler is None or not len(bundler) or bundler.pending_bytes < min_bytes:
-            return
-        counted = bundler.pending_bytes
-        data = bundler.flush()
-        assert data is not None
-        notified, self._bundled_notified = self._bundled_notified, []
-        await self._transmit(data, counted)
-        now = time.monotonic()
-        for t in notified:
-            self._on_delivery(now - t)
-
-    async def _visit_batch(self, first: int) -> None:
-        """Visit the due streams of this pass, in id order: their visits begin together (each draws
-        its barrier token before its snapshot is taken), one reader-thread job takes the snapshots
-        and encodes them up to the chunk budget, then each visit is sent and ended in order.  A busy
-        tail with many partitions thus costs one executor hop per wake-up, not one per partition."""
-        session = self.session
-        # ``first`` is what session.next_visit() just returned.  The session's next_visit() would return, one call each, the due streams after ``first``
-        # in id order; one scan of the public stream fields gives the same list (a superset while
-        # cookies are pending: an extra visit is merely idle) without an O(streams) call per visit.
-        cookies = bool(session.pending_cookies)
-        due = sorted(p for p, st in session.streams.items()
-                     if p > first and st.visiting is None and (st.dirty or cookies))
-        visits = [session.begin_visit(p) for p in [first, *due][: self.limits.max_visits_per_job]]
-        cursors = [self.cursors[v.partition] for v in visits]
-        for v in visits:
-            notified = self._notified_at.pop(v.partition, None)
-            if notified is not None:
-                self._visit_notified[v.partition] = notified
-        for v, cursor in zip(visits, cursors):
-            cursor.last_seqno = v.after_seqno
-        # Sends rarely suspend (the socket buffer takes them), so without these yields one
-        # connection's pass ran start to end in one loop step: with 50 consumers a loop iteration
-        # took ~100 ms and HTTP writes waited that long per step (the fan-out writer fell to 9k/s).
-        yield_every = self.limits.visits_per_yield
-        if self._produce_inline(cursors, check_only=True) is not None:
-            # inline: each visit is produced right before it is sent, so the first partition's
-            # frames leave without waiting for the encoding of the others
-            for i, (visit, cursor) in enumerate(zip(visits, cursors)):
-                produced = self._produce_inline([cursor]) or [([], False, None)]
-                await self._send_visit(visit, cursor, *produced[0])
-                if i % yield_every == yield_every - 1:
-                    await self._flush_bundle()  # a tail pass: what is ready goes out at once
-                    await asyncio.sleep(0)
-            await self._flush_control()  # with cycle_complete, if the pass is over
-            await self._flush_bundle()
-            return
-        await self._flush_bundle()
-        # One job produces visits in order until the chunk budget is used; the visits it did not
-        # reach go to the next job, again many at once.  WHY: when each of those made its own
-        # reader-thread hop, a consumer a few seconds behind (a few hundred KiB per partition,
-        # so the budget covered a handful of the 64 visits) waited for ~60 sequential hops per
-        # pass, each queued behind every other connection's jobs: under fan-out such consumers
-        # stayed 2-3 s behind the writer with the server's CPU half idle.
-        pending = list(zip(visits, cursors))
-        sent = 0
-        while pending:
-            if sent:
-                await self._flush_bundle(self.limits.mid_pass_flush_bytes)
-            produced = await self._on_reader(_produce_many, [c for _, c in pending], self._produce_args(),
-                                             self.limits.chunk_bytes)
-            if not produced:  # never without progress: the first visit goes on by itself
-                produced = [([], False, None)]
-            for (visit, cursor), (outs, complete, changed) in zip(pending, produced):
-                await self._send_visit(visit, cursor, outs, complete, changed)
-                sent += 1
-                if sent % yield_every == 0:
-                    await self._flush_bundle(self.limits.mid_pass_flush_bytes)  # what is ready goes out before others run
-                    await asyncio.sleep(0)  # let the loop's other work (HTTP writes, other connections) in
-            pending = pending[len(produced):]
-        await self._flush_control()
-        await self._flush_bundle()
-
-    async def _send_visit(self, visit: Any, cursor: PartitionCursor, out: list[Marker | Batch], complete: bool,
-                          changed: "StateChanged | None") -> None:
-        session = self.session
-        p = visit.partition
-        self._visiting = p
-        try:
-            while True:
-                if changed is not None:
-                    log.info("stream %s: partition %d %s; stream ended", self.name, p, changed)
-                    self._carry_out(session.end_stream(p, M.StreamEndReason.STATE_CHANGED))
-                    break
-                stopped = False
-                for item in out:
-                    if not await self._send_item(p, item, cursor):
-                        stopped = True  # the stream ended (bounded, closed) or the connection is closing
-                        break
-                if stopped or complete:
-                    break
-                out = []
-                await self._flush_bundle(self.limits.mid_pass_flush_bytes)  # a full bundle does not wait for the reader
-                try:
-                    snapshot_of, encode, cache, codec, high_of = self._produce_args()
-                    complete = await self._on_reader(cursor.produce, snapshot_of, encode, self.limits.chunk_bytes,
-                                                     out, cache, codec, high_of)
-                except StateChanged as exc:
-                    changed = exc
-        finally:
-            self._visiting = None
-            self._visit_notified.pop(p, None)
-        if self.cursors.get(p) is not cursor and cursor.holding:
-            await self._flush_bundle()
-            await self._on_reader(cursor.close)  # the stream ended during the visit
-        self._carry_out(session.end_visit(visit))
-
-    async def _send_item(self, p: int, item: Marker | Batch, cursor: PartitionCursor) -> bool:
-        """Send a marker or batch once the window allows; False if the stream or connection ended."""
-        session = self.session
-        if not await self._wait_for_credit(cursor):
-            return False
-        if not session.is_open(p):
-            return False
-        if isinstance(item, Marker):
-            session.marker_sent(p, item.start, item.end, item.purge_seqno)
-            data: str | bytes = item.text  # encoded on the reader thread
-        else:
-            data = item.data
-        await self._emit(data)
-        if isinstance(item, Batch):
-            if item.last_seqno is not None:
-                notified = self._visit_notified.pop(p, None)
-                if notified is not None:
-                    if self._bundler is not None and len(self._bundler):
-                        self._bundled_notified.append(notified)  # delivered when the bundle is sent
-                    else:
-                        self._on_delivery(time.monotonic() - notified)
-            self._carry_out(session.items_sent(p, item.last_seqno, item.last))
-            await self._flush_control()
-            return session.is_open(p)
-        return True
-
-    async def _wait_for_credit(self, cursor: PartitionCursor) -> bool:
-        """Wait until the window has room (control replies still go out meanwhile)."""
-        while not self.session.can_send:
-            if self._close is not None or self._peer_closed:
-                return False
-            if self._bundler is not None and len(self._bundler):
-                await self._flush_bundle()  # the consumer can only acknowledge what it received
-                continue
-            if self._control:
-                await self._flush_control()
-                continue
-            self._wake.clear()
-            if not self.session.can_send:
-                await self._wake.wait()
-        return self._close is None and not self._peer_closed
-
     async def _watchdog(self) -> None:
-        """Cursor dropping: while a visit pins a snapshot and no frame has reached the socket for
-        ``drop_after_s`` (window full or socket not draining), release the snapshot.  The visit
-        re-reads after its last encoded seqno when the consumer moves again."""
-        period = self.limits.drop_after_s / 2
+        """Cursor dropping: once the sender has waited ``drop_after_s`` for the consumer (a send
+        the socket does not take, or a full window: whatever window it asked for), release every
+        snapshot this connection pins, not only the one being sent: a pass produces several
+        visits in one job, so the stalled send may belong to a visit whose snapshot is already
+        released while a later visit of the same job still holds an LMDB read transaction (which
+        keeps every page written since from being reused: the data file grows at the write rate)
+        or a write-queue root.  Each stream re-reads after its last encoded seqno when the
+        consumer moves again (a continuation snapshot, as DCP's backfill after a dropped cursor)."""
+        period = self.limits.drop_after_s / 4
         while True:
             await asyncio.sleep(period)
-            p = self._visiting
-            cursor = self.cursors.get(p) if p is not None else None
-            if (cursor is None or not cursor.holding or self._cursor_lock.locked()
-                    or time.monotonic() - self._progress_at < self.limits.drop_after_s):
+            since = self._waiting_since()
+            if since is None or time.monotonic() - since < self.limits.drop_after_s:
                 continue
-            if await self._on_reader(cursor.drop):
-                self.cursor_drops += 1
+            held = [c for c in {*self.cursors.values(), self._visiting_cursor} if c is not None and c.holding]
+            if not held:
+                continue
+            dropped = await self._on_reader(_drop_cursors, held)
+            if not dropped:
+                continue
+            self.cursor_drops += len(dropped)
+            for _ in dropped:
                 self._on_cursor_drop()
-                log.info("stream %s: consumer slow, released the snapshot of partition %d at seqno %d "
-                         "(re-read from disk when it moves again)", self.name, cursor.partition, cursor.last_seqno)
-
-    def _produce_inline(self, cursors: list[PartitionCursor], check_only: bool = False
-                        ) -> list[tuple[list[Marker | Batch], bool, StateChanged | None]] | None:
-        """Produce the pass on the loop when every visit needs only a few items of the write
-        queue's memory (``Engine.memory_snapshot``: no LMDB, no thread hop); None means "use a reader thread".
-        Synchronous, so no reader-thread job can touch these cursors meanwhile (checked: none is
-        running).  If the queue was flushed past a position in between, that cursor stops
-        incomplete (``_NotInMemory``) and its visit continues on a reader thread.  ``check_only``:
-        only whether the pass qualifies (an empty list if it does)."""
-        limit = self.limits.inline_items
-        if limit <= 0 or self._cursor_lock.locked() or self.engine.closed:
-            return None
-        total = 0
-        for cursor in cursors:
-            if cursor.holding or cursor.open_snapshot:
-                return None
-            n = self.engine.memory_backlog(cursor.partition, cursor.last_seqno)
-            if n is None:
-                return None
-            total += n
-            if total > limit:
-                return None
-        if check_only:
-            return []
-        args = (self._memory_snapshot_of, ENCODERS[self.codec], self.hub.cache, self.codec, self._high_of)
-        self.inline_passes += 1
-        return _produce_many(cursors, args, self.limits.chunk_bytes)
-
-    def _memory_snapshot_of(self, partition: int, after_seqno: int) -> Any:
-        """Loop side: ``_snapshot_of`` for a snapshot with no disk part, else ``_NotInMemory``."""
-        self._check_state(partition)
-        snap = self.engine.memory_snapshot(partition, after_seqno)
-        if snap is None:
-            raise _NotInMemory(partition)
-        return snap
-
-    def _produce_args(self) -> tuple[Any, BatchEncoder, Any, str, Callable[[int], int]]:
-        return self._snapshot_of, ENCODERS[self.codec], self.hub.cache, self.codec, self._high_of
-
-    def _high_of(self, partition: int) -> int:
-        """Executor side: the partition's high seqno, after the same state check as a snapshot."""
-        self._check_state(partition)
-        return self.engine.high_seqno(partition)
-
-    def _check_state(self, partition: int) -> None:
-        stream = self.session.streams.get(partition)
-        if stream is not None:
-            state = self.engine.state(partition)
-            if state != stream.expected_state:
-                raise StateChanged(f"is now {state}, the stream expected {stream.expected_state}")
-
-    def _snapshot_of(self, partition: int, after_seqno: int) -> Any:
-        """Executor side: the partition must still be in the state the stream expected."""
-        self._check_state(partition)
-        return self.engine.snapshot(partition, after_seqno)
+            log.info("stream %s (%s): consumer stalled for %.1f s, released the snapshots of partition(s) %s "
+                     "(re-read from disk when it moves again)", self.name or "?", self.remote,
+                     time.monotonic() - since, ", ".join(f"{c.partition}@{c.last_seqno}" for c in dropped))
 
     # ------------------------------------------------------------------ registry handle
     def to_status(self) -> ConnectionStatus:
@@ -632,22 +406,6 @@ class StreamConnection:
         )
 
 
-def control_text(msg: Any) -> str:
-    """``M.encode(msg)``, with ``cycle_complete`` (one per pass per connection, the most frequent
-    control message) formatted directly: the generic encoder was ~5 % of a fan-out pass."""
-    if type(msg) is M.CycleComplete and type(msg.cycle) is int:
-        return f'{{"type":"cycle_complete","cycle":{msg.cycle}}}'
-    return M.encode(msg)
-
-
-class StateChanged(Exception):
-    """The partition left the state the stream was opened for (DCP's StateChanged end)."""
-
-
-class _NotInMemory(Exception):
-    """Inline production only: the position is no longer covered by the write queue's memory."""
-
-
 def _partition_infos(engine: Any, partitions: tuple[int, ...]) -> dict[int, M.PartitionInfo]:
     out = {}
     for p in partitions:
@@ -657,27 +415,9 @@ def _partition_infos(engine: Any, partitions: tuple[int, ...]) -> dict[int, M.Pa
     return out
 
 
-def _produce_many(cursors: list[PartitionCursor], args: tuple[Any, ...],
-                  budget: int) -> list[tuple[list[Marker | Batch], bool, StateChanged | None]]:
-    """Reader thread: produce for each cursor in order until the budget is used; a cursor left
-    incomplete ends the job (the ones after it get nothing yet: the pass hands them to the next job)."""
-    results: list[tuple[list[Marker | Batch], bool, StateChanged | None]] = []
-    used = 0
-    for cursor in cursors:
-        out: list[Marker | Batch] = []
-        try:
-            complete = cursor.produce(args[0], args[1], budget - used, out, *args[2:])
-        except StateChanged as changed:
-            results.append((out, True, changed))
-            continue
-        except _NotInMemory:
-            results.append((out, False, None))  # the visit goes on with a reader-thread job
-            break
-        results.append((out, complete, None))
-        used += sum(len(x.data) for x in out if isinstance(x, Batch))
-        if not complete or used >= budget:
-            break
-    return results
+def _drop_cursors(cursors: list[PartitionCursor]) -> list[PartitionCursor]:
+    """Reader thread: release each cursor's snapshot; the ones that held one."""
+    return [cursor for cursor in cursors if cursor.drop()]
 
 
 def _close_cursors(cursors: list[PartitionCursor]) -> None:

@@ -24,8 +24,9 @@ consistent once the ``last`` batch arrives.  A consumer tracking positions keeps
 snapshot's start and extends its end (``clients.position``).
 
 What the cursor does *not* decide: positions, bounded-stream ends, barriers and flow control
-belong to the protocol session (``engine.protocol.session.ServerSession``); the cursor only turns
-snapshots into markers and encoded batches.  A part with no items left (superseded or purged) still
+belong to the protocol session (``engine.protocol.session.ServerSession``), and which parts of a
+reading open a snapshot and which batch is ``last`` (fresh or continuation) to the protocol's
+``plan_reading``; the cursor only turns snapshots into markers and encoded batches.  A part with no items left (superseded or purged) still
 gets its marker and one empty ``last`` batch, so the consumer's position reaches the part's end.
 
 Thread discipline: at most one executor job touches a cursor at a time (the connection awaits
@@ -42,6 +43,7 @@ from typing import Any
 from app.stream.tailcache import CachedSnapshot
 from engine.protocol import messages as M
 from engine.protocol.frames import Columns
+from engine.protocol.session import PartPlan, plan_reading
 
 __all__ = ["Batch", "BatchEncoder", "Marker", "PartitionCursor", "marker_text"]
 
@@ -118,7 +120,8 @@ class PartitionCursor:
         self._batches: Iterator[Columns] | None = None
         self._lookahead: Columns | None = None
         self._continuing = False  # the current reading continues a snapshot left open by a drop
-        self._continuation_sent = False
+        self._plans: deque[PartPlan] = deque()  # how each part still to read is sent
+        self._plan = PartPlan(None, True)  # ... and the part being read
         #: may replay the tail cache: not before the stream's first reading (see ``produce``)
         self.tailing = tailing
 
@@ -171,11 +174,11 @@ class PartitionCursor:
             self._snapshot = snap
             self._parts = deque(snap.parts)
             self.captured_at = time.monotonic()
-            # Re-read after a drop mid-snapshot: every part of the new reading is sent as ONE
-            # continuation snapshot (after last_seqno, to the new high), so it ends no earlier than
-            # the open one did, as a consumer's open snapshot may only grow.
+            # which parts open a snapshot and which batches are `last`: the protocol's rule
+            # (a re-read after a drop mid-snapshot is one continuation snapshot)
             self._continuing = self.open_snapshot
-            self._continuation_sent = False
+            self._plans = deque(plan_reading([(part.start, part.end) for part in snap.parts],
+                                             self.last_seqno if self._continuing else None))
         marker_at = -1
         while used < budget:
             if self._batches is None:
@@ -183,16 +186,13 @@ class PartitionCursor:
                     self._release()
                     return True
                 part = self._parts.popleft()
-                if self._continuing:
-                    if not self._continuation_sent:
-                        out.append(Marker(p, self.last_seqno + 1, self._snapshot.parts[-1].end, part.source,
-                                          self.purge_seqno))
-                        self._continuation_sent = True
-                    marker_at = -1
-                else:
-                    marker_at = len(out)
-                    out.append(Marker(p, part.start, part.end, part.source, self.purge_seqno))
-                    self.snap_start = part.start
+                self._plan = self._plans.popleft()
+                marker_at = -1  # a continuation is not a snapshot another position could replay
+                if self._plan.marker is not None:
+                    if not self._continuing:
+                        marker_at = len(out)
+                        self.snap_start = part.start
+                    out.append(Marker(p, *self._plan.marker, part.source, self.purge_seqno))
                 self.open_snapshot = True
                 self._part = part
                 self._batches = part.columns(self._frame_items, self._frame_bytes)
@@ -203,7 +203,7 @@ class PartitionCursor:
             assert batch is not None and self._batches is not None
             self._lookahead = next(self._batches, None)
             part_done = self._lookahead is None
-            last = part_done and not (self._continuing and self._parts)
+            last = part_done and self._plan.last
             n = len(batch)
             if n or last:
                 data = encode(p, batch, last)
@@ -217,7 +217,7 @@ class PartitionCursor:
                 self._batches = None
                 if last:
                     self.open_snapshot = False
-                    self._continuing = self._continuation_sent = False
+                    self._continuing = False
                     if cache is not None and marker_at >= 0:
                         outputs = tuple(out[marker_at:])
                         size = sum(len(x.data) for x in outputs if isinstance(x, Batch))

@@ -1,4 +1,5 @@
-"""``GET /stream``: authenticate, upgrade, and hand the socket to a ``StreamConnection``.
+"""``GET /stream``: authenticate, take a connection slot, and hand the socket to the app's
+``StreamServer`` (made by the lifespan while the engine is open).
 
 Auth (``read`` role, the same bearer tokens as HTTP; ``?access_token=`` for clients that
 cannot set headers) is checked *before* the upgrade: a refused client gets a plain HTTP
@@ -6,7 +7,6 @@ cannot set headers) is checked *before* the upgrade: a refused client gets a pla
 """
 from __future__ import annotations
 
-import asyncio
 from typing import Any
 
 import orjson
@@ -15,32 +15,32 @@ from fastapi import APIRouter, WebSocket
 from starlette.responses import Response
 
 from app.auth import AuthError, Role, authorize_connection
-from app.problems import ENGINE_CLOSED, FORBIDDEN, PROBLEM_MEDIA_TYPE, TOO_MANY_STREAMS, UNAUTHORIZED, Problem
-from app.stream.connection import StreamConnection, StreamLimits
-from app.stream.hub import ChangeHub
-from app.stream.jobs import JobBatcher
+from app.problems import (
+    ENGINE_CLOSED,
+    FORBIDDEN,
+    PROBLEM_MEDIA_TYPE,
+    TOO_MANY_CLIENT_STREAMS,
+    TOO_MANY_STREAMS,
+    UNAUTHORIZED,
+    Problem,
+)
+from app.stream.server import StreamServer
+from app.stream.slots import SlotRefusal
 
-__all__ = ["router", "hub_of", "limits_of"]
+__all__ = ["router", "stream_metrics"]
 
 router = APIRouter(tags=["streams"])
 
 
-def limits_of(app: Any) -> StreamLimits:
-    limits = getattr(app.state, "stream_limits", None)
-    return limits if isinstance(limits, StreamLimits) else StreamLimits()
-
-
-def hub_of(app: Any, engine: Any) -> ChangeHub:
-    """The app's one change hub for this engine, created on first use on the running loop."""
-    hub: ChangeHub | None = getattr(app.state, "stream_hub", None)
-    if hub is None or getattr(hub, "engine", None) is not engine:
-        if hub is not None:
-            hub.close()
-        hub = ChangeHub(engine.add_listener, asyncio.get_running_loop())
-        hub.engine = engine  # type: ignore[attr-defined]
-        hub.jobs = JobBatcher(app.state.runner.read)
-        app.state.stream_hub = hub
-    return hub
+def _refusal_problem(refusal: SlotRefusal, client: str) -> Problem:
+    if refusal.scope == "server":
+        return Problem(TOO_MANY_STREAMS,
+                       f"this server serves at most {refusal.limit} stream connections (--stream-max-connections)",
+                       headers={"Retry-After": "1"}, extra={"limit": refusal.limit})
+    return Problem(TOO_MANY_CLIENT_STREAMS,
+                   f"{client} already holds {refusal.limit} stream connections, the most one client may hold "
+                   "(--stream-max-connections-per-client)",
+                   headers={"Retry-After": "1"}, extra={"limit": refusal.limit})
 
 
 class StreamMetrics:
@@ -79,46 +79,24 @@ async def stream(ws: WebSocket) -> None:
     """Change stream (see ``docs/architecture.md`` "Stream protocol" and ``openapi/asyncapi.yaml``)."""
     app = ws.app
     try:
-        authorize_connection(app.state.tokens, ws, Role.READ, allow_query=True)
+        principal = authorize_connection(app.state.tokens, ws, Role.READ, allow_query=True)
     except AuthError as exc:
         ptype = UNAUTHORIZED if exc.status == 401 else FORBIDDEN
         headers = {"WWW-Authenticate": 'Bearer realm="upr"'} if exc.status == 401 else None
         await _deny(ws, Problem(ptype, exc.detail, headers=headers, extra={"required_role": "read"}))
         return
-    runner = getattr(app.state, "runner", None)
-    if runner is None:
+    server: StreamServer | None = getattr(app.state, "stream_server", None)
+    if server is None:
         await _deny(ws, Problem(ENGINE_CLOSED, "the engine is not open (starting or shutting down)",
                                 headers={"Retry-After": "1"}))
         return
-    engine = runner.engine
-    limits = limits_of(app)
-    if len(app.state.streams) >= limits.max_connections:
-        await _deny(ws, Problem(TOO_MANY_STREAMS,
-                                f"this server serves at most {limits.max_connections} stream connections "
-                                "(--stream-max-connections)", headers={"Retry-After": "1"},
-                                extra={"limit": limits.max_connections}))
+    # the token's name when auth is on; in protected mode every caller is the same local admin
+    client = f"address {ws.client.host}" if app.state.tokens.protected_mode and ws.client else f"token {principal.name}"
+    refusal = server.slots.acquire(client)
+    if refusal is not None:
+        await _deny(ws, _refusal_problem(refusal, client))
         return
-    metrics = app.state.metrics
-    extra = stream_metrics(app)
-    hub = hub_of(app, engine)
-    await ws.accept()
-    client = ws.client
-    remote = f"{client.host}:{client.port}" if client else "?"
-    conn = StreamConnection(
-        ws,
-        engine=engine,
-        read=runner.read,
-        hub=hub,
-        limits=limits,
-        remote=remote,
-        on_rollback=lambda reason: metrics.rollbacks.labels(reason).inc(),
-        on_bytes=metrics.stream_bytes.inc,
-        on_delivery=extra.delivery.observe,
-        on_cursor_drop=extra.cursor_drops.inc,
-    )
-    registry = app.state.streams
-    registry.register(conn)
     try:
-        await conn.run()
+        await server.serve(ws)
     finally:
-        registry.unregister(conn)
+        server.slots.release(client)

@@ -39,7 +39,7 @@ class ChangeHub:
     """Fans engine change notifications out to subscribers on one event loop."""
 
     def __init__(self, add_listener: Callable[[Callable[[int], None]], Callable[[], None]],
-                 loop: asyncio.AbstractEventLoop) -> None:
+                 loop: asyncio.AbstractEventLoop, jobs: JobBatcher | None = None) -> None:
         self._loop = loop
         self._lock = threading.Lock()
         self._dirty: set[int] = set()
@@ -49,7 +49,7 @@ class ChangeHub:
         #: encoded tail snapshots shared by the connections (see tailcache.py)
         self.cache = TailCache()
         #: stream jobs of all connections batched into one reader-thread hop (see jobs.py)
-        self.jobs: JobBatcher | None = None
+        self.jobs = jobs
         self._remove = add_listener(self._on_change)
 
     # ---------------------------------------------------------------- writer thread

@@ -41,6 +41,7 @@ class ErrorCode(enum.StrEnum):
     UNSUPPORTED_PROTOCOL = "unsupported_protocol"
     WRONG_ORDER = "wrong_order"
     DUPLICATE_HELLO = "duplicate_hello"
+    HELLO_TIMEOUT = "hello_timeout"
     INVALID_PARTITION = "invalid_partition"
     PARTITION_NOT_REQUESTED = "partition_not_requested"
     DUPLICATE_STREAM = "duplicate_stream"

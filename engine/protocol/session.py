@@ -23,11 +23,14 @@ Adapter API (everything else is internal)::
     session.partitions_info({p: PartitionInfo, ...}) ; session.stream_info(p, PartitionInfo)
     # engine facts
     session.notify(p)                      # new mutations queued on p (engine listener)
+    session.state_changed(p, state)        # the engine's state of p now: may end its stream
     session.end_stream(p, StreamEndReason) # state changed, cursor dropped (too_slow), ...
+    session.hello_timeout(seconds)         # the adapter's hello timer fired: error + Close(1008)
     session.shutdown()                     # server going away: stream_end for all + Close(1001)
     # the stream loop
     p = session.next_visit()               # None: nothing to do (or window full); wait for input
     visit = session.begin_visit(p)         # then snapshot = engine.snapshot(p, visit.after_seqno)
+    visits = session.begin_visits(n)       # or: up to n due visits of the pass at once, in id order
     marker = session.snapshot_marker(p, part.start, part.end, part.source, snapshot.purge_seqno)
     outs = session.items_sent(p, last_seqno, last)   # after each batch frame (may end the stream)
     outs = session.end_visit(visit)        # barrier releases, cycle_complete
@@ -54,7 +57,7 @@ Connection states (transitions as a table, ``_ALLOWED``)::
 
     state         accepts                                          on anything else
     ------------  -----------------------------------------------  --------------------------------
-    EXPECT_HELLO  hello                                            error wrong_order + Close(1008)
+    EXPECT_HELLO  hello (hello_timeout(): error hello_timeout)     error wrong_order + Close(1008)
     STREAMING     stream_request, close_stream, barrier, ack       hello: duplicate_hello + Close
     CLOSED        nothing (input ignored)                          -
 
@@ -69,7 +72,7 @@ proceed even when others must roll back.
 from __future__ import annotations
 
 import enum
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -106,10 +109,12 @@ __all__ = [
     "LookupPartitions",
     "LookupStream",
     "Output",
+    "PartPlan",
     "ServerSession",
     "SessionState",
     "Stream",
     "Visit",
+    "plan_reading",
 ]
 
 
@@ -246,6 +251,7 @@ class ServerSession:
             return self._fail(exc)
 
     def _on_hello(self, msg: Hello) -> list[Output]:
+        _check_unicode(msg.name, "name")
         if msg.protocol != PROTOCOL_VERSION:
             raise ProtocolError(
                 ErrorCode.UNSUPPORTED_PROTOCOL,
@@ -388,6 +394,7 @@ class ServerSession:
         return self.end_stream(msg.partition, StreamEndReason.CLOSED)
 
     def _on_barrier(self, msg: Barrier) -> list[Output]:
+        _check_unicode(msg.cookie, "cookie")
         self._barrier.add(msg.cookie)
         return self._release_barriers()
 
@@ -411,6 +418,25 @@ class ServerSession:
             return []
         self._count(f"stream_end.{reason.value}")
         return [StreamEndMessage(partition, reason, stream.position), *self._stopped(partition)]
+
+    def state_changed(self, partition: int, state: str) -> list[Output]:
+        """The engine reports ``partition`` in ``state``: a stream opened for another state ends
+        now with ``state_changed`` (DCP's StateChanged), even mid-snapshot.  WHY at once: after
+        a takeover or demotion this node's copy is no longer the one consumers should follow,
+        and the rest of the snapshot or pass would be seconds of it."""
+        stream = self.streams.get(partition)
+        if stream is None or state == stream.expected_state:
+            return []
+        return self.end_stream(partition, StreamEndReason.STATE_CHANGED)
+
+    def hello_timeout(self, seconds: float) -> list[Output]:
+        """The adapter's hello timer fired: a connection still without hello is closed (an idle
+        socket holds a connection slot); later, this is a no-op."""
+        if self.state is not SessionState.EXPECT_HELLO:
+            return []
+        return self._fail(
+            ProtocolError(ErrorCode.HELLO_TIMEOUT, f"no hello within {seconds:g} s of connecting", field="type")
+        )
 
     def shutdown(self) -> list[Output]:
         """The server is going away: end every stream, drop pending cookies, close with 1001."""
@@ -449,6 +475,18 @@ class ServerSession:
             return None
         later = [p for p in due if p > self._cursor]
         return min(later) if later else min(due)
+
+    def begin_visits(self, limit: int) -> list[Visit]:
+        """Begin up to ``limit`` visits at once: the stream ``next_visit`` names, then the due
+        streams after it in id order (what ``next_visit`` would return one call each, without
+        an O(streams) scan per visit).  Each visit draws its barrier token now, before its
+        snapshot is taken, so an adapter may read and encode them all in one job.  Empty: nothing
+        is due or the window is full."""
+        first = self.next_visit()
+        if first is None or limit < 1:
+            return []
+        later = sorted(p for p, s in self.streams.items() if p > first and self._due(s))
+        return [self.begin_visit(p) for p in [first, *later][:limit]]
 
     def begin_visit(self, partition: int) -> Visit:
         """The loop takes ``partition``'s snapshot now; snapshot after ``Visit.after_seqno``."""
@@ -545,6 +583,46 @@ class ServerSession:
 
     def is_open(self, partition: int) -> bool:
         return partition in self.streams
+
+
+@dataclass(frozen=True, slots=True)
+class PartPlan:
+    """How one part of a snapshot reading is sent: the marker that opens it (None: it goes on
+    under the marker of an earlier part) and whether its final batch is flagged ``last``."""
+
+    marker: tuple[int, int] | None
+    last: bool
+
+
+def plan_reading(parts: Sequence[tuple[int, int]], continue_after: int | None) -> list[PartPlan]:
+    """The snapshot markers of one reading, given its parts' ``(start, end)`` in seqno order.
+
+    A fresh reading sends each part as its own snapshot (disk and memory parts apart, as DCP
+    sends disk and memory snapshots).  A re-read after a dropped cursor left a snapshot open
+    (``continue_after``: the last item already sent or encoded) sends every part as ONE
+    continuation snapshot, from ``continue_after + 1`` to the end of the last part, with only
+    the final batch ``last``: a consumer's open snapshot may only grow, and a ``last`` in between
+    would tell it that it holds a consistent state it does not have yet.  Pure, so the encoder
+    threads may call it."""
+    if continue_after is None:
+        return [PartPlan((start, end), True) for start, end in parts]
+    n = len(parts)
+    return [PartPlan((continue_after + 1, parts[-1][1]) if i == 0 else None, i == n - 1) for i in range(n)]
+
+
+def _check_unicode(text: str, field: str) -> None:
+    """Refuse a string that is not valid Unicode: JSON's ``\\ud800`` escape decodes to a lone
+    surrogate, which no UTF-8 encoder accepts, so a name holding one would break every later
+    use of it (``GET /streams``, logs, metrics labels) instead of this one message."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise ProtocolError(
+            ErrorCode.INVALID_FIELD,
+            f"{field} holds a lone surrogate (U+{ord(text[exc.start]):04X} at index {exc.start}): "
+            "not valid Unicode",
+            field=field,
+        ) from None
 
 
 def _close_reason(exc: ProtocolError) -> str:

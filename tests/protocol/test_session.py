@@ -25,7 +25,15 @@ from engine.protocol.messages import (
     encode,
     to_json_obj,
 )
-from engine.protocol.session import Close, LookupPartitions, LookupStream, ServerSession, SessionState
+from engine.protocol.session import (
+    Close,
+    LookupPartitions,
+    LookupStream,
+    PartPlan,
+    ServerSession,
+    SessionState,
+    plan_reading,
+)
 from engine.core.types import FailoverEntry
 
 A, B = 0xA, 0xB
@@ -152,6 +160,10 @@ def test_failover_logs_carry_state_seqnos_and_log() -> None:
          [error("invalid_partition", "partitions", 8), {"close": 1008}]),
         ("hello with a window below the minimum", {"type": "hello", "name": "x", "window_bytes": 10},
          [error("invalid_field", "window_bytes"), {"close": 1008}]),
+        ("hello whose name holds a lone surrogate", {"type": "hello", "name": "a\ud800"},
+         [error("invalid_field", "name"), {"close": 1008}]),
+        ("hello whose name holds a lone low surrogate", {"type": "hello", "name": "\udfff"},
+         [error("invalid_field", "name"), {"close": 1008}]),
     ],
 )
 def test_connection_level_faults_close_with_an_error_naming_the_field(
@@ -161,6 +173,27 @@ def test_connection_level_faults_close_with_an_error_naming_the_field(
     assert h.raw(json.dumps(first)) == expected
     assert h.session.state is SessionState.CLOSED
     assert h.hello() == []  # a closed session ignores everything
+
+
+def test_no_hello_in_time_closes_the_connection() -> None:
+    h = Harness()
+    assert h.feed(h.session.hello_timeout(10)) == [error("hello_timeout", "type"), {"close": 1008}]
+    assert h.session.state is SessionState.CLOSED
+    assert h.hello() == []
+
+
+def test_the_hello_timer_does_nothing_once_hello_came() -> None:
+    h = Harness()
+    h.hello()
+    assert h.session.hello_timeout(10) == []
+    assert h.session.state is SessionState.STREAMING
+
+
+def test_a_cookie_that_is_not_unicode_closes_the_connection() -> None:
+    h = Harness()
+    h.hello()
+    assert h.raw('{"type": "barrier", "cookie": "c\\ud800"}') == [error("invalid_field", "cookie"), {"close": 1008}]
+    assert h.session.pending_cookies == ()
 
 
 def test_malformed_json_closes_with_1008() -> None:
@@ -364,6 +397,67 @@ def test_a_pass_continues_upwards_and_lower_ids_wait_for_the_next_pass() -> None
     assert s.next_visit() == 1
 
 
+@pytest.mark.parametrize(
+    ("name", "setup", "limit", "expected"),
+    [
+        ("every new stream is due, in id order", [], 10, [1, 3, 5, 6]),
+        ("the limit cuts the pass; the rest comes next", [], 2, [1, 3]),
+        ("a visit in progress is not begun twice; the pass goes on above it", ["begin 3"], 10, [5, 6]),
+        ("the pass goes on upwards from the last visit", ["visit 1", "visit 3", "notify 1"], 10, [5, 6]),
+        ("then the next pass starts from the lowest due id", ["visit 1", "visit 3", "visit 5", "visit 6",
+                                                              "notify 6", "notify 3"], 10, [3, 6]),
+        ("nothing due: nothing begun", ["visit 1", "visit 3", "visit 5", "visit 6"], 10, []),
+        ("a pending cookie makes idle streams due", ["visit 1", "visit 3", "visit 5", "visit 6", "cookie"], 10,
+         [1, 3, 5, 6]),
+        ("a full window begins nothing", ["fill window"], 10, []),
+        ("no limit, no visit", [], 0, []),
+    ],
+)
+def test_begin_visits_begins_the_due_streams_of_the_pass_together(
+    name: str, setup: list[str], limit: int, expected: list[int]
+) -> None:
+    h = _after(setup)
+    visits = h.session.begin_visits(limit)
+    assert [v.partition for v in visits] == expected
+    assert all(h.session.streams[v.partition].visiting == v.token for v in visits)  # each one begun
+    assert expected == _one_by_one(_after(setup), limit)  # the same as next_visit, one call each
+
+
+def _after(setup: list[str]) -> Harness:
+    """A session streaming partitions 1, 3, 5 and 6 (window 4096) after the ``setup`` steps."""
+    h = Harness()
+    h.hello(window_bytes=4096)
+    for p in (1, 3, 5, 6):
+        h.open(p)
+    s = h.session
+    for step in setup:
+        verb, _, arg = step.partition(" ")
+        if verb == "visit":
+            h.visit(int(arg))
+        elif verb == "begin":
+            s.begin_visit(int(arg))
+        elif verb == "notify":
+            s.notify(int(arg))
+        elif verb == "cookie":
+            h.client("barrier", cookie="c")
+        else:  # fill window
+            s.sent(4096)
+    return h
+
+
+def _one_by_one(h: Harness, limit: int) -> list[int]:
+    """What ``next_visit`` + ``begin_visit`` give, one call each, for the rest of the pass."""
+    out: list[int] = []
+    s = h.session
+    while len(out) < limit:
+        p = s.next_visit()
+        if p is None or (out and p < out[-1]):
+            break
+        s.begin_visit(p)
+        out.append(p)
+    return out
+
+
 def test_mutations_during_a_visit_make_the_stream_due_again() -> None:
     h = Harness()
     h.hello()
@@ -424,6 +518,39 @@ def test_close_stream_ends_it_and_later_batches_are_ignored() -> None:
     assert s.items_sent(2, 20, True) == []
     assert [render(o) for o in s.end_visit(visit)] == [{"type": "cycle_complete", "cycle": 1}]
     assert h.client("close_stream", partition=2) == [error("stream_not_open", "partition", 2)]
+
+
+@pytest.mark.parametrize(
+    ("expected_state", "new_state", "ends"),
+    [
+        ("active", "replica", True),
+        ("active", "pending", True),
+        ("active", "dead", True),
+        ("active", "active", False),  # a write notification, or a change that came back
+        ("replica", "active", True),  # a promotion ends a replica stream too
+        ("replica", "replica", False),
+    ],
+)
+def test_a_state_change_ends_the_stream_at_once_even_mid_snapshot(
+    expected_state: str, new_state: str, ends: bool
+) -> None:
+    h = Harness()
+    h.infos[2] = PartitionInfo(expected_state, 100, 0, (FailoverEntry(A, 0),))
+    h.hello()
+    h.open(2, expected_state=expected_state)
+    s = h.session
+    visit = s.begin_visit(2)
+    s.snapshot_marker(2, 1, 100, "disk", 0)
+    s.items_sent(2, 10, False)  # mid-snapshot
+    out = h.feed(s.state_changed(2, new_state))
+    if ends:
+        assert out == [{"type": "stream_end", "partition": 2, "reason": "state_changed", "last_seqno": 10}]
+        assert not s.is_open(2)
+        assert s.items_sent(2, 20, True) == []  # the rest of the snapshot is not sent
+    else:
+        assert out == [] and s.is_open(2)
+    s.end_visit(visit)
+    assert h.feed(s.state_changed(5, "replica")) == []  # no stream on that partition
 
 
 def test_end_stream_reports_the_reason_and_position() -> None:
@@ -631,3 +758,23 @@ def test_marker_sent_is_snapshot_marker_without_the_message(start: int, end: int
         st = s.streams[2]
         states.append((st.snap_start, st.snap_end, st.purge_seqno, st.in_snapshot))
     assert states[0] == states[1] == (start, end, purge, True)
+
+
+@pytest.mark.parametrize(
+    ("name", "parts", "continue_after", "expected"),
+    [
+        ("a fresh reading sends each part as its own snapshot", [(11, 20), (21, 30)], None,
+         [PartPlan((11, 20), True), PartPlan((21, 30), True)]),
+        ("one part", [(5, 9)], None, [PartPlan((5, 9), True)]),
+        ("a re-read after a drop continues the open snapshot, one marker to the new end", [(16, 20), (21, 40)], 15,
+         [PartPlan((16, 40), False), PartPlan(None, True)]),
+        ("a one-part continuation", [(8, 12)], 7, [PartPlan((8, 12), True)]),
+        ("the continuation starts right after the last item sent, whatever the part's start", [(3, 12)], 7,
+         [PartPlan((8, 12), True)]),
+        ("nothing to read", [], None, []),
+    ],
+)
+def test_plan_reading_decides_markers_and_last_batches(
+    name: str, parts: list[tuple[int, int]], continue_after: int | None, expected: list[PartPlan]
+) -> None:
+    assert plan_reading(parts, continue_after) == expected

@@ -10,7 +10,7 @@ import pytest
 
 from engine.protocol import messages as M
 
-from app.stream.connection import _NotInMemory, _produce_many
+from app.stream.passes import _NotInMemory, _produce_many
 from app.stream.cursor import Batch, Marker, PartitionCursor
 from engine.config import EngineConfig
 from engine.engine import Engine
@@ -123,6 +123,6 @@ def test_marker_text_is_the_protocol_encoding(partition: int, start: int, end: i
 @pytest.mark.parametrize("msg", [M.CycleComplete(0), M.CycleComplete(123456789), M.BarrierReachedMessage("c", {1: 2}),
                                  M.StreamEndMessage(3, M.StreamEndReason.CLOSED, 7)])
 def test_control_text_is_the_protocol_encoding(msg: object) -> None:
-    from app.stream.connection import control_text
+    from app.stream.outbox import control_text
 
     assert control_text(msg) == M.encode(msg)

@@ -59,6 +59,9 @@ CASES = [
      "invalid_partition", "partitions", 1008),
     ("wrong field type", ['{"type": "hello", "name": 5}'], "invalid_field", "name", 1008),
     ("unknown field", ['{"type": "hello", "name": "x", "nmae": "y"}'], "unknown_field", "nmae", 1008),
+    ("name with a lone surrogate", ['{"type": "hello", "name": "x\\ud800"}'], "invalid_field", "name", 1008),
+    ("cookie with a lone surrogate", [HELLO, '{"type": "barrier", "cookie": "\\udc00c"}'], "invalid_field", "cookie",
+     1008),
     ("missing field", [HELLO, json.dumps({"type": "stream_request", "partition": 0})], "missing_field", "uuid", 1008),
     ("ack beyond in flight", [HELLO, '{"type": "ack", "bytes": 999999999}'], "ack_exceeds_in_flight", "bytes", 1008),
     ("binary frame", [HELLO, b"\x00\x01binary"], "unsupported_data", None, 1003),
@@ -92,6 +95,21 @@ async def test_bad_input_gets_a_named_error_and_a_clean_close(
     assert mirror.docs[key][1] == b"unaffected"
     await bystander.close()
     assert httpx.get(f"{server.url}/health").status_code == 200
+
+
+async def test_streams_listing_survives_a_name_that_is_not_unicode(server: ServerProcess) -> None:
+    """A hello ``name`` holding a lone surrogate is refused at hello, so ``GET /streams`` (which
+    lists every consumer's name) keeps answering while such a client tries to connect."""
+    good = await RawStream.open(server.url, name="listed")
+    async with websockets.connect(ws_url(server.url), compression=None) as ws:
+        await ws.send('{"type": "hello", "name": "\\ud800", "protocol": 1}')
+        listing = httpx.get(f"{server.url}/streams")
+        msg = json.loads(await asyncio.wait_for(ws.recv(), 10))
+        assert (msg["type"], msg["code"], msg["field"]) == ("error", "invalid_field", "name"), msg
+    assert listing.status_code == 200, listing.text
+    assert "listed" in {s["name"] for s in listing.json()["streams"]}
+    assert httpx.get(f"{server.url}/streams").status_code == 200
+    await good.close()
 
 
 async def next_error(stream: RawStream) -> dict[str, Any]:

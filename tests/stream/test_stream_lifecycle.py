@@ -139,3 +139,77 @@ async def test_connections_over_the_limit_are_refused_before_the_upgrade(tmp_pat
         await second.close()
     finally:
         srv.kill()
+
+
+async def test_idle_connections_time_out_and_one_token_cannot_take_every_slot(tmp_path: Path) -> None:
+    """Sockets that never send hello are closed after --stream-hello-timeout-s (error
+    hello_timeout, 1008), and --stream-max-connections-per-client keeps one token from holding
+    every slot: its next connection gets a 429 problem while another token still streams."""
+    import json
+
+    from websockets.asyncio.client import connect
+    from websockets.exceptions import InvalidStatus
+
+    from tests.support.wsclient import ws_url
+
+    tokens = {"idle-token": "read", "busy-token": "read", "admin-token": "admin"}
+    srv = start_server(tmp_path / "srv", partitions=2, tokens=tokens,
+                       args=["--stream-max-connections", "3", "--stream-max-connections-per-client", "2",
+                             "--stream-hello-timeout-s", "1.5"])
+    try:
+        idle = [await connect(ws_url(srv.url, "idle-token")) for _ in range(2)]
+        with pytest.raises(InvalidStatus) as refused:
+            await connect(ws_url(srv.url, "idle-token"))
+        response = refused.value.response
+        assert response.status_code == 429
+        assert response.headers["Retry-After"] == "1"
+        assert b"too-many-client-streams" in response.body
+        assert b"--stream-max-connections-per-client" in response.body
+        busy = await RawStream.open(srv.url, name="busy", token="busy-token")  # the third slot
+        await busy.stream([0, 1])
+        for ws in idle:
+            error = json.loads(await asyncio.wait_for(ws.recv(), 10))
+            assert (error["type"], error["code"]) == ("error", "hello_timeout"), error
+            with pytest.raises(ConnectionClosed) as closed:
+                await asyncio.wait_for(ws.recv(), 10)
+            assert closed.value.rcvd is not None and closed.value.rcvd.code == 1008
+        # the slots are free again
+        again = await RawStream.open(srv.url, name="again", token="idle-token")
+        write_docs(srv.url, {"k": b"v"}, headers=srv.headers)
+        await busy.send({"type": "barrier", "cookie": "still"})
+        await busy.consume(Mirror(), until=lambda m: isinstance(m, dict) and m.get("cookie") == "still")
+        await again.close()
+        await busy.close()
+    finally:
+        srv.kill()
+
+
+async def test_a_partition_demoted_mid_snapshot_ends_its_stream_at_once(tmp_path: Path) -> None:
+    """A stream in the middle of a snapshot (stalled on a full window) ends with
+    ``state_changed`` as soon as its partition becomes a replica: the consumer never gets the
+    rest of that snapshot from a node that is no longer the partition's active copy."""
+    from engine.protocol import frames as F
+    from tests.support.keys import key_in
+
+    srv = start_server(tmp_path / "srv", partitions=2)
+    try:
+        write_docs(srv.url, {key_in(0, f"big{i}", partitions=2): b"x" * 1000 for i in range(1000)})
+        stream = await RawStream.open(srv.url, partitions=[0], name="demoted", window=4096, auto_ack=False)
+        await stream.stream([0])
+        mirror = Mirror()
+        await stream.consume(mirror, until=lambda m: isinstance(m, F.ItemBatch))  # mid-snapshot now
+        assert httpx.post(f"{srv.url}/admin/partitions/0/state", json={"state": "replica"},
+                          timeout=10).status_code == 200
+        stream.auto_ack = True
+        await stream.ack()
+        after: list[F.ItemBatch] = []
+        controls: list[dict] = []
+        while not controls or controls[-1].get("type") != "stream_end":
+            msg = await stream.recv(timeout=10)
+            (after if isinstance(msg, F.ItemBatch) else controls).append(msg)
+        assert controls[-1]["reason"] == "state_changed", controls
+        assert not any(batch.last for batch in after), "the snapshot went on after the state change"
+        assert len(mirror.docs) + sum(len(b) for b in after) < 1000
+        await stream.close()
+    finally:
+        srv.kill()

@@ -1,0 +1,151 @@
+"""The outgoing side of one stream connection: every frame the server sends goes through here.
+
+Theory of operation
+-------------------
+Two producers share one socket: the connection's reader queues control replies (stream responses,
+errors, barrier releases, stream ends) with ``queue``, and the sender emits the stream's markers
+and item batches with ``emit``.  ``flush_control`` sends the queued replies; the sender calls it
+between items, so a reply never waits behind a whole pass, and a reply never overtakes items
+emitted before it (it joins the pending bundle after them).
+
+Every frame is counted against the consumer's flow-control window as it is handed over
+(``ServerSession.sent``); bundled parts are counted when added, so ``can_send`` sees them.
+``send_since`` is when the send in progress began (None between sends): a send the socket does
+not take is a consumer that does not drain, which cursor dropping acts on.
+"""
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import deque
+from collections.abc import Callable
+from typing import Any
+
+from engine.protocol import messages as M
+from engine.protocol.bundle import Bundler
+
+__all__ = ["Outbox", "control_text"]
+
+
+class Outbox:
+    def __init__(self, ws: Any, session: Any, *, bundle_bytes: int, on_bytes: Callable[[int], None],
+                 on_delivery: Callable[[float], None]) -> None:
+        self.ws = ws
+        self.session = session
+        self.bytes_sent = 0
+        #: when the send in progress began; None while no send is in progress
+        self.send_since: float | None = None
+        self._bundle_bytes = bundle_bytes
+        self._on_bytes = on_bytes
+        self._on_delivery = on_delivery
+        self._control: deque[Any] = deque()
+        self._drained = asyncio.Event()
+        #: messages of the pass not yet handed to the socket (hello bundle: true), see ``emit``
+        self._bundler: Bundler | None = None
+        self._bundled_notified: list[float] = []
+
+    # ------------------------------------------------------------------ control replies
+    def queue(self, msg: Any) -> None:
+        """Queue a control message for the next ``flush_control``."""
+        self._control.append(msg)
+
+    @property
+    def queued(self) -> int:
+        return len(self._control)
+
+    async def wait_drained(self) -> None:
+        """Wait until the next ``flush_control`` (a reader that queued too much waits here)."""
+        self._drained.clear()
+        await self._drained.wait()
+
+    async def flush_control(self) -> None:
+        """Send the queued control messages.  Bundling, they join the pending bundle, after the
+        items before them (a cookie or stream end never overtakes those), and it goes out now:
+        a pass's last batches and its ``cycle_complete`` travel as one message."""
+        if self._control:
+            if self._bundling() is not None:
+                while self._control:
+                    await self.emit(control_text(self._control.popleft()))
+                await self.flush_bundle()
+            else:
+                while self._control:
+                    await self.transmit(control_text(self._control.popleft()))
+        self._drained.set()
+
+    # ------------------------------------------------------------------ markers and batches
+    async def emit(self, data: str | bytes) -> None:
+        """Send a marker or batch: at once, or (hello ``bundle: true``) into the pass's bundle.
+
+        WHY: each WebSocket message costs about as much on the loop whatever its size, and a
+        tail pass sends a marker and a batch per partition per consumer; with 50 consumers that,
+        not the items, was the server's limit (fan-out figures in docs/benchmarks.md).  The
+        bundle goes out when the next part does not fit, before any control message, before
+        waiting for a reader thread or for credit, and at the end of the pass (``flush_bundle``)."""
+        bundler = self._bundling()
+        if bundler is None:
+            await self.transmit(data)
+            return
+        size = len(data)
+        if not bundler.fits(size):
+            await self.flush_bundle()
+        bundler.add(data)
+        self.session.sent(size)
+
+    @property
+    def bundle_pending(self) -> bool:
+        """Parts wait in the bundle (the consumer cannot acknowledge them before they go out)."""
+        return self._bundler is not None and len(self._bundler) > 0
+
+    def delivered(self, notified_at: float) -> None:
+        """A batch carrying a change notified at ``notified_at`` was emitted: observed now, or
+        when its bundle is sent."""
+        if self.bundle_pending:
+            self._bundled_notified.append(notified_at)
+        else:
+            self._on_delivery(time.monotonic() - notified_at)
+
+    async def flush_bundle(self, min_bytes: int = 0) -> None:
+        """Send the pending bundle, if it holds at least ``min_bytes``."""
+        bundler = self._bundler
+        if bundler is None or not len(bundler) or bundler.pending_bytes < min_bytes:
+            return
+        counted = bundler.pending_bytes
+        data = bundler.flush()
+        assert data is not None
+        notified, self._bundled_notified = self._bundled_notified, []
+        await self.transmit(data, counted)
+        now = time.monotonic()
+        for t in notified:
+            self._on_delivery(now - t)
+
+    def _bundling(self) -> Bundler | None:
+        """The pass's bundler when the client said ``bundle: true`` in hello (made on first use),
+        else None: the one place that decides whether messages are bundled."""
+        if self._bundler is None:
+            hello = self.session.hello
+            if hello is not None and hello.bundle:
+                self._bundler = Bundler(self._bundle_bytes)
+        return self._bundler
+
+    # ------------------------------------------------------------------ the socket
+    async def transmit(self, data: str | bytes, counted: int = 0) -> None:
+        """Send one WebSocket message; ``counted`` of its bytes were already counted against the
+        window (bundled parts are counted as they are added)."""
+        self.send_since = time.monotonic()
+        if isinstance(data, str):
+            await self.ws.send_text(data)  # pure ASCII: len(text) is the byte count acknowledged
+        else:
+            await self.ws.send_bytes(data)
+        self.send_since = None
+        size = len(data)
+        self.session.sent(size - counted)
+        self.bytes_sent += size
+        self._on_bytes(size)
+
+
+def control_text(msg: Any) -> str:
+    """``M.encode(msg)``, with ``cycle_complete`` (one per pass per connection, the most frequent
+    control message) formatted directly: the generic encoder was ~5 % of a fan-out pass."""
+    if type(msg) is M.CycleComplete and type(msg.cycle) is int:
+        return f'{{"type":"cycle_complete","cycle":{msg.cycle}}}'
+    return M.encode(msg)

@@ -1,0 +1,300 @@
+"""How the sender carries out a pass: produce the visits' snapshots, send them within the window.
+
+Theory of operation
+-------------------
+``ServerSession.begin_visits`` names the due streams of a pass and begins their visits together.
+``PassSender._visit_batch`` then produces them: on the event loop when every visit needs only a
+few items of the write queue's memory (``Engine.memory_snapshot``: no LMDB, no thread hop), else
+in reader-thread jobs of up to ``chunk_bytes`` of encoded output, many visits per job
+(``_produce_many``).  Each visit's markers and batches are sent in order, each only once the
+window has room (``_wait_for_credit``: the credit wait is timed from its start for cursor
+dropping), and the visit ends with ``ServerSession.end_visit``.  A partition found in another
+state than its stream expects (checked with every snapshot) ends the stream at once.
+
+``PassSender`` is the sender half of ``StreamConnection`` (connection.py), kept apart because it is
+one concept: it uses the connection's session, cursors, outbox, limits and reader-job helpers.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable
+from typing import Any
+
+from app.stream.cursor import Batch, BatchEncoder, Marker, PartitionCursor
+from engine.protocol import messages as M
+from engine.protocol.frames import encode_binary_columns, encode_json_columns
+
+__all__ = ["ENCODERS", "PassSender", "StateChanged"]
+
+log = logging.getLogger("upr.stream")
+
+ENCODERS: dict[str, BatchEncoder] = {M.Codec.BINARY: encode_binary_columns, M.Codec.JSON: encode_json_columns}
+
+
+class PassSender:
+    """The sender's pass: mixed into ``StreamConnection``, whose state it uses."""
+
+    # the connection's state this half uses (set by StreamConnection.__init__)
+    session: Any
+    engine: Any
+    hub: Any
+    limits: Any
+    outbox: Any
+    cursors: dict[int, PartitionCursor]
+    inline_passes: int
+    _notified_at: dict[int, float]
+    _visit_notified: dict[int, float]
+    _visiting: int | None
+    _visiting_cursor: PartitionCursor | None
+    _credit_wait_since: float | None
+    _close: Any
+    _peer_closed: bool
+    _wake: asyncio.Event
+    _cursor_lock: asyncio.Lock
+    name: str
+    codec: str
+
+    def _carry_out(self, outs: list[Any]) -> None:
+        raise NotImplementedError
+
+    async def _on_reader(self, fn: Callable[..., Any], *args: Any) -> Any:
+        raise NotImplementedError
+
+    async def _visit_batch(self, visits: list[Any]) -> None:
+        """Carry out visits the session began together (``ServerSession.begin_visits``: the due
+        streams of this pass in id order, each with its barrier token drawn before its snapshot
+        is taken): one reader-thread job takes the snapshots and encodes them up to the chunk
+        budget, then each visit is sent and ended in order.  A busy tail with many partitions
+        thus costs one executor hop per wake-up, not one per partition."""
+        cursors = [self.cursors[v.partition] for v in visits]
+        for v in visits:
+            notified = self._notified_at.pop(v.partition, None)
+            if notified is not None:
+                self._visit_notified[v.partition] = notified
+        for v, cursor in zip(visits, cursors):
+            cursor.last_seqno = v.after_seqno
+        # Sends rarely suspend (the socket buffer takes them), so without these yields one
+        # connection's pass ran start to end in one loop step: with 50 consumers a loop iteration
+        # took ~100 ms and HTTP writes waited that long per step (the fan-out writer fell to 9k/s).
+        yield_every = self.limits.visits_per_yield
+        if self._produce_inline(cursors, check_only=True) is not None:
+            # inline: each visit is produced right before it is sent, so the first partition's
+            # frames leave without waiting for the encoding of the others
+            for i, (visit, cursor) in enumerate(zip(visits, cursors)):
+                produced = self._produce_inline([cursor]) or [([], False, None)]
+                await self._send_visit(visit, cursor, *produced[0])
+                if i % yield_every == yield_every - 1:
+                    await self.outbox.flush_bundle()  # a tail pass: what is ready goes out at once
+                    await asyncio.sleep(0)
+            await self.outbox.flush_control()  # with cycle_complete, if the pass is over
+            await self.outbox.flush_bundle()
+            return
+        await self.outbox.flush_bundle()
+        # One job produces visits in order until the chunk budget is used; the visits it did not
+        # reach go to the next job, again many at once.  WHY: when each of those made its own
+        # reader-thread hop, a consumer a few seconds behind (a few hundred KiB per partition,
+        # so the budget covered a handful of the 64 visits) waited for ~60 sequential hops per
+        # pass, each queued behind every other connection's jobs: under fan-out such consumers
+        # stayed 2-3 s behind the writer with the server's CPU half idle.
+        pending = list(zip(visits, cursors))
+        sent = 0
+        while pending:
+            if sent:
+                await self.outbox.flush_bundle(self.limits.mid_pass_flush_bytes)
+            produced = await self._on_reader(_produce_many, [c for _, c in pending], self._produce_args(),
+                                             self.limits.chunk_bytes)
+            if not produced:  # never without progress: the first visit goes on by itself
+                produced = [([], False, None)]
+            for (visit, cursor), (outs, complete, changed) in zip(pending, produced):
+                await self._send_visit(visit, cursor, outs, complete, changed)
+                sent += 1
+                if sent % yield_every == 0:
+                    # what is ready goes out before others run
+                    await self.outbox.flush_bundle(self.limits.mid_pass_flush_bytes)
+                    await asyncio.sleep(0)  # let the loop's other work (HTTP writes, other connections) in
+            pending = pending[len(produced):]
+        await self.outbox.flush_control()
+        await self.outbox.flush_bundle()
+
+    async def _send_visit(self, visit: Any, cursor: PartitionCursor, out: list[Marker | Batch], complete: bool,
+                          changed: "StateChanged | None") -> None:
+        session = self.session
+        p = visit.partition
+        self._visiting = p
+        self._visiting_cursor = cursor
+        try:
+            while True:
+                if changed is not None:
+                    log.info("stream %s: partition %d %s; stream ended", self.name, p, changed)
+                    self._carry_out(session.state_changed(p, changed.state))
+                    break
+                stopped = False
+                for item in out:
+                    if not await self._send_item(p, item, cursor):
+                        stopped = True  # the stream ended (bounded, closed) or the connection is closing
+                        break
+                if stopped or complete:
+                    break
+                out = []
+                # a full bundle does not wait for the reader
+                await self.outbox.flush_bundle(self.limits.mid_pass_flush_bytes)
+                try:
+                    snapshot_of, encode, cache, codec, high_of = self._produce_args()
+                    complete = await self._on_reader(cursor.produce, snapshot_of, encode, self.limits.chunk_bytes,
+                                                     out, cache, codec, high_of)
+                except StateChanged as exc:
+                    changed = exc
+        finally:
+            self._visiting = None
+            self._visiting_cursor = None
+            self._visit_notified.pop(p, None)
+        if self.cursors.get(p) is not cursor and cursor.holding:
+            await self.outbox.flush_bundle()
+            await self._on_reader(cursor.close)  # the stream ended during the visit
+        self._carry_out(session.end_visit(visit))
+
+    async def _send_item(self, p: int, item: Marker | Batch, cursor: PartitionCursor) -> bool:
+        """Send a marker or batch once the window allows; False if the stream or connection ended."""
+        session = self.session
+        if not await self._wait_for_credit(cursor):
+            return False
+        if not session.is_open(p):
+            return False
+        if isinstance(item, Marker):
+            session.marker_sent(p, item.start, item.end, item.purge_seqno)
+            data: str | bytes = item.text  # encoded on the reader thread
+        else:
+            data = item.data
+        await self.outbox.emit(data)
+        if isinstance(item, Batch):
+            if item.last_seqno is not None:
+                notified = self._visit_notified.pop(p, None)
+                if notified is not None:
+                    self.outbox.delivered(notified)
+            self._carry_out(session.items_sent(p, item.last_seqno, item.last))
+            await self.outbox.flush_control()
+            return session.is_open(p)
+        return True
+
+    async def _wait_for_credit(self, cursor: PartitionCursor) -> bool:
+        """Wait until the window has room (control replies still go out meanwhile).  The wait
+        is timed from its start: wake-ups that bring no credit (engine notifications) and control
+        replies sent meanwhile do not restart the clock cursor dropping reads."""
+        if self.session.can_send:
+            return self._close is None and not self._peer_closed
+        self._credit_wait_since = time.monotonic()
+        try:
+            while not self.session.can_send:
+                if self._close is not None or self._peer_closed:
+                    return False
+                if self.outbox.bundle_pending:
+                    await self.outbox.flush_bundle()  # the consumer can only acknowledge what it received
+                    continue
+                if self.outbox.queued:
+                    await self.outbox.flush_control()
+                    continue
+                self._wake.clear()
+                if not self.session.can_send:
+                    await self._wake.wait()
+        finally:
+            self._credit_wait_since = None
+        return self._close is None and not self._peer_closed
+
+    def _waiting_since(self) -> float | None:
+        """Since when the sender has been waiting for the consumer (None: it is not)."""
+        send, credit = self.outbox.send_since, self._credit_wait_since
+        if send is None:
+            return credit
+        return send if credit is None else min(send, credit)
+
+    def _produce_inline(self, cursors: list[PartitionCursor], check_only: bool = False
+                        ) -> list[tuple[list[Marker | Batch], bool, StateChanged | None]] | None:
+        """Produce the pass on the loop when every visit needs only a few items of the write
+        queue's memory (``Engine.memory_snapshot``: no LMDB, no thread hop); None means "use a reader thread".
+        Synchronous, so no reader-thread job can touch these cursors meanwhile (checked: none is
+        running).  If the queue was flushed past a position in between, that cursor stops
+        incomplete (``_NotInMemory``) and its visit continues on a reader thread.  ``check_only``:
+        only whether the pass qualifies (an empty list if it does)."""
+        limit = self.limits.inline_items
+        if limit <= 0 or self._cursor_lock.locked() or self.engine.closed:
+            return None
+        total = 0
+        for cursor in cursors:
+            if cursor.holding or cursor.open_snapshot:
+                return None
+            n = self.engine.memory_backlog(cursor.partition, cursor.last_seqno)
+            if n is None:
+                return None
+            total += n
+            if total > limit:
+                return None
+        if check_only:
+            return []
+        args = (self._memory_snapshot_of, ENCODERS[self.codec], self.hub.cache, self.codec, self._high_of)
+        self.inline_passes += 1
+        return _produce_many(cursors, args, self.limits.chunk_bytes)
+
+    def _memory_snapshot_of(self, partition: int, after_seqno: int) -> Any:
+        """Loop side: ``_snapshot_of`` for a snapshot with no disk part, else ``_NotInMemory``."""
+        self._check_state(partition)
+        snap = self.engine.memory_snapshot(partition, after_seqno)
+        if snap is None:
+            raise _NotInMemory(partition)
+        return snap
+
+    def _produce_args(self) -> tuple[Any, BatchEncoder, Any, str, Callable[[int], int]]:
+        return self._snapshot_of, ENCODERS[self.codec], self.hub.cache, self.codec, self._high_of
+
+    def _high_of(self, partition: int) -> int:
+        """Executor side: the partition's high seqno, after the same state check as a snapshot."""
+        self._check_state(partition)
+        return self.engine.high_seqno(partition)
+
+    def _check_state(self, partition: int) -> None:
+        stream = self.session.streams.get(partition)
+        if stream is not None:
+            state = self.engine.state(partition)
+            if state != stream.expected_state:
+                raise StateChanged(state, f"is now {state}, the stream expected {stream.expected_state}")
+
+    def _snapshot_of(self, partition: int, after_seqno: int) -> Any:
+        """Executor side: the partition must still be in the state the stream expected."""
+        self._check_state(partition)
+        return self.engine.snapshot(partition, after_seqno)
+
+
+class StateChanged(Exception):
+    """The partition left the state the stream was opened for (DCP's StateChanged end)."""
+
+    def __init__(self, state: str, message: str) -> None:
+        super().__init__(message)
+        self.state = state
+
+
+class _NotInMemory(Exception):
+    """Inline production only: the position is no longer covered by the write queue's memory."""
+
+
+def _produce_many(cursors: list[PartitionCursor], args: tuple[Any, ...],
+                  budget: int) -> list[tuple[list[Marker | Batch], bool, StateChanged | None]]:
+    """Reader thread: produce for each cursor in order until the budget is used; a cursor left
+    incomplete ends the job (the ones after it get nothing yet: the pass hands them to the next job)."""
+    results: list[tuple[list[Marker | Batch], bool, StateChanged | None]] = []
+    used = 0
+    for cursor in cursors:
+        out: list[Marker | Batch] = []
+        try:
+            complete = cursor.produce(args[0], args[1], budget - used, out, *args[2:])
+        except StateChanged as changed:
+            results.append((out, True, changed))
+            continue
+        except _NotInMemory:
+            results.append((out, False, None))  # the visit goes on with a reader-thread job
+            break
+        results.append((out, complete, None))
+        used += sum(len(x.data) for x in out if isinstance(x, Batch))
+        if not complete or used >= budget:
+            break
+    return results

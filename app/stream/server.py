@@ -1,0 +1,73 @@
+"""The stream server of one app: what every ``GET /stream`` connection shares while the engine
+is open.
+
+The app's lifespan makes one ``StreamServer`` after opening the engine and closes it before
+closing the engine, so its parts live exactly as long as the engine they serve:
+
+    hub      engine change notifications -> the event loop, coalesced (hub.py)
+    jobs     the connections' reader-thread jobs batched into one hop per wake-up (jobs.py)
+    slots    connection limits, per server and per client (slots.py)
+    streams  the registry ``GET /streams`` reads; ``close`` ends every connection's streams
+
+WHY an object owned by the lifespan: the hub needs the running loop and the engine, so it used
+to be made by the first WebSocket and patched onto ``app.state``; an app that reopened its
+engine had to notice the stale hub itself.
+"""
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from app.stream.connection import StreamConnection, StreamLimits
+from app.stream.hub import ChangeHub
+from app.stream.jobs import JobBatcher
+from app.stream.slots import ConnectionSlots
+from app.streams_registry import StreamRegistry
+
+__all__ = ["StreamServer"]
+
+
+class StreamServer:
+    def __init__(self, *, engine: Any, runner: Any, limits: StreamLimits, streams: StreamRegistry,
+                 metrics: Any, stream_metrics: Any) -> None:
+        self.engine = engine
+        self.runner = runner
+        self.limits = limits
+        self.streams = streams
+        self.slots = ConnectionSlots(limits.max_connections, limits.max_connections_per_client)
+        self.jobs = JobBatcher(runner.read)
+        self.hub = ChangeHub(engine.add_listener, asyncio.get_running_loop(), self.jobs)
+        self._metrics = metrics
+        self._stream_metrics = stream_metrics
+
+    async def serve(self, ws: Any) -> None:
+        """Accept ``ws`` and run its connection until it is over (the caller holds its slot)."""
+        await ws.accept()
+        peer = ws.client
+        remote = f"{peer.host}:{peer.port}" if peer else "?"
+        metrics, extra = self._metrics, self._stream_metrics
+        conn = StreamConnection(
+            ws,
+            engine=self.engine,
+            read=self.runner.read,
+            hub=self.hub,
+            limits=self.limits,
+            remote=remote,
+            on_rollback=lambda reason: metrics.rollbacks.labels(reason).inc(),
+            on_bytes=metrics.stream_bytes.inc,
+            on_delivery=extra.delivery.observe,
+            on_cursor_drop=extra.cursor_drops.inc,
+        )
+        self.streams.register(conn)
+        try:
+            await conn.run()
+        finally:
+            self.streams.unregister(conn)
+
+    async def close(self) -> None:
+        """Engine closing: every connection ends its streams (``shutting_down``), then the hub
+        stops listening to the engine."""
+        try:
+            await self.streams.shutdown()
+        finally:
+            self.hub.close()
