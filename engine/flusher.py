@@ -25,7 +25,7 @@ from concurrent.futures import Future
 
 from engine.core.errors import EngineClosed
 from engine.partition import Partition
-from engine.store import Store
+from engine.storage.store import Store
 from engine.core.types import Item
 
 log = logging.getLogger(__name__)
