@@ -33,10 +33,14 @@ from pathlib import Path
 
 import lmdb
 
+from engine.batch_writer import BatchWriter
 from engine.config import EngineConfig
+from engine.core.types import Op, PartitionState, WriteOp
 from engine.engine import Engine
+from engine.flusher import lmdb_turn
+from engine.partition import Partition
 from engine.protocol.frames import encode_binary, encode_binary_columns
-from engine.core.types import Item, Op, WriteOp
+from engine.storage.store import Store
 from engine.writequeue import WriteQueue
 
 BATCH = 1000
@@ -170,33 +174,32 @@ def rewrite_figures(path: Path, keys: int, rounds: int, partitions: int, per_flu
     return out
 
 
-def snapshot_memory(count: int) -> tuple[int, int]:
-    """Bytes of one queue of ``count`` items vs 100 more live snapshots of it."""
-    gc.collect()
-    tracemalloc.start()
+def snapshot_memory(count: int, tmp: Path) -> tuple[int, int]:
+    """Bytes of one queue of ``count`` items vs 100 more live snapshots of it, the items queued
+    by the production write path (``BatchWriter`` over an empty store)."""
+    store = Store.open(tmp / "memory", 1, 1 << 30, 25).store
     queue = WriteQueue(0)
+    part = Partition(id=0, state=PartitionState.ACTIVE, failover_log=(), purge_seqno=0, live_items=0,
+                     persisted_live=0, queue=queue)
+    writer = BatchWriter([part], store, lmdb_turn(), max_key_bytes=250, max_value_bytes=1 << 20)
     value = b"v" * 16
-    new = tuple.__new__
-    for b in range(0, count, 10_000):
-        batch = queue.begin()
-        for i in range(b, b + 10_000):
-            key = b"k%d" % i
-            batch.add(new(Item, (key, batch.next_seqno, i, 1, False, value)), None)
-        batch.publish()
-    one = tracemalloc.get_traced_memory()[0]
-    snaps = [queue.root]
-    for s in range(100):
-        batch = queue.begin()
-        for i in range(10):  # 10 rewrites spread over the queue, 10 new keys
-            key = b"k%d" % ((s * 7919 + i * 104729) % count)
-            batch.add(new(Item, (key, batch.next_seqno, 0, 2, False, value)), queue.index.get(key))
-        for i in range(10):
-            key = b"n%d-%d" % (s, i)
-            batch.add(new(Item, (key, batch.next_seqno, 0, 1, False, value)), None)
-        batch.publish()
-        snaps.append(queue.root)
-    hundred = tracemalloc.get_traced_memory()[0] - one
-    tracemalloc.stop()
+    try:
+        gc.collect()
+        tracemalloc.start()
+        for b in range(0, count, 10_000):
+            writer.write([(Op.MUTATION, f"k{i}", value, None) for i in range(b, b + 10_000)])
+        one = tracemalloc.get_traced_memory()[0]
+        snaps = [queue.root]
+        for s in range(100):
+            # 10 rewrites spread over the queue, 10 new keys
+            ops = [(Op.MUTATION, f"k{(s * 7919 + i * 104729) % count}", value, None) for i in range(10)]
+            ops += [(Op.MUTATION, f"n{s}-{i}", value, None) for i in range(10)]
+            writer.write(ops)
+            snaps.append(queue.root)
+        hundred = tracemalloc.get_traced_memory()[0] - one
+        tracemalloc.stop()
+    finally:
+        store.close()
     assert len(snaps) == 101 and snaps[0].high == count
     return one, hundred
 
@@ -248,7 +251,7 @@ def main() -> None:
               f" rewrites, a flush every {args.rewrite_per_flush})")
         print(f"  flusher thread cpu per rewrite        {rw['flush_cpu_us']:6.2f} us  ({rw['rounds']:.0f} flushes)")
         print(f"  columns() scan of the result          {rw['scan_cpu_mps']:6.3f} M/s cpu")
-        one, hundred = snapshot_memory(args.queue_items if not args.full else 1_000_000)
+        one, hundred = snapshot_memory(args.queue_items if not args.full else 1_000_000, tmp)
         print(f"memory of write-queue snapshots ({args.queue_items if not args.full else 1_000_000} items)")
         print(f"  one queue (items + vector)          {one / 1e6:8.1f} MB")
         print(f"  100 more live snapshots             {hundred / 1e6:8.2f} MB  (+{hundred / one:.2%})")

@@ -8,11 +8,11 @@ read transactions.
 The per-item LMDB loops (a write batch's by-key lookups, a flush round's by-key replaces and
 block puts) also take turns on one more lock (``engine.flusher.lmdb_turn`` says why).
 
-A write's life: validated (nothing changes on a bad item), assigned the partition's next
-seqno, a CAS (monotonic hybrid of ``time_ns``) and ``rev = previous rev + 1`` (previous
-version from the queue index, else one LMDB lookup), appended to the partition's write
-queue, then visible to snapshots when the batch publishes its queue roots.  Listeners are
-told which partitions moved.  The flusher persists it later; ``persist_future`` waits for that.
+A write's life: ``engine.batch_writer`` validates it, gives it a seqno, CAS and rev and appends
+it to its partition's write queue; it is visible to snapshots when the batch publishes its
+queue roots.  Listeners are told which partitions moved.  The flusher persists it later;
+``persist_future`` waits for that.  When a partition's failover log gets an entry is
+``engine.core.failover_policy``'s decision.
 """
 from __future__ import annotations
 
@@ -20,51 +20,41 @@ import gc
 import logging
 import threading
 import time
-import zlib
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future
 
 import lmdb
 
-from engine.core import failover
+from engine.batch_writer import BatchWriter
 from engine.config import EngineConfig
+from engine.core import failover_policy
 from engine.core.errors import (
     Backpressure,
-    CasMismatch,
     EngineClosed,
     InvalidInput,
-    InvalidKey,
     InvalidPartition,
     KeyNotFound,
-    PartitionNotActive,
     SeqnoRangeError,
-    TooLarge,
     UprError,
 )
-from engine.flush_health import FlushFault
-from engine.flusher import Flusher, lmdb_turn
-from engine.core.keys import encode_key
-from engine.partition import Partition
-from engine.snapshot import PartitionSnapshot, capture, capture_memory_only, memory_backlog
-from engine.store import META, Store
+from engine.core.keys import encode_key, partition_for_key
 from engine.core.types import (
     Document,
     FailoverEntry,
-    Item,
     Op,
     PartitionState,
     PartitionStats,
     WriteOp,
     WriteResult,
 )
-from engine.writequeue import ITEM_OVERHEAD, QueueBatch, WriteQueue
+from engine.flush_health import FlushFault
+from engine.flusher import Flusher, lmdb_turn
+from engine.partition import Partition
+from engine.snapshot import PartitionSnapshot, capture, capture_memory_only, memory_backlog
+from engine.storage.store import Store
+from engine.writequeue import WriteQueue
 
 log = logging.getLogger(__name__)
-
-_tuple_new = tuple.__new__
-_ACTIVE = PartitionState.ACTIVE
-_MUTATION = Op.MUTATION
-_DELETION = Op.DELETION
 
 
 def tune_gc(gen0_threshold: int | None) -> None:
@@ -97,11 +87,11 @@ class Engine:
         self._turn = lmdb_turn()
         self._closed = False
         self._listeners: list[Callable[[int], None]] = []
-        self._last_cas = max((p.persisted_max_cas for p in partitions), default=0)
+        self._writer = BatchWriter(partitions, store, self._turn, max_key_bytes=config.max_key_bytes,
+                                   max_value_bytes=config.max_value_bytes,
+                                   last_cas=max((p.persisted_max_cas for p in partitions), default=0))
         self._flusher = Flusher(store, partitions, self._lock, config.flush_interval_ms / 1000.0,
                                 config.flush_batch_items, self._turn, config.flush_retry_max_s)
-        self.writes_total = 0
-        self.write_errors_total = 0
         self.backpressure_total = 0
         self.closed_clean: bool | None = None
 
@@ -112,7 +102,7 @@ class Engine:
         """Create or open ``config.data_dir`` and start the flusher.
 
         An unclean previous stop adds a failover entry (new uuid, persisted seqno) to every
-        partition; seqnos continue from the persisted seqno.
+        partition (``engine.core.failover_policy``); seqnos continue from the persisted seqno.
         """
         if config.partitions < 1:
             raise InvalidInput("partitions must be at least 1", field="partitions")
@@ -175,9 +165,17 @@ class Engine:
         """Why flushing to disk fails right now (readiness, metrics), or None while it works."""
         return self._flusher.fault
 
+    @property
+    def writes_total(self) -> int:
+        return self._writer.writes_total
+
+    @property
+    def write_errors_total(self) -> int:
+        return self._writer.write_errors_total
+
     def partition_of(self, key: str) -> int:
-        """``crc32(utf8(key)) % num_partitions`` (documented in engine.core.keys)."""
-        return zlib.crc32(encode_key(key, self.config.max_key_bytes)) % self.num_partitions
+        """The partition that owns ``key`` (``engine.core.keys.partition_for_key``)."""
+        return partition_for_key(encode_key(key, self.config.max_key_bytes), self.num_partitions)
 
     # ------------------------------------------------------------------ writes
 
@@ -215,124 +213,12 @@ class Engine:
                 f"nothing was written: flushing to disk is failing ({fault.describe()}) and {queued} bytes "
                 f"are unpersisted, over the {self.config.flush_failure_backlog_bytes} bytes allowed during "
                 "a flush failure; retry once space returns")
-        results: list[WriteResult | UprError] = []
-        add_result = results.append
-        batches: dict[int, QueueBatch] = {}
-        store = self._store
-        n = self.num_partitions
-        max_key = self.config.max_key_bytes
-        max_value = self.config.max_value_bytes
-        crc32 = zlib.crc32
-        new = _tuple_new
-        now = time.time_ns
-        errors = 0
-        read = None
-        txn = None
-        lmdb_get = None
-        key_dbs = store.key_dbs
-        unpack_meta = META.unpack
-        overhead = ITEM_OVERHEAD
         with self._lock:
             if self._closed:
                 raise EngineClosed("engine is closed")
-            cas_floor = self._last_cas
-            # one clock reading per batch: CAS = max(previous + 1, the batch's start time), still
-            # strictly increasing and within a batch's duration of the wall clock
-            clock = now()
-            turn = self._turn
-            turn.acquire()
-            try:
-                for op in ops:
-                    try:
-                        kind, key, value, want = op  # a WriteOp is a named tuple: one unpack
-                        if type(key) is not str:
-                            raise InvalidKey("key must be a string", field="key")
-                        try:
-                            raw = key.encode()
-                        except UnicodeEncodeError:
-                            raise InvalidKey("key is not valid UTF-8 (lone surrogate)", field="key") from None
-                        if not raw or len(raw) > max_key:
-                            encode_key(key, max_key)  # raises the precise InvalidKey
-                        if kind == _MUTATION:
-                            if type(value) is not bytes:
-                                if not isinstance(value, (bytes, bytearray, memoryview)):
-                                    raise InvalidInput("value must be bytes", field="value")
-                                value = bytes(value)
-                            if len(value) > max_value:
-                                raise TooLarge(f"value is {len(value)} bytes; the limit is {max_value}",
-                                               field="value")
-                            deleted = False
-                        elif kind == _DELETION:
-                            value = b""
-                            deleted = True
-                        else:
-                            raise InvalidInput(f"unknown op {kind!r}", field="op")
-                        p = crc32(raw) % n
-                        part = parts[p]
-                        if part.state is not _ACTIVE:
-                            raise PartitionNotActive(f"partition {p} is {part.state.value}", partition=p)
-                        queue = part.queue
-                        prev = queue.index.get(raw)
-                        if prev is not None:
-                            _k, _s, prev_cas, prev_rev, was_deleted, _v = prev
-                            exists = not was_deleted
-                        else:
-                            if txn is None:
-                                read = store.read_txn()
-                                txn = read.__enter__()
-                                lmdb_get = txn.get
-                            meta = lmdb_get(raw, None, key_dbs[p])  # store.lookup, inlined
-                            if meta is None:
-                                prev_cas = prev_rev = 0
-                                exists = False
-                            else:
-                                _s, prev_cas, prev_rev, was_deleted = unpack_meta(meta)
-                                exists = not was_deleted
-                        if want and (not exists or want != prev_cas):
-                            raise CasMismatch(
-                                f"CAS {want} does not match the current CAS",
-                                expected=want, actual=prev_cas if exists else 0, field="cas", partition=p,
-                            )
-                        if deleted and not exists:
-                            raise KeyNotFound(f"no live document for key {key!r}", partition=p)
-                        batch = batches.get(p)
-                        if batch is None:
-                            batch = batches[p] = queue.begin()
-                        seqno = batch.next_seqno
-                        cas = cas_floor + 1
-                        if clock > cas:
-                            cas = clock
-                        cas_floor = cas
-                        rev = prev_rev + 1
-                        item = new(Item, (raw, seqno, cas, rev, deleted, value))
-                        # QueueBatch.add, inlined (a method call per write was ~5% of write_batch)
-                        if prev is not None:
-                            if prev.seqno > queue.persisted:
-                                batch.ev[prev.seqno - batch.base] = None
-                            queue.bytes -= len(raw) + len(prev.value) + overhead
-                        batch.ev.append(item)
-                        batch.index[raw] = item
-                        queue.bytes += len(raw) + len(value) + overhead
-                        batch.next_seqno = seqno + 1
-                        if deleted:
-                            part.live_items -= 1
-                        elif not exists:
-                            part.live_items += 1
-                        add_result(new(WriteResult, (key, p, seqno, cas, rev, deleted)))
-                    except UprError as exc:
-                        errors += 1
-                        add_result(exc)
-            finally:
-                turn.release()
-                if read is not None:
-                    read.__exit__(None, None, None)
-                for batch in batches.values():
-                    batch.publish()
-                self._last_cas = cas_floor
-                self.writes_total += len(results) - errors
-                self.write_errors_total += errors
-        if batches:
-            self._notify(batches)
+            results, written = self._writer.write(ops, time.time_ns())
+        if written:
+            self._notify(written)
         return results
 
     def persist_future(self, targets: Mapping[int, int]) -> Future[None]:
@@ -362,7 +248,7 @@ class Engine:
 
     def get(self, key: str) -> Document:
         raw = encode_key(key, self.config.max_key_bytes)
-        p = zlib.crc32(raw) % self.num_partitions
+        p = partition_for_key(raw, self.num_partitions)
         item = self._parts[p].queue.index.get(raw)
         if item is None:
             self._check_open()
@@ -426,17 +312,16 @@ class Engine:
 
     def set_state(self, partition: int, state: PartitionState) -> None:
         """Change a partition's state; becoming active from any other state starts a new
-        history branch (failover entry: new uuid, current high seqno)."""
+        history branch (failover entry: new uuid, current high seqno), as
+        ``engine.core.failover_policy`` decides."""
         part = self._part(partition)
         state = PartitionState(state)
         with self._lock:
             self._check_open()
             if part.state is state:
                 return
-            log_ = part.failover_log
-            if state is _ACTIVE:
-                entry = FailoverEntry(failover.new_uuid(log_), part.high_seqno)
-                log_ = failover.add_entry(log_, entry, self.config.failover_log_cap)
+            change = failover_policy.StateChanged(part.state, state, part.high_seqno)
+            log_ = failover_policy.apply(part.failover_log, change, self.config.failover_log_cap)
             store = self._store
 
             def put(txn: object) -> None:

@@ -35,7 +35,7 @@ import lmdb
 from engine.core.errors import EngineClosed, InsufficientStorage
 from engine.flush_health import FaultKind, FlushFault, FlushHealth, classify
 from engine.partition import Partition
-from engine.store import Store
+from engine.storage.store import Store
 from engine.core.types import Item
 
 log = logging.getLogger(__name__)

@@ -26,19 +26,11 @@ from operator import itemgetter
 
 from engine.protocol.frames import Columns
 from engine.protocol.message_types import SnapshotSource
-from engine.store import (
-    SEQNO,
-    Cols,
-    ColsBuffer,
-    LongRead,
-    StaleMarks,
-    Store,
-    block_span,
-    compress_cols,
-    decode_block,
-    seek_block,
-)
 from engine.core.types import Item
+from engine.storage.blocks import Cols, ColsBuffer, block_span, compress_cols, decode_block, seek_block
+from engine.storage.records import SEQNO
+from engine.storage.stale_marks import StaleMarks
+from engine.storage.store import LongRead, Store
 from engine.writequeue import QueueRoot
 
 _value_of = itemgetter(5)
@@ -71,7 +63,7 @@ class SnapshotPart:
 
         WHY: building an ``Item`` per scanned record (and transposing them again in the
         encoder) cost more than the LMDB walk itself.  The disk part decodes whole blocks
-        (``engine.store``): seqnos, cas and revs come out as ``array('Q')`` (one memcpy each),
+        (``engine.storage.blocks``): seqnos, cas and revs come out as ``array('Q')`` (one memcpy each),
         deleted flags as ``bytes``, keys by one ``bytes.split`` and values by one C-level
         ``map`` of slices; the memory part transposes its items with one ``zip``.  Iterate once
         (either this or ``batches()``); the disk part releases its read transaction when
@@ -107,7 +99,7 @@ class _DiskReader:
             read.close()
 
     def _live_blocks(self) -> Iterator[Cols]:
-        """Each block's columns from ``start`` on, without stale entries (see ``engine.store``).
+        """Each block's columns from ``start`` on, without stale entries (``engine.storage.compaction``).
 
         The stale marks are read alongside the blocks (both in seqno order, a window of marks
         per C-level walk): a block without marks costs no per-item Python work at all, and a

@@ -67,7 +67,10 @@ def item_cost(item: Item) -> int:
 
 
 class QueueBatch:
-    """Accumulates one write batch for one partition; ``publish`` makes it visible at once."""
+    """Accumulates one write batch for one partition; ``publish`` makes it visible at once.
+
+    Appending is ``engine.batch_writer``'s: it is this class's declared friend and writes the
+    append steps (evolver slot, index, byte count, ``next_seqno``) out in its per-write loop."""
 
     __slots__ = ("queue", "ev", "base", "next_seqno", "index")
 
@@ -78,21 +81,6 @@ class QueueBatch:
         self.base = root.base
         self.next_seqno = root.high + 1
         self.index = queue.index
-
-    def add(self, item: Item, prev: Item | None) -> None:
-        """Append ``item`` (its seqno must be ``next_seqno``); ``prev`` is the key's queued version.
-
-        ``Engine.write_batch`` inlines these steps in its per-write loop (a method call per write
-        was ~5 % of it): change both together."""
-        queue = self.queue
-        if prev is not None:
-            if prev.seqno > queue.persisted:
-                self.ev[prev.seqno - self.base] = None
-            queue.bytes -= len(prev.key) + len(prev.value) + ITEM_OVERHEAD
-        self.ev.append(item)
-        self.index[item.key] = item
-        queue.bytes += len(item.key) + len(item.value) + ITEM_OVERHEAD
-        self.next_seqno += 1
 
     def publish(self) -> None:
         queue = self.queue

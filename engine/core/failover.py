@@ -8,8 +8,10 @@ kv_engine's ``failover-table.cc`` (see docs/dcp notes §1):
   branch that was abandoned (e.g. queued in memory when the process died);
 * the log is capped, dropping the oldest entries;
 * uuid 0 is never valid ("I have nothing" in a stream request), so it is never generated;
-* on load, entries with uuid 0 or with seqnos that do not descend are erased, keeping the
-  valid newest-first prefix rather than refusing to start.
+* on load, each invalid entry is erased on its own (``sanitise``: uuid 0, or a seqno above the
+  last entry kept) and every valid entry stays, rather than refusing to start.
+
+*When* an entry is added (creation, an unclean stop, promotion) is ``engine.core.failover_policy``.
 
 Pure standard library: the stream protocol and clients reason about failover logs too.
 """
@@ -58,14 +60,20 @@ def prune_above(log: FailoverLog, seqno: int) -> FailoverLog:
     return tuple(e for e in log if e.seqno <= seqno)
 
 
-def validate(log: Iterable[FailoverEntry]) -> FailoverLog:
-    """Keep the valid newest-first prefix: stop at uuid 0 or a seqno that does not descend."""
+def sanitise(log: Iterable[FailoverEntry]) -> FailoverLog:
+    """Erase each invalid entry of a newest-first log on its own, keeping every valid one.
+
+    Invalid: uuid 0 (never generated), a negative seqno, or a seqno above that of the last entry
+    *kept* (going older, seqnos must not ascend).  As kv_engine's ``sanitizeFailoverTable``:
+    one damaged entry must not take the valid history behind it along, because a consumer on
+    one of those branches would otherwise find no common history and roll back to 0.
+    """
     out: list[FailoverEntry] = []
     for entry in log:
         if entry.uuid == 0 or entry.seqno < 0:
-            break
+            continue
         if out and entry.seqno > out[-1].seqno:
-            break
+            continue
         out.append(entry)
     return tuple(out)
 
@@ -76,7 +84,7 @@ def encode(log: FailoverLog) -> bytes:
 
 
 def decode(raw: bytes) -> FailoverLog:
-    """Inverse of ``encode``; truncated trailing bytes and invalid entries are dropped."""
+    """Inverse of ``encode``; truncated trailing bytes are dropped and the log sanitised."""
     usable = len(raw) - len(raw) % _ENTRY.size
     entries = (FailoverEntry(u, s) for u, s in _ENTRY.iter_unpack(raw[:usable]))
-    return validate(entries)
+    return sanitise(entries)

@@ -38,5 +38,6 @@ def decode_key(raw: bytes, max_bytes: int = MAX_KEY_BYTES) -> str:
 
 
 def partition_for_key(raw_key: bytes, partitions: int) -> int:
-    """The partition that owns a UTF-8 encoded key."""
+    """The partition that owns a UTF-8 encoded key: the one home of the hash (the engine's
+    write path, ``Engine.partition_of`` and ``Engine.get`` call it; clients may too)."""
     return zlib.crc32(raw_key) % partitions

@@ -1,4 +1,4 @@
-"""Storage format 2 (``engine.store``): blocks, stale marks and compaction keep Couchstore
+"""Storage format 2 (``engine.storage``): blocks, stale marks and compaction keep Couchstore
 semantics: a by-seqno scan yields each live key's latest version once, from any start seqno,
 through any number of flushes, rewrites, deletes, compactions and restarts."""
 from __future__ import annotations
@@ -8,10 +8,11 @@ import random
 import lmdb
 import pytest
 
-from engine import store
 from engine.core.errors import InvalidInput
-from engine.store import IncompatibleDataDir, decode_block, encode_block
 from engine.core.types import Item, Op, WriteOp
+from engine.storage import blocks, compaction, records, stale_marks
+from engine.storage.blocks import decode_block, encode_block
+from engine.storage.errors import IncompatibleDataDir
 
 SLOW_FLUSH = {"flush_interval_ms": 60_000.0}
 
@@ -70,7 +71,7 @@ def check_invariants(engine) -> None:
                 held.extend(decode_block(blob)[1])
             assert held == sorted(set(held))
             marks = {int.from_bytes(k, "big") for k in txn.cursor(s.stale_dbs[p]).iternext(values=False)}
-            live = [store.META.unpack(v)[0] for v in txn.cursor(s.key_dbs[p]).iternext(keys=False)]
+            live = [records.META.unpack(v)[0] for v in txn.cursor(s.key_dbs[p]).iternext(keys=False)]
             assert marks <= set(held) and not marks & set(live)
             assert set(live) | marks == set(held)
 
@@ -78,12 +79,12 @@ def check_invariants(engine) -> None:
 @pytest.mark.parametrize("seed", [1, 2, 3])
 def test_random_history_scans_like_the_model(make_engine, monkeypatch, seed) -> None:
     # small limits so that blocks split, compactions run often and snapshots start mid-block
-    monkeypatch.setattr(store, "BLOCK_ITEMS", 7)
-    monkeypatch.setattr(store, "BLOCK_VALUE_BYTES", 900)
-    monkeypatch.setattr(store, "COMPACT_MIN_STALE", 20)
-    monkeypatch.setattr(store, "COMPACT_MIN_BLOCKS", 15)
-    monkeypatch.setattr(store, "COMPACT_STEP_BYTES", 1500)  # passes take several flushes
-    monkeypatch.setattr(store, "MARK_WINDOW", 3)  # stale marks are read in many windows
+    monkeypatch.setattr(blocks, "BLOCK_ITEMS", 7)
+    monkeypatch.setattr(blocks, "BLOCK_VALUE_BYTES", 900)
+    monkeypatch.setattr(compaction, "COMPACT_MIN_STALE", 20)
+    monkeypatch.setattr(compaction, "COMPACT_MIN_BLOCKS", 15)
+    monkeypatch.setattr(compaction, "COMPACT_STEP_BYTES", 1500)  # passes take several flushes
+    monkeypatch.setattr(stale_marks, "MARK_WINDOW", 3)  # stale marks are read in many windows
     engine = make_engine(partitions=3, **SLOW_FLUSH)
     model = run_random(engine, seed, 120, 3)
     check_against_model(engine, model)
@@ -137,8 +138,8 @@ def test_rewrites_after_flush_are_scanned_once_and_survive_restart(make_engine) 
 
 
 def test_compaction_drops_stale_entries_and_merges_small_blocks(make_engine, monkeypatch) -> None:
-    monkeypatch.setattr(store, "COMPACT_MIN_STALE", 50)
-    monkeypatch.setattr(store, "COMPACT_MIN_BLOCKS", 1000)
+    monkeypatch.setattr(compaction, "COMPACT_MIN_STALE", 50)
+    monkeypatch.setattr(compaction, "COMPACT_MIN_BLOCKS", 1000)
     engine = make_engine(partitions=1, **SLOW_FLUSH)
     for r in range(40):  # 40 small flushes rewriting the same 10 keys
         engine.write_batch([WriteOp(Op.MUTATION, f"k{i}", b"r%d" % r) for i in range(10)])
@@ -158,16 +159,16 @@ def test_block_codec_round_trip_and_cuts(monkeypatch) -> None:
     cols = tuple(zip(*items))
     dec = decode_block(encode_block(*cols))
     assert list(zip(dec[0], dec[1], dec[2], dec[3], map(bool, dec[4]), dec[5])) == items
-    monkeypatch.setattr(store, "BLOCK_VALUE_BYTES", 6)
-    records = list(store._blocks(*cols))
-    assert [k for k, _ in records] == [store.SEQNO.pack(s) for s in (5, 6, 9)] or \
-        [k for k, _ in records] == [store.SEQNO.pack(s) for s in (5, 9)]
-    back = [x for _, blob in records for x in zip(*decode_block(blob))]
+    monkeypatch.setattr(blocks, "BLOCK_VALUE_BYTES", 6)
+    cut = list(blocks.split_blocks(*cols))
+    assert [k for k, _ in cut] == [records.SEQNO.pack(s) for s in (5, 6, 9)] or \
+        [k for k, _ in cut] == [records.SEQNO.pack(s) for s in (5, 9)]
+    back = [x for _, blob in cut for x in zip(*decode_block(blob))]
     assert [x[1] for x in back] == [5, 6, 9]
     for item in items:
-        blob = next(b for _, b in records if item.seqno in decode_block(b)[1])
-        assert store._block_value(blob, item.seqno) == item.value
-        assert store._block_value(blob, 4) is None
+        blob = next(b for _, b in cut if item.seqno in decode_block(b)[1])
+        assert blocks.block_value(blob, item.seqno) == item.value
+        assert blocks.block_value(blob, 4) is None
 
 
 @pytest.mark.parametrize("stored_format", [b"1", b"999"], ids=["format-1", "unknown"])

@@ -141,7 +141,7 @@ def test_flusher_running_until_close(make_engine) -> None:
 
 
 def test_second_engine_on_the_same_data_dir_is_refused(make_engine) -> None:
-    from engine.store import DataDirInUse
+    from engine.storage.errors import DataDirInUse
 
     engine = make_engine()
     with pytest.raises(DataDirInUse):

@@ -61,15 +61,30 @@ def test_prune_above(log, seqno, expected) -> None:
 @pytest.mark.parametrize(
     ("log", "expected"),
     [
+        # kv_engine's sanitizeFailoverTable, newest first: each bad entry is erased on its own,
+        # a seqno is compared with the last entry *kept*, and every valid entry stays
         ((E(2, 10), E(1, 0)), (E(2, 10), E(1, 0))),
-        ((E(2, 10), E(0, 5), E(1, 0)), (E(2, 10),)),  # uuid 0 is never valid
+        ((E(2, 10), E(0, 5), E(1, 0)), (E(2, 10), E(1, 0))),  # uuid 0 is never valid
+        ((E(0, 50), E(2, 10), E(1, 0)), (E(2, 10), E(1, 0))),  # a bad newest entry keeps the rest
         ((E(2, 10), E(1, 20)), (E(2, 10),)),  # seqnos must not ascend going older
+        ((E(3, 10), E(2, 20), E(1, 5)), (E(3, 10), E(1, 5))),  # only the ascending one goes
+        # compared with the last kept entry, not with the erased one before it
+        ((E(4, 10), E(3, 30), E(2, 20), E(1, 0)), (E(4, 10), E(1, 0))),
+        ((E(4, 10), E(0, 5), E(2, 8), E(1, 0)), (E(4, 10), E(2, 8), E(1, 0))),
+        ((E(4, 10), E(0, 5), E(2, 12), E(1, 0)), (E(4, 10), E(1, 0))),
+        ((E(3, 10), E(2, 10), E(1, 10)), (E(3, 10), E(2, 10), E(1, 10))),  # equal seqnos are valid
+        ((E(0, 0), E(0, 0)), ()),
         ((E(0, 0),), ()),
         ((), ()),
     ],
 )
-def test_validate(log, expected) -> None:
-    assert failover.validate(log) == expected
+def test_sanitise(log, expected) -> None:
+    assert failover.sanitise(log) == expected
+
+
+def test_decode_sanitises() -> None:
+    raw = failover.encode((E(0, 50), E(2, 10), E(3, 20), E(1, 0)))
+    assert failover.decode(raw) == (E(2, 10), E(1, 0))
 
 
 def test_encode_decode_round_trip_and_truncation() -> None:

@@ -4,8 +4,12 @@ from __future__ import annotations
 import gc
 import tracemalloc
 
+from engine.batch_writer import BatchWriter
+from engine.core.types import Op, PartitionState, WriteOp, WriteResult
+from engine.flusher import lmdb_turn
+from engine.partition import Partition
 from engine.snapshot import capture
-from engine.core.types import Op, WriteOp
+from engine.storage.store import Store
 from engine.writequeue import QueueRoot, WriteQueue
 
 SLOW_FLUSH = {"flush_interval_ms": 60_000.0}
@@ -94,33 +98,33 @@ def test_closing_a_snapshot_releases_its_read_txn(make_engine) -> None:
     assert gate._readers == 0
 
 
-def _fill(queue: WriteQueue, count: int, start: int = 0) -> None:
-    batch = queue.begin()
-    for i in range(start, start + count):
-        key = b"k%d" % i
-        batch.add(tuple.__new__(_Item, (key, batch.next_seqno, i, 1, False, b"v")), queue.index.get(key))
-    batch.publish()
+def _fill(writer: BatchWriter, count: int, start: int = 0) -> None:
+    """One batch through the production write path (keys new or rewritten in the queue)."""
+    results, _ = writer.write([(Op.MUTATION, f"k{i}", b"v", None) for i in range(start, start + count)])
+    assert all(isinstance(r, WriteResult) for r in results)
 
 
-from engine.core.types import Item as _Item  # noqa: E402
-
-
-def test_structural_sharing_100_snapshots_cost_little_more_than_one() -> None:
+def test_structural_sharing_100_snapshots_cost_little_more_than_one(tmp_path) -> None:
+    store = Store.open(tmp_path / "data", 1, 1 << 24, 25).store
+    queue = WriteQueue(0)
+    part = Partition(id=0, state=PartitionState.ACTIVE, failover_log=(), purge_seqno=0, live_items=0,
+                     persisted_live=0, queue=queue)
+    writer = BatchWriter([part], store, lmdb_turn(), max_key_bytes=250, max_value_bytes=1 << 20)
     gc.collect()
     tracemalloc.start()
     try:
-        queue = WriteQueue(0)
         for chunk in range(100):
-            _fill(queue, 1000, chunk * 1000)
+            _fill(writer, 1000, chunk * 1000)
         one_queue = tracemalloc.get_traced_memory()[0]
         snaps = [queue.root]
         for i in range(100):  # each snapshot differs: 10 new writes and 10 rewrites between them
-            _fill(queue, 10, 300_000 + i * 10)
-            _fill(queue, 10, i * 10)
+            _fill(writer, 10, 300_000 + i * 10)
+            _fill(writer, 10, i * 10)
             snaps.append(queue.root)
         hundred = tracemalloc.get_traced_memory()[0] - one_queue
     finally:
         tracemalloc.stop()
+        store.close()
     print(f"queue of 100k items: {one_queue} B; 100 more snapshots: {hundred} B")
     # 100 roots (plus the 2,000 items written between them) cost under 5% of one queue
     assert hundred < 0.05 * one_queue, (hundred, one_queue)

@@ -1,45 +1,92 @@
-"""The write queue against a plain model (Hypothesis state machine), without LMDB.
+"""The write queue against a plain model (Hypothesis state machine), driven by the code
+production runs: writes go through ``BatchWriter.write`` (the ``Engine.write_batch`` path) and
+flushes through ``Flusher.flush_round``, over a real ``Store`` in a temporary directory.
 
 Model: the full history of versions by seqno and the persisted seqno.  After any sequence of
 write batches and (partial) flushes, the queue must satisfy what snapshots and the flusher
 rely on: the unpersisted range of the root holds exactly each key's latest version once, the
 index holds exactly the unpersisted latest versions, byte accounting matches, and roots taken
-earlier never change."""
+earlier never change.  Each write's rev counts the key's versions (queue or disk), CAS only
+grows, and the live-item count matches the model."""
 from __future__ import annotations
+
+import shutil
+import tempfile
+import threading
+from pathlib import Path
 
 from hypothesis import settings
 from hypothesis import strategies as st
-from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
+from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-from engine.core.types import Item
+from engine.batch_writer import BatchWriter
+from engine.core.types import Item, Op, PartitionState, WriteResult
+from engine.flusher import Flusher, lmdb_turn
+from engine.partition import Partition
+from engine.storage.store import Store
 from engine.writequeue import ITEM_OVERHEAD, WriteQueue
 
-KEYS = st.sampled_from([b"a", b"b", b"c", b"d", b"e", b"f"])
+KEYS = st.sampled_from(["a", "b", "c", "d", "e", "f"])
 
 
 class QueueMachine(RuleBasedStateMachine):
     def __init__(self) -> None:
         super().__init__()
-        self.queue = WriteQueue(0)
+        self.dir = Path(tempfile.mkdtemp(prefix="upr-queue-model-"))
+        self.store = Store.open(self.dir, 1, 1 << 24, 25).store
+        self.part = Partition(id=0, state=PartitionState.ACTIVE, failover_log=(), purge_seqno=0, live_items=0,
+                              persisted_live=0, queue=WriteQueue(0))
+        self.queue = self.part.queue
+        self.lock = threading.RLock()
+        self.turn = lmdb_turn()
+        self.writer = BatchWriter([self.part], self.store, self.turn, max_key_bytes=250, max_value_bytes=1 << 20)
+        self.clock = 1_000
         self.history: dict[int, Item] = {}
+        self.live: set[bytes] = set()
         self.pinned: list[tuple[object, list[Item]]] = []
 
-    @rule(keys=st.lists(KEYS, min_size=1, max_size=8))
-    def write_batch(self, keys: list[bytes]) -> None:
-        batch = self.queue.begin()
-        for key in keys:
-            prev = self.queue.index.get(key)
-            item = Item(key, batch.next_seqno, batch.next_seqno, (prev.rev if prev else 0) + 1, False, b"x" * len(keys))
-            self.history[item.seqno] = item
-            batch.add(item, prev)
-        batch.publish()
+    def teardown(self) -> None:
+        self.store.close()
+        shutil.rmtree(self.dir, ignore_errors=True)
 
+    @rule(keys=st.lists(st.tuples(KEYS, st.booleans()), min_size=1, max_size=8),
+          clock_step=st.integers(min_value=-5, max_value=5))
+    def write_batch(self, keys: list[tuple[str, bool]], clock_step: int) -> None:
+        self.clock += clock_step  # the clock may step back: CAS must still grow
+        ops = [(Op.DELETION if delete else Op.MUTATION, key, b"" if delete else b"x" * len(keys), None)
+               for key, delete in keys]
+        before = self.writer.last_cas
+        with self.lock:
+            results, written = self.writer.write(ops, self.clock)
+        cas_seen = [before]
+        for (key, delete), result in zip(keys, results):
+            raw = key.encode()
+            if delete and raw not in self.live:
+                assert not isinstance(result, WriteResult)  # KeyNotFound, and nothing queued
+                continue
+            assert isinstance(result, WriteResult)
+            versions = sum(1 for item in self.history.values() if item.key == raw)
+            assert result.rev == versions + 1
+            cas_seen.append(result.cas)
+            self.history[result.seqno] = Item(raw, result.seqno, result.cas, result.rev, delete,
+                                              b"" if delete else b"x" * len(keys))
+            (self.live.discard if delete else self.live.add)(raw)
+        assert cas_seen == sorted(set(cas_seen)) and self.writer.last_cas == cas_seen[-1]
+        assert written == ([0] if len(cas_seen) > 1 else [])
+        assert self.part.live_items == len(self.live)
+
+    @precondition(lambda self: self.queue.root.high > self.queue.persisted)
     @rule(limit=st.integers(min_value=1, max_value=12))
     def flush(self, limit: int) -> None:
-        items, upto = self.queue.unpersisted(limit)
+        upto = min(self.queue.root.high, self.queue.persisted + limit)
         expected = self._latest(self.queue.persisted + 1, upto)
+        items, _ = self.queue.unpersisted(limit)
         assert items == expected
-        self.queue.mark_persisted(items, upto)
+        flusher = Flusher(self.store, [self.part], self.lock, interval_s=1.0, batch_items=limit, turn=self.turn)
+        flusher.flush_round()
+        assert self.queue.persisted == upto
+        with self.store.read_txn() as txn:
+            assert self.store.persisted_seqno(txn, 0) == upto
 
     @rule()
     def pin(self) -> None:
