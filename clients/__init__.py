@@ -2,6 +2,9 @@
 
 Builds only on engine's pure parts (types, errors, protocol); never imports the server.
 """
+from engine.protocol.client.actions import RollbackPolicy
+from engine.protocol.client.offset import StreamOffset
+
 from .consumer import Consumer
 from .errors import (
     AuthFailed,
@@ -26,9 +29,7 @@ from .events import (
     StreamEnd,
 )
 from .http import AsyncHttpApi, HttpApi
-from .offset import StreamOffset
 from .ring import RollbackRing
-from .session import RollbackPolicy
 from .state import ConsumerState, FileStateStore, MemoryStateStore, PartitionCheckpoint, StateStore
 from .sync import SyncConsumer
 

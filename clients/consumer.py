@@ -32,6 +32,8 @@ from typing import Any
 
 from engine.protocol import messages as M
 from engine.protocol.client.acks import AckTracker
+from engine.protocol.client.actions import RollbackPolicy, SeekAction, StartMode
+from engine.protocol.client.offset import StreamOffset
 from engine.protocol.client.session import DEFAULT_WINDOW, ClientSession
 from engine.protocol.frames import ItemBatch
 
@@ -40,10 +42,8 @@ from .connection import StreamConnection, stream_url
 from .errors import ConnectionFailed, UsageError
 from .events import BarrierReached, Event, events_of
 from .http import AsyncHttpApi, default_server, default_token
-from .offset import StreamOffset
 from .receive import ReceiveLoop
 from .ring import RollbackRing
-from .session import RollbackPolicy, SeekAction, StartMode
 from .state import FileStateStore, MemoryStateStore, StateStore
 
 __all__ = ["Consumer", "Handler", "stream_url"]

@@ -21,7 +21,7 @@ from collections.abc import Iterator
 from itertools import repeat
 from typing import Any, NamedTuple, Union
 
-from .offset import StreamOffset
+from engine.protocol.client.offset import StreamOffset
 
 __all__ = [
     "events_of",

@@ -15,9 +15,10 @@ import asyncio
 from collections.abc import Iterator
 from typing import Any
 
+from engine.protocol.client.offset import StreamOffset
+
 from .consumer import Consumer, Handler
 from .events import BarrierReached, Event
-from .offset import StreamOffset
 
 __all__ = ["SyncConsumer"]
 

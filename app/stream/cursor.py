@@ -21,7 +21,7 @@ parts of the new reading follow in seqno order under that one marker (a key may 
 older version first), and only the final batch is ``last``.  Items received before the drop plus
 the continuation are the latest versions of every key up to the new end, so the consumer is
 consistent once the ``last`` batch arrives.  A consumer tracking positions keeps its open
-snapshot's start and extends its end (``clients.position``).
+snapshot's start and extends its end (``engine.protocol.client.position``).
 
 What the cursor does *not* decide: positions, bounded-stream ends, barriers and flow control
 belong to the protocol session (``engine.protocol.session.ServerSession``), and which parts of a

@@ -25,7 +25,7 @@ from clients.backup.manifest import RunManifest
 from clients.backup.runwriter import RunWriter
 from clients.backup.segment import DEFAULT_BLOCK_BYTES, DEFAULT_LEVEL
 from clients.http import HttpApi
-from clients.offset import StreamOffset
+from engine.protocol.client.offset import StreamOffset
 
 
 @dataclass(slots=True)

@@ -27,9 +27,9 @@ from clients.backup.rollbacks import decide
 from clients.backup.runwriter import PartitionWriter, RunWriter
 from clients.consumer import Consumer
 from clients.events import Rollback, SnapshotEnd, SnapshotStart, StreamEnd
-from clients.offset import StreamOffset
-from clients.session import RollbackPolicy
 from clients.state import MemoryStateStore
+from engine.protocol.client.actions import RollbackPolicy
+from engine.protocol.client.offset import StreamOffset
 from engine.protocol.frames import ItemBatch
 from engine.protocol.messages import StreamEndReason
 

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from clients.backup.errors import CorruptArchive
-from clients.offset import StreamOffset
+from engine.protocol.client.offset import StreamOffset
 
 FORMAT = 1
 MAX_BOUNDARIES = 64

@@ -37,9 +37,9 @@ from clients.backup.segment import (
     SegmentWriter,
     SnapshotMarker,
 )
-from clients.offset import StreamOffset
 from engine.core.errors import InvalidInput
 from engine.core.types import Item
+from engine.protocol.client.offset import StreamOffset
 
 RUN_FILE = "run.json"
 

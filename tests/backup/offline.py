@@ -12,8 +12,8 @@ from dataclasses import dataclass, field
 from clients.backup.archive import Archive
 from clients.backup.manifest import RunManifest
 from clients.backup.runwriter import RunWriter
-from clients.offset import StreamOffset
 from engine.core.types import Item
+from engine.protocol.client.offset import StreamOffset
 
 UUID = 0xABCDEF
 

@@ -22,7 +22,7 @@ from clients.backup.merge import merge
 from clients.backup.plan import summarize
 from clients.backup.runwriter import RunWriter
 from clients.backup.verify import verify
-from clients.offset import StreamOffset
+from engine.protocol.client.offset import StreamOffset
 
 from .offline import UUID, History, expected_state, previous_ends, restored_state, run_ends, take_partition, write_run
 

@@ -16,10 +16,10 @@ pytestmark = pytest.mark.slow
 
 WRITER = textwrap.dedent("""
     import sys
-    from clients.offset import StreamOffset
     from clients.ring import RollbackRing
     from clients.state import ConsumerState, FileStateStore, PartitionCheckpoint
     from engine.core.types import FailoverEntry
+    from engine.protocol.client.offset import StreamOffset
     d = sys.argv[1]
     store = FileStateStore(d)
     ring = RollbackRing(500, d)

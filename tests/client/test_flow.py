@@ -1,6 +1,6 @@
 import pytest
 
-from clients.flow import AckTracker
+from engine.protocol.client.acks import AckTracker
 
 ROWS = [
     # window, frames processed, acks expected after each

@@ -3,10 +3,10 @@ offset the consumer must send afterwards (dcp.md §1 'snapshot marker', JDCP-241
 import pytest
 
 from clients.errors import ProtocolViolation
-from clients.offset import StreamOffset
-from clients.position import PartitionPosition, PositionState
 from engine.core.errors import InvalidInput
 from engine.core.types import FailoverEntry
+from engine.protocol.client.offset import StreamOffset
+from engine.protocol.client.position import PartitionPosition, PositionState
 
 LOG = (FailoverEntry(22, 10), FailoverEntry(11, 0))
 

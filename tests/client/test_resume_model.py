@@ -18,11 +18,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from clients.ring import RollbackRing
-from clients.session import ClientSession
 from clients.state import MemoryStateStore
-from engine.protocol.messages import PartitionInfo
 from engine.core.rollback import MustRollBack, StreamPosition, decide
 from engine.core.types import FailoverEntry
+from engine.protocol.client.session import ClientSession
+from engine.protocol.messages import PartitionInfo
 
 KEYS = [b"a", b"b", b"c", b"d", b"e"]
 

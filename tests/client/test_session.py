@@ -2,12 +2,13 @@
 import pytest
 
 from clients.errors import StreamRejected, UsageError
-from clients.offset import StreamOffset
 from clients.ring import RollbackRing
-from clients.session import ClientSession, EndAction
 from clients.state import ConsumerState, PartitionCheckpoint
-from engine.protocol.messages import PartitionInfo, StreamRequest
 from engine.core.types import FailoverEntry as FE
+from engine.protocol.client.actions import EndAction
+from engine.protocol.client.offset import StreamOffset
+from engine.protocol.client.session import ClientSession
+from engine.protocol.messages import PartitionInfo, StreamRequest
 
 INFOS = {
     0: PartitionInfo("active", 50, 0, (FE(7, 40), FE(3, 0))),

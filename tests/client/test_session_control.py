@@ -3,11 +3,12 @@ the rollback policy ("repair" vs "report"), and seeks (java-dcp-client's rollbac
 import pytest
 
 from clients.errors import UsageError
-from clients.offset import StreamOffset
 from clients.ring import RollbackRing
-from clients.session import ClientSession, RollbackPolicy, SeekAction
-from engine.protocol.messages import PartitionInfo, StreamRequest
 from engine.core.types import FailoverEntry as FE
+from engine.protocol.client.actions import RollbackPolicy, SeekAction
+from engine.protocol.client.offset import StreamOffset
+from engine.protocol.client.session import ClientSession
+from engine.protocol.messages import PartitionInfo, StreamRequest
 
 LOG0 = (FE(7, 40), FE(3, 0))
 INFOS = {0: PartitionInfo("active", 50, 0, LOG0), 1: PartitionInfo("active", 9, 0, (FE(5, 0),))}

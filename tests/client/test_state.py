@@ -2,9 +2,9 @@
 import pytest
 
 from clients.errors import StateCorrupt
-from clients.offset import StreamOffset
 from clients.state import ConsumerState, FileStateStore, MemoryStateStore, PartitionCheckpoint, StateStore
 from engine.core.types import FailoverEntry
+from engine.protocol.client.offset import StreamOffset
 
 
 def sample() -> ConsumerState:

@@ -53,7 +53,7 @@ async def test_consumer_stalled_mid_snapshot_survives_cursor_dropping(tmp_path: 
 
 def test_client_position_accepts_a_continuation_marker_and_nothing_else_mid_snapshot() -> None:
     from clients.errors import ProtocolViolation
-    from clients.position import PartitionPosition, PositionState
+    from engine.protocol.client.position import PartitionPosition, PositionState
 
     pos = PartitionPosition(0)
     pos.snapshot_marker(1, 100)
