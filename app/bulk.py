@@ -89,8 +89,9 @@ def gc_paused() -> Iterator[None]:
 
     WHY: a decoded body with JSON-object values is thousands of young containers, and the
     allocations that follow (one ``WriteOp`` per item, the results) trigger collections that
-    traverse them again: measured ≈ 7% of the server's CPU per mutation for 1000-item batches
-    of small JSON objects (16.5 → 15.4 µs all in; no change for ``value_b64``).  Nothing here
+    traverse them again, a measurable share of the server's CPU per mutation for 1000-item
+    batches of small JSON objects (docs/benchmarks.md, HTTP: bulk breakdown; none for
+    ``value_b64``).  Nothing here
     creates cycles, so the pause frees nothing late; it lasts one request (milliseconds) and
     collection resumes right after.  Only the writer thread pauses, and only if it was on."""
     if not gc.isenabled():
@@ -133,9 +134,9 @@ def decode(body: bytes, ndjson: bool, max_items: int) -> Batch:
     Plain sets are the bodies in which every item is exactly ``{"op": "set", "key": <str>,
     "value": <JSON>}``, or every one exactly the same with ``"value_b64"``.  WHY a typed pass
     for them: one msgspec decode of such a body (the common bulk load) yields the keys and each
-    value's own text with no Python object per value: ≈ 0.7 µs per item of small JSON objects
-    against 1.1–1.7 µs with orjson's decode plus ``orjson.dumps`` of each value, and ≈ 0.5–0.7
-    against ≈ 1.0–1.2 µs for ``value_b64`` (``bench_http --breakdown``, docs/benchmarks.md).
+    value's own text with no Python object per value, about half the cost of orjson's decode
+    plus ``orjson.dumps`` of each value, for JSON values and ``value_b64`` alike (see
+    docs/benchmarks.md, HTTP: ``bench_http --breakdown``).
     Any other body (another shape, any error) goes item by item through ``parse_items`` and
     ``to_op``, which own the error messages and store values the same way (their text as sent),
     so the typed pass never has to decide anything a second time."""
@@ -349,9 +350,9 @@ def column_body(batch: Batch, written: list[WriteResult | UprError], all_ok: boo
     status the item alone would have had; the other fields null for a failed item), and
     ``errors``: ``{"index", "status", "key"?, "error"}`` of each failed item, in item order.
 
-    WHY: 1000 result objects cost the writer thread ≈ 0.3 µs per item to build and encode,
-    and a client ≈ 0.7 µs per item to decode, against ≈ 0.1 µs and ≈ 0.15 µs for six arrays
-    of numbers (measured, docs/benchmarks.md); the key is left out since the caller sent it."""
+    WHY: six arrays of numbers cost the writer thread a third and a client a fifth of what one
+    result object per item costs to build, encode and decode (see docs/benchmarks.md, HTTP:
+    ``results=columns``); the key is left out since the caller sent it."""
     n = batch.size
     if all_ok:
         _keys, parts, seqnos, cas, revs, deleted = zip(*written) if written else ((),) * 6

@@ -130,7 +130,7 @@ def create_app(
         # ~20% of a small request here.  The routers carry their prefixes and tags already.
         app.router.routes.extend(module.router.routes)
     app.state.http_routes = [r for m in modules for r in m.router.routes if isinstance(r, APIRoute)]
-    from app import positions, stream  # the stream server (issue 4)
+    from app import positions, stream  # the stream server's WebSocket routes
 
     app.include_router(stream.router)
     app.include_router(positions.router)

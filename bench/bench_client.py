@@ -14,7 +14,7 @@ alike, and prints items/s for each and the ratios (median of the rounds):
 * handler   ``Consumer.run(noop)`` (events + a handler call per item)
 * events+ring  as events, with the rollback ring kept in memory (100k entries)
 
-Goal (issue 5): events >= 80 % of raw.
+Goal: events >= 80 % of raw.
 """
 from __future__ import annotations
 

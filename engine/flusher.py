@@ -49,12 +49,12 @@ def lmdb_turn() -> threading.Lock:
     WHY: py-lmdb releases the GIL around every call (``get``, ``put``, ``Cursor.replace``, even
     each key of ``getmulti``/``putmulti``).  When two threads each make thousands of such calls at
     once, the GIL changes hands at nearly every call, and each hand-off costs futex calls and a
-    context switch.  Measured on the 2-core VM: a by-key ``get`` costs 0.23 µs of CPU alone and
-    1.4 µs beside one busy Python thread (about 150 µs of wall time each, waiting for the GIL).
-    In the server, the writer thread's lookups and the flusher's replaces were such a pair; with
-    this lock around each run, the other thread waits on the lock instead of on the GIL, so the
-    GIL released around a call is mostly taken straight back
-    (bulk ingest, ``bench.bench_http``: 7.7-8.0 → 6.2-6.4 µs of server CPU per mutation).
+    context switch: a by-key ``get`` beside one busy Python thread costs several times its CPU
+    alone, and far more wall time waiting for the GIL (see docs/benchmarks.md, HTTP: the bulk
+    breakdown's note on GIL hand-offs).  In the server, the writer thread's lookups and the
+    flusher's replaces are such a pair; with this lock around each run, the other thread waits
+    on the lock instead of on the GIL, so the GIL released around a call is mostly taken
+    straight back (bulk ingest server CPU per mutation, ``bench.bench_http``).
 
     It is the innermost lock: no thread holding it waits for a lock that anyone waiting for it
     may hold.  It is never held across a commit, so a writer waits for at most one round's

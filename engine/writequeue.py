@@ -2,9 +2,9 @@
 
 Why a ``pvector`` and not a sorted map: seqnos are dense (every accepted write takes the
 next one), so "ordered by seqno" is just "indexed by ``seqno - base``".  Appending through a
-pyrsistent evolver costs ~0.1 us and a deduplication (the key's older queued version is
-dropped) is one evolver ``set`` of the old slot to ``None``, while ``pmap.set`` would cost
-~30 us per write.  Each write batch ends with one ``persistent()`` call that publishes a new
+pyrsistent evolver is cheap and a deduplication (the key's older queued version is dropped) is
+one evolver ``set`` of the old slot to ``None``, while ``pmap.set`` would cost two orders of
+magnitude more per write (see docs/benchmarks.md, Engine: ingest).  Each write batch ends with one ``persistent()`` call that publishes a new
 ``QueueRoot``; a snapshot is that root (O(1)), it never changes, and unshared subtrees are
 freed when the last snapshot holding an old root goes away.
 
@@ -143,8 +143,8 @@ class WriteQueue:
             self.index = dict(zip(keys, tail))
             self.bytes = sum(map(len, keys)) + sum(map(len, map(_value_of, tail))) + ITEM_OVERHEAD * len(tail)
         else:
-            # C-level passes (a Python loop here cost ~0.3 us per flushed item): the items whose
-            # key still maps to them were not superseded; a flush holds each key at most once
+            # C-level passes, no bytecode per flushed item: the items whose key still maps to
+            # them were not superseded; a flush holds each key at most once
             keys = list(map(_key_of, items))
             done = list(compress(items, map(is_, map(index.get, keys), items)))
             done_keys = list(map(_key_of, done))

@@ -4,7 +4,7 @@ Theory of operation
 -------------------
 Every stream visit needs engine reads and encoding off the event loop.  With 50 consumers woken by
 the same engine notification, one executor submission per connection costs 50 thread hand-offs
-per wake-up (each ~0.1 ms and a GIL round trip on a busy machine), far more than the work itself
+per wake-up (each a thread wake-up and a GIL round trip on a busy machine), far more than the work itself
 when the tail cache already holds the encoded frames.  ``JobBatcher`` queues the connections' jobs
 and runs everything queued so far in *one* reader-thread call, in arrival order; jobs queued while
 calls run go in the next one (``max_in_flight`` calls at once, so one slow thread wake-up does not

@@ -76,8 +76,9 @@ class PassSender:
         for v, cursor in zip(visits, cursors):
             cursor.last_seqno = v.after_seqno
         # Sends rarely suspend (the socket buffer takes them), so without these yields one
-        # connection's pass ran start to end in one loop step: with 50 consumers a loop iteration
-        # took ~100 ms and HTTP writes waited that long per step (the fan-out writer fell to 9k/s).
+        # connection's pass would run start to end in one loop step: with many consumers HTTP
+        # writes would wait for every pass of a loop iteration (see docs/benchmarks.md, Stream:
+        # fan-out).
         yield_every = self.limits.visits_per_yield
         if self._produce_inline(cursors, check_only=True) is not None:
             # inline: each visit is produced right before it is sent, so the first partition's

@@ -68,8 +68,8 @@ class WriteOp(NamedTuple):
     """One requested mutation; ``cas`` set means compare-and-swap against the current CAS.
 
     A named tuple rather than a frozen dataclass, for the same reason as ``WriteResult``: the
-    bulk path builds one per item, and a frozen dataclass cost ~1 us to build (measured in the
-    bulk breakdown, docs/benchmarks.md) against ~0.1 us for ``tuple.__new__``."""
+    bulk path builds one per item, and a frozen dataclass costs several times as much to build
+    as ``tuple.__new__`` (see docs/benchmarks.md, HTTP: the bulk breakdown)."""
 
     op: Op
     key: str
@@ -82,7 +82,8 @@ class WriteResult(NamedTuple):
     "has my write been streamed/persisted?" by (partition, seqno).
 
     A named tuple rather than a frozen dataclass: the engine makes one per write, and a
-    frozen dataclass costs ~0.7 us to build against ~0.15 us for a tuple."""
+    frozen dataclass costs several times as much to build as a tuple (see docs/benchmarks.md,
+    HTTP: the bulk breakdown)."""
 
     key: str
     partition: int

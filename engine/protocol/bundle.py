@@ -4,9 +4,9 @@ Theory of operation
 -------------------
 A live tail sends, per partition visited, a ``snapshot`` marker (text) and an item batch (binary
 or text), and the messages are small: at 20k writes/s over 64 partitions a visit carries a few
-items.  Each WebSocket message costs the server ~13 µs of Python (Starlette -> uvicorn ->
+items.  Each WebSocket message costs the server a fixed amount of Python (Starlette -> uvicorn ->
 websockets -> transport) whatever its size, so with 50 consumers the per-message cost, not the
-items, bounded fan-out.  A client that says ``bundle: true`` in ``hello`` accepts *bundles*: one
+items, bounds fan-out (see docs/benchmarks.md, Stream: fan-out).  A client that says ``bundle: true`` in ``hello`` accepts *bundles*: one
 binary message holding, in order, the messages the server would otherwise have sent one by one.
 Nothing else changes: the parts are exactly those messages (same bytes), in the same order, so a
 snapshot marker still precedes its batches and a cookie (sent as its own message, after the

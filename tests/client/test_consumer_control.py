@@ -67,7 +67,7 @@ async def test_until_now_end_is_lowered_when_an_unclean_restart_lost_the_goal(tm
                 async for ev in it:
                     events.append(ev)
 
-            await asyncio.wait_for(rest(), 30)  # before the fix: waits for seqno 40 forever
+            await asyncio.wait_for(rest(), 30)  # an end left at 40 would wait for seqno 40 forever
         end = [e for e in events if isinstance(e, StreamEnd)]
         assert [(e.reason, e.lowered_from) for e in end] == [("end_seqno_reached", 40)]
         assert consumer.session.end_seqnos == {0: 20} and consumer.reconnects >= 1

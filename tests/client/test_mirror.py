@@ -1,4 +1,4 @@
-"""The mirror consumer ends identical to the server through every kind of crash (issue 5).
+"""The mirror consumer ends identical to the server through every kind of crash.
 
 A separate process applies the feed to SQLite; the test writes and deletes at random, SIGKILLs
 the consumer at random points, SIGKILLs the server with unpersisted mutations that the consumer

@@ -7,7 +7,7 @@ answers stream requests with ``engine.core.rollback.decide``.  The client side i
 a mirror dict as the application, "GET" corrections read from the model.  Hypothesis throws random
 schedules of writes, deletes, partial deliveries, state saves, consumer crashes (unsaved progress
 lost, mirror and ring kept), connection drops and server crashes at it; at the end the mirror must
-equal the server (the property issue 5 asks of the real processes, here over thousands of
+equal the server (the property test_mirror checks with real processes, here over thousands of
 schedules and every cut point, including mid-snapshot).
 """
 from __future__ import annotations

@@ -96,7 +96,7 @@ CASES = [
          ("diverged", 80)),
     Case("newest branch, partial snapshot past the high seqno rolls back to its start", ONE, 80, 0, A, 75,
          (70, 90), ("partial_snapshot", 70)),
-    # The unclean-restart scenario of issue 4: streamed 81..100 from memory, restarted at 80.
+    # Unclean restart: the consumer streamed 81..100 from memory, the server restarted at 80.
     Case("unclean restart: resumed consumer rolls back to the persisted seqno", TWO, 80, 0, A, 100, (81, 100),
          ("diverged", 80)),
     # Multi-entry logs: upper is the *next newer* entry, not the high seqno.
