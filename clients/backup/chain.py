@@ -22,6 +22,7 @@ from dataclasses import dataclass
 
 from clients.backup.errors import ContinuityError
 from clients.backup.manifest import PartitionRecord, RunManifest
+from engine.protocol.client.offset import StreamOffset
 
 NO_CEILING = (1 << 64) - 1
 
@@ -109,5 +110,5 @@ def continuity_problems(runs: Sequence[RunManifest], partition: int) -> list[Con
     return problems
 
 
-def _fmt(o: object) -> str:
-    return f"(uuid={getattr(o, 'uuid')}, seqno={getattr(o, 'seqno')}, snap={getattr(o, 'snap_start')}..{getattr(o, 'snap_end')})"
+def _fmt(o: StreamOffset) -> str:
+    return f"(uuid={o.uuid}, seqno={o.seqno}, snap={o.snap_start}..{o.snap_end})"

@@ -32,7 +32,6 @@ from clients.backup.manifest import MAX_BOUNDARIES, PartitionRecord, RollbackRec
 from clients.backup.segment import (
     DEFAULT_BLOCK_BYTES,
     DEFAULT_LEVEL,
-    Checkpoint,
     SegmentReader,
     SegmentWriter,
     SnapshotMarker,
@@ -94,7 +93,7 @@ class PartitionWriter:
             reader = SegmentReader(old, partition=self.partition)
             last_ck = None
             for rec in reader.salvage():
-                if isinstance(rec, Checkpoint):
+                if isinstance(rec, StreamOffset):
                     last_ck = rec
             if last_ck is None or last_ck.seqno <= self.start.seqno:
                 return None
@@ -102,8 +101,8 @@ class PartitionWriter:
             for rec in reader.salvage():
                 if isinstance(rec, SnapshotMarker):
                     new.snapshot(rec.start, rec.end, rec.source)
-                elif isinstance(rec, Checkpoint):
-                    new.checkpoint(rec.seqno, rec.uuid, rec.snap_start, rec.snap_end)
+                elif isinstance(rec, StreamOffset):
+                    new.checkpoint(rec)
                     if rec.complete and rec.seqno > self.boundaries[-1]:
                         self.boundaries.append(rec.seqno)
                     if rec == last_ck:
@@ -111,7 +110,7 @@ class PartitionWriter:
                 else:
                     new.add(rec)
                     self._last = rec.seqno
-            self.resume_offset = StreamOffset(last_ck.uuid, last_ck.seqno, last_ck.snap_start, last_ck.snap_end)
+            self.resume_offset = last_ck
             self._snap = None if last_ck.complete else (last_ck.snap_start, last_ck.snap_end)
             adopted = True
             return self.resume_offset
@@ -138,7 +137,7 @@ class PartitionWriter:
         """Record the stream position after what was written so far (after each item batch)."""
         if self._snap is not None and self._last > self.boundaries[-1]:
             start, end = self._snap
-            self._segment().checkpoint(self._last, uuid, min(start, self._last), end)
+            self._segment().checkpoint(StreamOffset(uuid, self._last, min(start, self._last), end))
 
     def add(self, item: Item) -> None:
         if item.seqno <= self.start.seqno:
@@ -175,7 +174,7 @@ class PartitionWriter:
         if end > self.boundaries[-1]:
             self.boundaries.append(end)
             if uuid is not None:
-                self._segment().checkpoint(end, uuid, min(snap_start, end), end)
+                self._segment().checkpoint(StreamOffset(uuid, end, min(snap_start, end), end))
         self._snap = None
 
     def boundary_at_or_below(self, seqno: int) -> int:
@@ -201,8 +200,8 @@ class PartitionWriter:
                 new.snapshot(rec.start, min(rec.end, seqno), rec.source)
             elif rec.seqno > seqno:
                 break
-            elif isinstance(rec, Checkpoint):
-                new.checkpoint(rec.seqno, rec.uuid, rec.snap_start, rec.snap_end)
+            elif isinstance(rec, StreamOffset):
+                new.checkpoint(rec)
             else:
                 new.add(rec)
                 last = rec.seqno

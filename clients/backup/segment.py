@@ -33,7 +33,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from clients.backup.errors import CorruptArchive
+from engine.core.errors import InvalidInput
 from engine.core.types import Item
+from engine.protocol.client.offset import StreamOffset
 
 MAGIC = b"UPRSEG"
 VERSION = 1
@@ -67,24 +69,6 @@ class SnapshotMarker:
     start: int
     end: int
     source: str
-
-
-@dataclass(frozen=True, slots=True)
-class Checkpoint:
-    """The stream position once the records before it were written: a killed run resumes here.
-
-    ``seqno == snap_end`` marks a complete snapshot (an exact state); otherwise the position is
-    inside a snapshot, which DCP resumes from as well (the server rolls back to ``snap_start`` if
-    the history changed meanwhile)."""
-
-    seqno: int
-    uuid: int
-    snap_start: int
-    snap_end: int
-
-    @property
-    def complete(self) -> bool:
-        return self.seqno == self.snap_end
 
 
 @dataclass(frozen=True, slots=True)
@@ -153,8 +137,11 @@ class SegmentWriter:
         self._append(_RECORD.pack(KIND_SNAPSHOT, start, end, 0, 0, len(raw)) + raw, None)
         self._snapshots += 1
 
-    def checkpoint(self, seqno: int, uuid: int, snap_start: int, snap_end: int) -> None:
-        self._append(_RECORD.pack(KIND_CHECKPOINT, seqno, uuid, snap_start, 0, 8) + _U64.pack(snap_end), None)
+    def checkpoint(self, offset: StreamOffset) -> None:
+        """Record the stream position once the records before it are written: a killed run
+        resumes here (a partial-snapshot position too, as DCP resumes from one)."""
+        self._append(_RECORD.pack(KIND_CHECKPOINT, offset.seqno, offset.uuid, offset.snap_start, 0, 8)
+                     + _U64.pack(offset.snap_end), None)
 
     def add(self, item: Item) -> None:
         seqno = item.seqno
@@ -388,9 +375,9 @@ class SegmentReader:
                 yield BlockInfo(offset, stored_len, raw_len, records, first, last), raw
                 offset += BLOCK_HEADER_SIZE + stored_len
 
-    def records(self, sha: "hashlib._Hash | None" = None) -> Iterator[Item | SnapshotMarker | Checkpoint]:
-        """Every record in file order: ``Item`` for changes, ``SnapshotMarker`` and ``Checkpoint``
-        for snapshot starts and completed snapshot ends."""
+    def records(self, sha: "hashlib._Hash | None" = None) -> Iterator[Item | SnapshotMarker | StreamOffset]:
+        """Every record in file order: ``Item`` for changes, ``SnapshotMarker`` for snapshot
+        starts and ``StreamOffset`` for checkpoints (the stream position after the records before)."""
         unpack = _RECORD.unpack_from
         size = _RECORD.size
         for info, raw in self.blocks(sha):
@@ -418,7 +405,10 @@ class SegmentReader:
                 elif kind == KIND_CHECKPOINT:
                     if vlen != 8:
                         raise self._corrupt("checkpoint record of the wrong size", info.offset, seqno)
-                    yield Checkpoint(seqno, cas, rev, _U64.unpack(value)[0])
+                    try:
+                        yield StreamOffset(cas, seqno, rev, _U64.unpack(value)[0])
+                    except InvalidInput as exc:
+                        raise self._corrupt(f"checkpoint record is not a position: {exc}", info.offset, seqno) from None
                 else:
                     raise self._corrupt(f"unknown record kind {kind}", info.offset, seqno)
             if count != info.records:
@@ -429,7 +419,7 @@ class SegmentReader:
             if isinstance(rec, Item):
                 yield rec
 
-    def salvage(self) -> Iterator[Item | SnapshotMarker | Checkpoint]:
+    def salvage(self) -> Iterator[Item | SnapshotMarker | StreamOffset]:
         """The records of an unfinished file up to its first damage (a torn tail after a kill),
         without raising: what a resumed run can still use."""
         try:

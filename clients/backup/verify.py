@@ -17,7 +17,8 @@ from clients.backup.archive import Archive
 from clients.backup.chain import continuity_problems
 from clients.backup.errors import BackupError, CorruptArchive
 from clients.backup.manifest import PartitionRecord
-from clients.backup.segment import Checkpoint, SegmentReader, SnapshotMarker
+from clients.backup.segment import SegmentReader, SnapshotMarker
+from engine.protocol.client.offset import StreamOffset
 
 
 @dataclass(slots=True)
@@ -60,8 +61,8 @@ def verify_segment(archive: Archive, run_id: str, rec: PartitionRecord) -> tuple
                                      path=display, partition=p, seqno=r.start)
             snap_start, snap_end = r.start, r.end
             continue
-        if isinstance(r, Checkpoint):
-            if r.seqno < last or r.seqno > rec.end.seqno or not r.snap_start <= r.seqno <= r.snap_end:
+        if isinstance(r, StreamOffset):  # a checkpoint (the reader checked snap_start <= seqno <= snap_end)
+            if r.seqno < last or r.seqno > rec.end.seqno:
                 raise CorruptArchive(f"checkpoint at seqno {r.seqno} outside {last}..{rec.end.seqno}",
                                      path=display, partition=p, seqno=r.seqno)
             continue

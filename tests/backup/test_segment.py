@@ -16,6 +16,7 @@ from clients.backup.segment import (
     SnapshotMarker,
 )
 from engine.core.types import Item
+from engine.protocol.client.offset import StreamOffset
 
 
 def _items(n: int, start: int = 1) -> list[Item]:
@@ -158,3 +159,31 @@ def test_a_marker_that_brought_no_items_is_replaced(tmp_path: Path) -> None:
     w.add(Item(b"k", 4, 1, 1, False, b"v"))
     assert w.close().snapshots == 1
     assert list(SegmentReader(tmp_path / "s").records()) == [SnapshotMarker(1, 10, "disk"), Item(b"k", 4, 1, 1, False, b"v")]
+
+
+def test_a_checkpoint_is_a_stream_offset_in_the_documented_record_layout(tmp_path: Path) -> None:
+    """The checkpoint record keeps its on-disk layout (kind 3, seqno, cas = uuid, rev = snap_start,
+    value = u64 snap_end), so archives written before and after read the same."""
+    path = tmp_path / "p0003.seg"
+    w = SegmentWriter(path, 3)
+    w.snapshot(1, 9, "disk")
+    w.add_many(_items(4))
+    w.checkpoint(StreamOffset(0xABCD, 4, 1, 9))
+    w.close()
+    reader = SegmentReader(path, partition=3)
+    [(_info, raw)] = list(reader.blocks())
+    expected = struct.pack("<BQQQHI", 3, 4, 0xABCD, 1, 0, 8) + struct.pack("<Q", 9)
+    assert raw.endswith(expected)
+    assert list(reader.records())[-1] == StreamOffset(0xABCD, 4, 1, 9)
+
+
+def test_a_checkpoint_that_is_no_position_is_corrupt(tmp_path: Path) -> None:
+    path = tmp_path / "p0003.seg"
+    w = SegmentWriter(path, 3)
+    w.snapshot(1, 9, "disk")
+    w.add_many(_items(4))
+    # snap_start 5 above seqno 4: no valid writer produces it, a damaged or crafted file may
+    w._append(struct.pack("<BQQQHI", 3, 4, 7, 5, 0, 8) + struct.pack("<Q", 9), None)
+    w.close()
+    with pytest.raises(CorruptArchive, match="checkpoint record is not a position"):
+        list(SegmentReader(path, partition=3).records())
