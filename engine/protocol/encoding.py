@@ -19,6 +19,7 @@ from typing import Any
 from engine.protocol.errors import CloseCode, ErrorCode, ProtocolError
 from engine.protocol.fields import json_type, load_fields
 from engine.protocol.frames import json_obj_to_batch
+from engine.protocol.json_text import parse_json
 from engine.protocol.message_types import CLIENT_MESSAGES, SERVER_MESSAGES, Sender
 
 __all__ = [
@@ -56,13 +57,7 @@ def decode(text: str | bytes, *, sender: Sender, max_bytes: int | None = None) -
             f"message of {len(text)} bytes exceeds the limit of {max_bytes}",
             close_code=CloseCode.MESSAGE_TOO_BIG,
         )
-    try:
-        obj = json.loads(text)
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise ProtocolError(ErrorCode.MALFORMED_JSON, f"malformed JSON: {exc}"[:300]) from None
-    except RecursionError:
-        raise ProtocolError(ErrorCode.MALFORMED_JSON, "malformed JSON: nested too deeply") from None
-    return decode_obj(obj, sender=sender)
+    return decode_obj(parse_json(text), sender=sender)
 
 
 def decode_obj(obj: Any, *, sender: Sender) -> Any:

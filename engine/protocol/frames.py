@@ -54,6 +54,7 @@ from typing import Any
 from engine.core.types import MAX_SEQNO, Item
 from engine.protocol.binary_header import HEADER, BinaryFormat
 from engine.protocol.errors import ErrorCode, ProtocolError
+from engine.protocol.json_text import parse_json
 
 __all__ = [
     "Columns",
@@ -277,10 +278,7 @@ def _encode_json(partition: int, keys: Sequence[bytes], seqnos: Sequence[int], c
 
 def decode_json(text: str | bytes) -> ItemBatch:
     """Parse an ``items`` text frame (the client's ``messages.decode`` delegates here too)."""
-    try:
-        obj = json.loads(text)
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise ProtocolError(ErrorCode.MALFORMED_JSON, f"malformed JSON: {exc}"[:300]) from None
+    obj = parse_json(text)
     if type(obj) is not dict or obj.get("type") != "items":
         raise _corrupt("type", "expected an object of type 'items'")
     return json_obj_to_batch(obj)

@@ -148,6 +148,7 @@ CORRUPT_JSON = [
     ("missing column", _json(values=...), "missing_field", "values"),
     ("unknown field", _json(extra=1), "unknown_field", "extra"),
     ("not JSON", "{", "malformed_json", None),
+    ("nested too deeply", "[" * 100_000, "malformed_json", None),
 ]
 
 
