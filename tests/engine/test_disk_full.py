@@ -13,7 +13,6 @@ from pathlib import Path
 
 import pytest
 
-from engine.config import EngineConfig
 from engine.core.errors import Backpressure, InsufficientStorage
 from engine.core.types import Op, WriteOp
 from engine.engine import Engine
@@ -31,23 +30,18 @@ def small_disk(tmp_path: Path) -> Iterator[Path]:
 
 
 @pytest.fixture
-def open_engine(small_disk: Path) -> Iterator[Callable[..., Engine]]:
-    opened: list[Engine] = []
+def open_engine(small_disk: Path, make_engine: Callable[..., Engine]) -> Callable[..., Engine]:
+    """``make_engine`` (conftest) on the small disk; ``small_disk`` comes first so that the engines
+    are closed before the filesystem goes away."""
 
     def open_(**overrides: object) -> Engine:
         settings: dict[str, object] = {
-            "data_dir": small_disk / "data", "partitions": 4, "flush_interval_ms": 2.0,
-            "flush_retry_max_s": 0.2, "flush_failure_backlog_bytes": 1 << 20,
-            "lmdb_map_size": 1 << 30,
+            "data_dir": small_disk / "data", "flush_retry_max_s": 0.2,
+            "flush_failure_backlog_bytes": 1 << 20, "lmdb_map_size": 1 << 30,
         }
-        settings.update(overrides)
-        engine = Engine.open(EngineConfig(**settings))  # type: ignore[arg-type]
-        opened.append(engine)
-        return engine
+        return make_engine(**{**settings, **overrides})
 
-    yield open_
-    for engine in opened:
-        engine.close()
+    return open_
 
 
 def value(i: int, size: int = BIG) -> bytes:
