@@ -26,7 +26,7 @@ snapshot's start and extends its end (``engine.protocol.client.position``).
 What the cursor does *not* decide: positions, bounded-stream ends, barriers and flow control
 belong to the protocol session (``engine.protocol.session.ServerSession``), and which parts of a
 reading open a snapshot and which batch is ``last`` (fresh or continuation) to the protocol's
-``plan_reading``; the cursor only turns snapshots into markers and encoded batches.  A part with no items left (superseded or purged) still
+``plan_reading`` (``engine.protocol.reading_plan``); the cursor only turns snapshots into markers and encoded batches.  A part with no items left (superseded or purged) still
 gets its marker and one empty ``last`` batch, so the consumer's position reaches the part's end.
 
 Thread discipline: at most one executor job touches a cursor at a time (the connection awaits
@@ -43,7 +43,7 @@ from typing import Any
 from app.stream.tailcache import CachedSnapshot
 from engine.protocol import messages as M
 from engine.protocol.frames import Columns
-from engine.protocol.session import PartPlan, plan_reading
+from engine.protocol.reading_plan import PartPlan, plan_reading
 
 __all__ = ["Batch", "BatchEncoder", "Marker", "PartitionCursor", "marker_text"]
 

@@ -25,14 +25,13 @@ from engine.protocol.messages import (
     encode,
     to_json_obj,
 )
+from engine.protocol.reading_plan import PartPlan, plan_reading
 from engine.protocol.session import (
     Close,
     LookupPartitions,
     LookupStream,
-    PartPlan,
     ServerSession,
     SessionState,
-    plan_reading,
 )
 from engine.core.types import FailoverEntry
 
