@@ -25,15 +25,16 @@ import logging
 import os
 import time
 import uuid as uuidlib
-from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from .entries import STAGED_SCHEMA, ListParam, entries_fn
 from .functions import IndexFunction, spec_of
 from .manifest import IndexError_, Manifest, Run, collect_garbage, commit, load
 from .refetch import refetch
-from .view import ENTRY_SCHEMA, runs_frame
+from .runfiles import merge_runs_locally, parquet_rows, write_entries
+from .view import runs_frame
 
 log = logging.getLogger(__name__)
 
@@ -59,11 +60,6 @@ class RunReport:
         return now
 
 
-#: What the executor side emits per source row: index rows, plus the op (control rows pass
-#: through with their partition and seqno) and ``first`` = 1 on the first row of each item, so
-#: one cached pass gives the controls and the count of changes read.
-STAGED_SCHEMA = ENTRY_SCHEMA + ", op STRING, first INT"
-
 #: Batches spanning at most this many seqnos have their index rows written by the driver.
 LOCAL_BATCH_ROWS = 50_000
 
@@ -72,102 +68,9 @@ LOCAL_BATCH_ROWS = 50_000
 MINOR_FRACTION = 0.25
 
 #: Up to this many rows a minor compaction runs in the driver with pyarrow instead of as a Spark
-#: job: measured 2.6 s for a Spark union + window + write of four 10k-row runs on the loaded
-#: 2-core VM (a shuffle job's fixed cost), against well under 0.1 s in pyarrow.
+#: job: a Spark union + window + write pays a shuffle job's fixed cost, which for a few small runs
+#: is far above the pyarrow merge (see docs/benchmarks.md, Spark: minor compaction in pyarrow).
 MERGE_IN_DRIVER_ROWS = 1_000_000
-
-
-def merge_runs_locally(root: Path, runs: tuple[Run, ...], out: Path) -> None:
-    """``runs_frame`` semantics for a few small runs, in pyarrow: each key keeps the rows of its
-    newest run (markers included), after each run's resets dropped older rows of its partitions."""
-    import pyarrow as pa
-    import pyarrow.compute as pc
-    import pyarrow.parquet as pq
-
-    columns = ["value", "key", "partition", "seqno"]
-    tables = []
-    for i, run in enumerate(runs):
-        files = sorted((root / run.path).glob("*.parquet"))
-        t = pa.concat_tables([pq.read_table(f, columns=columns) for f in files]) if files else None
-        if t is not None and t.num_rows:
-            tables.append(t.append_column("_run", pa.array([i] * t.num_rows, pa.int32())))
-    out.mkdir(parents=True)
-    if not tables:
-        pq.write_table(pa.table({"value": pa.array([], pa.string()), "key": pa.array([], pa.string()),
-                                 "partition": pa.array([], pa.int32()), "seqno": pa.array([], pa.int64())}),
-                       out / "part-00000.parquet")
-        return
-    t = pa.concat_tables(tables)
-    for p, last in {p: i for i, r in enumerate(runs) for p in r.resets}.items():
-        t = t.filter(pc.or_(pc.not_equal(t["partition"], p), pc.greater_equal(t["_run"], last)))
-    newest = t.group_by("key").aggregate([("_run", "max")])
-    t = t.join(newest, "key").filter(pc.equal(pc.field("_run"), pc.field("_run_max")))
-    pq.write_table(t.select(columns), out / "part-00000.parquet")
-
-
-def _entries_fn(function: IndexFunction, dedup: bool = False, changes: Any = None,  # type: ignore[no-untyped-def]
-                controls: Any = None):
-    """The executor side: Arrow batches of source rows -> Arrow batches of index rows.
-
-    ``changes`` and ``controls`` are Spark accumulators: the count of items read and the control
-    rows seen (partition, op, seqno), so the batch needs a single Spark job (no cache, no second
-    pass to find out what it contained).
-
-    With ``dedup`` each key keeps only the rows of its newest seqno *within the task*: exact when
-    every server partition's range is read by one task (the source does not split partitions
-    unless ``minPartitions`` asks it to), and it saves the batch a shuffle.
-    """
-    def run(batches: Iterator[Any]) -> Iterator[Any]:
-        import pyarrow as pa
-        schema = pa.schema([("value", pa.string()), ("key", pa.string()), ("partition", pa.int32()),
-                            ("seqno", pa.int64()), ("op", pa.string()), ("first", pa.int32())])
-        newest: dict[str, int] = {}
-        held: list[tuple[Any, ...]] = []
-
-        def emit(rows: list[tuple[Any, ...]]) -> Any:
-            cols = list(zip(*rows)) if rows else [[]] * 6
-            return pa.RecordBatch.from_arrays([pa.array(list(c), t.type) for c, t in zip(cols, schema)],
-                                              schema=schema)
-
-        for batch in batches:
-            cols = batch.select(["key", "partition", "seqno", "op", "value"]).to_pydict()
-            out: list[tuple[Any, ...]] = []
-            for key, p, s, op, v in zip(cols["key"], cols["partition"], cols["seqno"], cols["op"], cols["value"]):
-                if key is None:     # control row
-                    if controls is not None:
-                        controls.add([(p, op, s)])
-                    continue
-                if changes is not None:
-                    changes.add(1)
-                entries = function(key, v) if op == "mutation" and v is not None else ()
-                if not entries:
-                    entries = (None,)
-                if dedup and key is not None:
-                    if newest.get(key, -1) > s:
-                        continue
-                    newest[key] = s
-                f = 1
-                for e in entries:
-                    out.append((e, key, p, s, op, f))
-                    f = 0
-            if dedup:
-                held.extend(out)
-            elif out:
-                yield emit(out)
-        if dedup and held:
-            yield emit([r for r in held if newest[r[1]] == r[3]])
-    return run
-
-
-class _ListParam:
-    """Accumulator of lists (control rows are few: one per reset/rolled-back partition)."""
-
-    def zero(self, value: list[Any]) -> list[Any]:
-        return []
-
-    def addInPlace(self, a: list[Any], b: list[Any]) -> list[Any]:
-        a.extend(b)
-        return a
 
 
 def _newest_per_key(entries):  # type: ignore[no-untyped-def]
@@ -175,24 +78,6 @@ def _newest_per_key(entries):  # type: ignore[no-untyped-def]
     from pyspark.sql import functions as F
     newest = F.max("seqno").over(Window.partitionBy("key"))
     return entries.withColumn("_m", newest).filter(F.col("seqno") == F.col("_m")).drop("_m")
-
-
-def _write_entries(path: Path, batches: list[Any]) -> None:
-    """One Parquet file of index rows (``ENTRY_SCHEMA`` columns) written by the driver."""
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-    schema = pa.schema([("value", pa.string()), ("key", pa.string()), ("partition", pa.int32()),
-                        ("seqno", pa.int64())])
-    table = pa.Table.from_batches([b.select(schema.names) for b in batches], schema) if batches \
-        else schema.empty_table()
-    path.mkdir(parents=True)
-    pq.write_table(table, path / "part-00000.parquet")
-
-
-def _parquet_rows(path: Path) -> int:
-    """Rows of a written run from the Parquet footers (no Spark job)."""
-    import pyarrow.parquet as pq
-    return sum(pq.ParquetFile(f).metadata.num_rows for f in path.glob("*.parquet"))
 
 
 class IndexJob:
@@ -333,15 +218,15 @@ class IndexJob:
         in_task = "minpartitions" not in {k.lower() for k in self.source_options}
         sc = self.spark.sparkContext
         changes = sc.accumulator(0)
-        controls_acc = sc.accumulator([], _ListParam())
-        entries = df.mapInArrow(_entries_fn(self.function, in_task, changes, controls_acc), STAGED_SCHEMA)
+        controls_acc = sc.accumulator([], ListParam())
+        entries = df.mapInArrow(entries_fn(self.function, in_task, changes, controls_acc), STAGED_SCHEMA)
         if not in_task:   # split partitions: a key's versions may sit in two tasks
             entries = _newest_per_key(entries)
         entries = entries.select("value", "key", "partition", "seqno")
         if small:
             # A small batch's index rows (never its document values) come to the driver and are
             # written there: no Spark write job (its planning and commit protocol are fixed costs).
-            _write_entries(self.root / run_path, entries.toArrow().to_batches())
+            write_entries(self.root / run_path, entries.toArrow().to_batches())
         else:
             entries.write.mode("errorifexists").parquet(str(self.root / run_path))
         t = self.report._add("read+write", t)
@@ -352,16 +237,16 @@ class IndexJob:
         for p, op, seqno in controls:
             if op == "rollback":
                 rollbacks[p] = min(seqno, rollbacks.get(p, seqno))
-        runs = manifest.runs + (Run(run_path, tuple(resets), _parquet_rows(self.root / run_path)),)
+        runs = manifest.runs + (Run(run_path, tuple(resets), parquet_rows(self.root / run_path)),)
         if rollbacks:
             # The keys whose rows came from the lost history, re-read by GET: a later run, so the
             # current versions win over whatever the stream delivered in this batch.
             fixes = _newest_per_key(self._corrections(manifest, rollbacks).mapInArrow(
-                _entries_fn(self.function), STAGED_SCHEMA))
+                entries_fn(self.function), STAGED_SCHEMA))
             fix_path = run_path.replace("/r-", "/f-")
             fixes.select("value", "key", "partition", "seqno").write.mode("errorifexists").parquet(
                 str(self.root / fix_path))
-            runs += (Run(fix_path, (), _parquet_rows(self.root / fix_path)),)
+            runs += (Run(fix_path, (), parquet_rows(self.root / fix_path)),)
             t = self.report._add("refetch", t)
         nxt = manifest.next(batch_id=batch_id, runs=runs, offset=self._batch_offset(batch_id))
         if len(runs) > self.max_runs:
@@ -391,8 +276,8 @@ class IndexJob:
         Minor (the usual case): the runs after the first (the base) are merged into one, when they
         hold less than ``MINOR_FRACTION`` of the base's rows.  Its cost follows the changes since
         the last major compaction, not the index size: merging everything every ``max_runs``
-        batches rewrote the whole index (measured ~5 s of a 1e6-document index) once per four
-        small incremental runs.  The merged run keeps the markers (they supersede base rows) and
+        batches would rewrite the whole index once per four small incremental runs, a cost that
+        grows with the index (see docs/benchmarks.md, Spark).  The merged run keeps the markers (they supersede base rows) and
         the union of the resets (they kill base rows of those partitions; within the merged runs
         ``runs_frame`` has applied them already).
 
@@ -413,7 +298,7 @@ class IndexJob:
                 frame = runs_frame(self.spark, self.root, replace(manifest, runs=deltas), markers=True)
                 frame.write.mode("errorifexists").parquet(str(self.root / path))
             resets = tuple(sorted({p for r in deltas for p in r.resets}))
-            return replace(manifest, runs=(base, Run(path, resets, _parquet_rows(self.root / path))))
+            return replace(manifest, runs=(base, Run(path, resets, parquet_rows(self.root / path))))
         path = f"runs/c-{manifest.generation:06d}-{uuidlib.uuid4().hex[:8]}"
         frame = runs_frame(self.spark, self.root, manifest, markers=True)
         purged = self._purge_seqnos()
@@ -423,7 +308,7 @@ class IndexJob:
             frame = frame.filter(F.col("value").isNotNull()
                                  | (F.col("seqno") > F.coalesce(floor[F.col("partition")], F.lit(0))))
         frame.write.mode("errorifexists").parquet(str(self.root / path))
-        rows = _parquet_rows(self.root / path)
+        rows = parquet_rows(self.root / path)
         return replace(manifest, runs=(Run(path, (), rows),), rows=rows)
 
     def _purge_seqnos(self) -> dict[int, int]:
