@@ -17,9 +17,9 @@ Phases (each ``--seconds`` long after a short warm-up, same client, same concurr
 
 Client (``--client``): ``raw`` (default) is a minimal asyncio HTTP/1.1 keep-alive client,
 one connection per in-flight request; ``httpx`` is ``httpx.AsyncClient``.  WHY raw by
-default: on this machine httpx itself tops out far below the server (measured: ~200 req/s
-at concurrency 1 and *fewer* at 32, against ~2,700 req/s for the raw client on the same
-trivial endpoint), so an httpx run measures httpx.  ``--concurrency`` requests are in
+default: on this machine httpx itself tops out far below the server, and lower at
+concurrency 32 than at 1 (docs/benchmarks.md, HTTP: "Why not httpx"), so an httpx run
+measures httpx.  ``--concurrency`` requests are in
 flight (``--bulk-concurrency`` for bulk).  Everything runs on one machine, so the client
 competes with the server for the 2 cores: compare ratios from one run.  The server's CPU
 use per phase (and per request) tells a saturated server from a client-bound run.

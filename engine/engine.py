@@ -63,7 +63,8 @@ def tune_gc(gen0_threshold: int | None) -> None:
     Why: every queued write allocates a few tracked objects (Item, WriteResult, evolver
     nodes) and millions of them stay alive in the queues.  With CPython's default threshold
     (700) the collector runs every few hundred writes and its older generations rescan the
-    whole queue; measured on this machine that cuts ingest from ~400k to ~105k writes/s.
+    whole queue, which cuts ingest to about a quarter (see docs/benchmarks.md, Engine: the
+    raw figures run under the same threshold).
     The engine makes almost no reference cycles, so collecting less often costs little.
     """
     if not gen0_threshold:

@@ -7,7 +7,8 @@ so a misconfigured query fails at its first planning step with a message naming 
 
 The one request goes through the standard library, not ``clients.http``: Spark starts the
 driver's streaming-source process afresh for every query, and importing the ``clients`` package
-(httpx and the consumer stack) cost that process 0.15-0.4 s of every ``upr index run``.
+(httpx and the consumer stack) is a visible share of every ``upr index run`` (see
+docs/benchmarks.md, Spark: the per-run cost notes).
 """
 from __future__ import annotations
 

@@ -16,16 +16,15 @@ from .offsets import SourceOffset, stream_start
 
 #: Tasks per batch when ``minPartitions`` is not given: enough to keep the default ``local[*]``
 #: session's cores busy, few enough that per-task fixed costs (a Python worker's Arrow hand-off to
-#: the JVM, a WebSocket hello) stay small.  Measured on the 2-core VM, 1e6 rows into ``noop``, three
-#: alternating reps on a quiet machine: 8 tasks 55-58 % of the raw client rate, 4 tasks 61-65 %,
-#: 2 tasks 63-71 %.  On a cluster, set ``minPartitions`` to the executors' cores.
+#: the JVM, a WebSocket hello) stay small: on the 2-core machine 4 tasks keep more of the raw
+#: client rate than 8 (see docs/benchmarks.md, Spark).  On a cluster, set ``minPartitions`` to the
+#: executors' cores.
 DEFAULT_TASKS = 4
 
 #: Below this many seqnos of backlog per task a batch gets fewer tasks (at least one): every task
-#: costs ~0.1-0.2 s of fixed work (a Python worker hand-off for the read and for each Python stage
-#: after it, a WebSocket hello, an output file), which is most of a small incremental batch.
-#: Measured: 1,000 changes over 16 partitions, 8 tasks -> 1 task cut the batch's Spark job from
-#: 0.9-1.3 s to ~0.3 s on the 2-core VM.
+#: costs fixed work (a Python worker hand-off for the read and for each Python stage after it, a
+#: WebSocket hello, an output file), which is most of a small incremental batch (see
+#: docs/benchmarks.md, Spark: the per-run cost notes).
 ROWS_PER_TASK = 25_000
 
 

@@ -7,8 +7,9 @@ streaming disables AQE so the 200 default shuffle partitions would cost 200 task
 
 Python processes run through ``spark_python.sh`` (when ``PYSPARK_PYTHON`` is not set already): it
 takes the zipped copy of the pip-installed pyspark off their ``PYTHONPATH``, so they import the
-installed, byte-compiled package instead of compiling ~0.5 s of modules from the zip in every new
-process (the driver's streaming-source process is new for every query).
+installed, byte-compiled package instead of compiling its modules from the zip in every new
+process (the driver's streaming-source process is new for every query; see docs/benchmarks.md,
+Spark: the per-run cost notes).
 """
 from __future__ import annotations
 
