@@ -48,6 +48,8 @@ TOO_LARGE = ProblemType("too-large", 413, "Too large")
 KEY_NOT_FOUND = ProblemType("key-not-found", 404, "Key not found")
 CAS_MISMATCH = ProblemType("cas-mismatch", 412, "CAS mismatch")
 PARTITION_NOT_ACTIVE = ProblemType("partition-not-active", 503, "Partition not active")
+#: a replica-only operation (promote, apply replicated items) on a partition in another state
+PARTITION_NOT_REPLICA = ProblemType("partition-not-replica", 409, "Partition not a replica")
 BACKPRESSURE = ProblemType("backpressure", 429, "Write queue full")
 #: WHY 507 (RFC 4918) and not 503: the write was applied; what failed is storing it, for lack of space.
 INSUFFICIENT_STORAGE = ProblemType("insufficient-storage", 507, "Insufficient storage: applied but not persisted")
@@ -73,6 +75,7 @@ ENGINE_PROBLEMS: dict[type[E.UprError], ProblemType] = {
     E.KeyNotFound: KEY_NOT_FOUND,
     E.CasMismatch: CAS_MISMATCH,
     E.PartitionNotActive: PARTITION_NOT_ACTIVE,
+    E.NotReplica: PARTITION_NOT_REPLICA,
     E.Backpressure: BACKPRESSURE,
     E.InsufficientStorage: INSUFFICIENT_STORAGE,
     E.SeqnoRangeError: SEQNO_RANGE,
