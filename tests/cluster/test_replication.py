@@ -26,11 +26,11 @@ from tests.support.server import start_server
 PARTS = 4
 
 
-def history(data_dir: Path) -> tuple[dict[int, list[tuple]], dict[int, int]]:
+def history(data_dir: Path, partitions: int = PARTS) -> tuple[dict[int, list[tuple]], dict[int, int]]:
     """Every partition's by-seqno scan (key, seqno, cas, rev, deleted, value) and high seqno."""
     scans, highs = {}, {}
-    with Engine.open(EngineConfig(data_dir=data_dir, partitions=PARTS)) as engine:
-        for p in range(PARTS):
+    with Engine.open(EngineConfig(data_dir=data_dir, partitions=partitions)) as engine:
+        for p in range(partitions):
             highs[p] = engine.high_seqno(p)
             with engine.snapshot(p, 0) as snap:
                 scans[p] = [tuple(item) for item in snap.items()]
