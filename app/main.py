@@ -86,6 +86,7 @@ def create_app(
             node = ClusterNode(engine, settings.node_config())
             await node.start()
             app.state.cluster = node
+            app.state.stream_server.owner_of = node.misdirected
         try:
             yield
         finally:

@@ -10,6 +10,7 @@ Two nodes: the killed node comes back as the replica of every partition and ends
 active's by-seqno history item for item (its own extra history rolled back)."""
 from __future__ import annotations
 
+import asyncio
 import uuid
 from pathlib import Path
 
@@ -17,9 +18,20 @@ import httpx
 import pytest
 
 from tests.cluster.etcd_server import EtcdProcess
+from tests.support.wsclient import RawStream
 from tests.cluster.nodes import Cluster, first_map, partition_of, replicas_caught_up, until, write_routed
 
 pytestmark = pytest.mark.slow
+
+
+async def stream_request(url: str, partition: int) -> dict:
+    stream = await RawStream.open(url, partitions=[partition], codec="json")
+    try:
+        await stream.send({"type": "stream_request", "partition": partition, "uuid": 0, "start_seqno": 0,
+                           "snap_start": 0, "snap_end": 0})
+        return await stream.recv()  # type: ignore[return-value]
+    finally:
+        await stream.ws.close()
 
 
 def failover_logs(cluster: Cluster, name: str) -> dict[int, list[tuple[int, int]]]:
@@ -77,6 +89,8 @@ def test_sigkill_of_an_active_node_fails_over_without_losing_in_sync_writes(tmp_
         problem = r.json()
         assert problem["type"].endswith("misdirected-request")
         assert problem["url"] == urls[after["map"]["partitions"][owned[0]]["active"]]
+        refusal = asyncio.run(stream_request(cluster.nodes[victim].url, owned[0]))
+        assert refusal["status"] == "not_my_partition" and "map revision" in refusal["detail"], refusal
     finally:
         cluster.stop_all()
 
