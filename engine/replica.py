@@ -19,13 +19,14 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Iterable
+from itertools import repeat
 
 from engine.core.errors import InvalidInput
 from engine.core.types import Item
 from engine.partition import Partition
 from engine.storage.records import META
 from engine.storage.store import Store
-from engine.writequeue import ITEM_OVERHEAD
+from engine.writequeue import ITEM_OVERHEAD, QueueBatch
 
 
 def apply_items(part: Partition, store: Store, turn: threading.Lock, items: Iterable[Item], *,
@@ -94,11 +95,9 @@ def apply_items(part: Partition, store: Store, turn: threading.Lock, items: Iter
     return max_cas
 
 
-def _fill_to(batch: object, seqno: int) -> None:
+def _fill_to(batch: QueueBatch, seqno: int) -> None:
     """Empty slots up to ``seqno``: seqnos the active deduplicated out of the snapshot."""
-    gap = seqno - batch.next_seqno + 1  # type: ignore[attr-defined]
+    gap = seqno - batch.next_seqno + 1
     if gap > 0:
-        ev = batch.ev  # type: ignore[attr-defined]
-        for _ in range(gap):
-            ev.append(None)
-        batch.next_seqno = seqno + 1  # type: ignore[attr-defined]
+        batch.ev.extend(repeat(None, gap))
+        batch.next_seqno = seqno + 1

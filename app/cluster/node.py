@@ -137,7 +137,8 @@ class ClusterNode:
         self._tasks.append(asyncio.get_running_loop().create_task(self._fence_and_rejoin(), name="fence"))
 
     async def _fence_and_rejoin(self) -> None:
-        retired = await self._retire_all()
+        async with self._apply_lock:  # after a map being followed right now, before anything else
+            retired = await self._retire_all()
         log.error("node %s lost its lease: %d active partition(s) stopped taking writes; rejoining", self.name, retired)
         self.replication.update({})
         if self._orchestrator_task is not None:

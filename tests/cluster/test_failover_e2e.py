@@ -11,6 +11,7 @@ active's by-seqno history item for item (its own extra history rolled back)."""
 from __future__ import annotations
 
 import asyncio
+import signal
 import uuid
 from pathlib import Path
 
@@ -122,5 +123,37 @@ def test_a_killed_node_rejoins_as_replica_and_ends_with_the_actives_history(tmp_
 
         ours, theirs = history(cluster.nodes["n1"].data_dir, 8), history(cluster.nodes["n2"].data_dir, 8)
         assert sum(map(len, theirs[0].values())) == 200 and ours == theirs
+    finally:
+        cluster.stop_all()
+
+
+def test_a_paused_node_that_lost_its_lease_takes_no_more_writes(tmp_path: Path, etcd: EtcdProcess) -> None:
+    cluster = Cluster(tmp_path, etcd.url, partitions=8, replicas=1, initial_nodes=2,
+                      prefix=f"/upr/{uuid.uuid4().hex[:8]}")
+    try:
+        for name in ("n1", "n2"):
+            cluster.start(name)
+        view = first_map(cluster, "n1")
+        keys = [f"doc-{i}" for i in range(100)]
+        write_routed(cluster, view, keys, "v1")
+        until(lambda: replicas_caught_up(cluster), what="every replica in sync")
+        owned = [p["partition"] for p in view["map"]["partitions"] if p["active"] == "n1"]
+        assert owned
+        n1 = cluster.nodes["n1"]
+        n1.proc.send_signal(signal.SIGSTOP)  # past its 2 s lease: the cluster gives its partitions away
+        try:
+            until(lambda: all(cluster.view("n2")["map"]["partitions"][p]["active"] == "n2" for p in owned),
+                  what="n1's partitions failed over to n2")
+        finally:
+            n1.proc.send_signal(signal.SIGCONT)
+        key = next(k for k in keys if partition_of(k, 8) == owned[0])
+
+        def refused() -> bool:
+            r = httpx.put(f"{n1.url}/docs/{key}", content=b"stale", timeout=10)
+            return r.status_code == 421
+
+        until(refused, what="n1 fenced")
+        r = httpx.get(f"{cluster.nodes['n2'].url}/docs/{key}", timeout=10)
+        assert r.status_code == 200 and r.json() == f"v1-{key}"
     finally:
         cluster.stop_all()
