@@ -11,6 +11,7 @@ active's by-seqno history item for item (its own extra history rolled back)."""
 from __future__ import annotations
 
 import asyncio
+import json
 import signal
 import uuid
 from pathlib import Path
@@ -19,6 +20,7 @@ import httpx
 import pytest
 
 from tests.cluster.etcd_server import EtcdProcess
+from app import cli
 from tests.support.wsclient import RawStream
 from tests.cluster.nodes import Cluster, first_map, partition_of, replicas_caught_up, until, write_routed
 
@@ -96,8 +98,8 @@ def test_sigkill_of_an_active_node_fails_over_without_losing_in_sync_writes(tmp_
         cluster.stop_all()
 
 
-def test_a_killed_node_rejoins_as_replica_and_ends_with_the_actives_history(tmp_path: Path,
-                                                                          etcd: EtcdProcess) -> None:
+def test_a_killed_node_rejoins_as_replica_and_ends_with_the_actives_history(tmp_path: Path, etcd: EtcdProcess,
+                                                                          capsys: pytest.CaptureFixture[str]) -> None:
     cluster = Cluster(tmp_path, etcd.url, partitions=8, replicas=1, initial_nodes=2,
                       prefix=f"/upr/{uuid.uuid4().hex[:8]}")
     try:
@@ -117,6 +119,16 @@ def test_a_killed_node_rejoins_as_replica_and_ends_with_the_actives_history(tmp_
                           for p in cluster.view("n2")["map"]["partitions"]), what="n1 placed as replica")
         until(lambda: replicas_caught_up(cluster), what="n1 in sync again")
         assert acked
+        # upr cluster status, asked of the replica's node, shows every lag (taken from the active's node)
+        assert cli.main(["cluster", "status", "--server", cluster.nodes["n1"].url, "--json"]) == 0
+        status = json.loads(capsys.readouterr().out)
+        assert status["node"] == "n1" and {n["name"]: n["state"] for n in status["nodes"]} == {"n1": "up", "n2": "up"}
+        assert all(p["active"] == "n2" and p["replicas"] == [{"node": "n1", "seqno": p["replicas"][0]["seqno"],
+                                                               "in_sync": True, "lag": 0}]
+                   for p in status["map"]["partitions"])
+        assert cli.main(["cluster", "status", "--server", cluster.nodes["n1"].url]) == 0
+        table = capsys.readouterr().out
+        assert "map revision" in table and "n1 (" in table and "in sync, lag 0)" in table
         for name in ("n1", "n2"):
             assert cluster.nodes[name].stop() in (0, -15)
         from tests.cluster.test_replication import history
