@@ -89,7 +89,11 @@ class ClusterNode:
         self.orchestrator: str | None = None
         self.fenced = False
         self.membership: Membership | None = None
-        self.replication = ReplicationStreams(engine, self.name, self.etcd, self.layout, self._lease)
+        # cut off from a live active for twice its lease TTL and more, a copy is out of sync: longer
+        # than a dead active's lease takes to expire, so a dead active's replicas stay promotable
+        self.replication = ReplicationStreams(engine, self.name, self.etcd, self.layout, self._lease,
+                                              max_down_s=2.0 * config.lease_ttl_s + 1.0,
+                                              is_live=lambda node: node in self.nodes)
         self._orchestrator_task: asyncio.Task[None] | None = None
         self._tasks: list[asyncio.Task[Any]] = []
         self._apply_lock = asyncio.Lock()

@@ -79,12 +79,18 @@ class ReplicationStreams:
 
     def __init__(self, engine: Engine, node: str, etcd: EtcdClient, layout: Layout, lease: Callable[[], int], *,
                  publish_interval_s: float = 0.2, open_timeout_s: float = 5.0, max_backoff_s: float = 2.0,
-                 max_frame_bytes: int = 64 << 20) -> None:
+                 max_frame_bytes: int = 64 << 20, max_down_s: float = 10.0,
+                 is_live: Callable[[str], bool] = lambda node: True) -> None:
         self.engine, self.node, self.etcd, self.layout, self.lease = engine, node, etcd, layout, lease
         self.publish_interval_s = publish_interval_s
         self.open_timeout_s = open_timeout_s
         self.max_backoff_s = max_backoff_s
         self.max_frame_bytes = max_frame_bytes
+        #: cut off this long from a live active, a copy is no longer in sync (``ReplicaSync.tick``)
+        self.max_down_s = max_down_s
+        self.is_live = is_live
+        #: partition -> the active node it streams from
+        self._source_of: dict[int, str] = {}
         #: partition -> its copy's catch-up state
         self.syncs: dict[int, ReplicaSync] = {}
         #: (active node, url) -> (its partitions, the task streaming them)
@@ -98,6 +104,7 @@ class ReplicationStreams:
         """Replicate exactly ``sources`` (partition -> (active node, its URL)) from now on; streams
         whose partition set is unchanged keep running."""
         wanted: dict[tuple[str, str], set[int]] = {}
+        self._source_of = {p: source[0] for p, source in sources.items()}
         for p, source in sources.items():
             wanted.setdefault(source, set()).add(p)
         for source, (parts, task) in list(self._streams.items()):
@@ -150,7 +157,10 @@ class ReplicationStreams:
             await self.etcd.delete(self.layout.replica_progress(p, self.node))
             self._gone.discard(p)
         lease = self.lease()
+        now = asyncio.get_running_loop().time()
         for p, sync in list(self.syncs.items()):
+            source = self._source_of.get(p)
+            sync.tick(now, source is not None and self.is_live(source), self.max_down_s)
             changed = sync.changed()
             if changed is None:
                 continue
@@ -170,6 +180,11 @@ class ReplicationStreams:
             except Exception as exc:  # noqa: BLE001 - every failure of one connection means "retry"
                 log.info("node %s: replication of partitions %s from node %s (%s) stopped: %s; retrying in %.2fs",
                          self.node, _ranges(partitions), active, url, exc or type(exc).__name__, delay)
+            now = asyncio.get_running_loop().time()
+            for p in partitions:
+                sync = self.syncs.get(p)
+                if sync is not None:
+                    sync.stream_lost(now)
             await asyncio.sleep(delay)
             delay = min(delay * 2, self.max_backoff_s)
 

@@ -73,12 +73,25 @@ def placed(view: dict[str, Any]) -> bool:
 
 
 def first_map(cluster: "Cluster", name: str) -> dict[str, Any]:
-    """``name``'s view once a map has placed every partition."""
+    """``name``'s view once a map has placed every partition and every live node follows it."""
     def ready() -> dict[str, Any] | None:
         view = cluster.view(name)
-        return view if placed(view) else None
+        return view if placed(view) and settled(cluster, view) else None
 
     return until(ready, what="the first map")
+
+
+def settled(cluster: "Cluster", view: dict[str, Any]) -> bool:
+    """Every live node's partitions are in the state ``view``'s map gives them (it followed the map)."""
+    for name in cluster.live():
+        states = {p["partition"]: p["state"] for p in
+                  httpx.get(f"{cluster.nodes[name].url}/partitions", timeout=10).json()["partitions"]}
+        for entry in view["map"]["partitions"]:
+            wanted = ("active" if entry["active"] == name else
+                      "replica" if name in [r["node"] for r in entry["replicas"]] else "dead")
+            if states[entry["partition"]] != wanted:
+                return False
+    return True
 
 
 def write_routed(cluster: Cluster, view: dict[str, Any], keys: Iterable[str], tag: str) -> dict[str, dict[str, Any]]:

@@ -22,7 +22,15 @@ import pytest
 from tests.cluster.etcd_server import EtcdProcess
 from app import cli
 from tests.support.wsclient import RawStream
-from tests.cluster.nodes import Cluster, first_map, partition_of, replicas_caught_up, until, write_routed
+from tests.cluster.nodes import (
+    Cluster,
+    first_map,
+    partition_of,
+    replicas_caught_up,
+    settled,
+    until,
+    write_routed,
+)
 
 pytestmark = pytest.mark.slow
 
@@ -68,6 +76,7 @@ def test_sigkill_of_an_active_node_fails_over_without_losing_in_sync_writes(tmp_
             return v if moved and v["map"]["revision"] > view["map"]["revision"] else None
 
         after = until(failed_over, timeout=60, what="the failover of the killed node's partitions")
+        until(lambda: settled(cluster, after), what="the survivors following the new map")
         urls = {n["name"]: n["url"] for n in after["nodes"] if n["url"]}
         for p in owned:
             new_active = after["map"]["partitions"][p]["active"]
@@ -113,6 +122,7 @@ def test_a_killed_node_rejoins_as_replica_and_ends_with_the_actives_history(tmp_
         until(lambda: all(p["active"] == "n2" for p in cluster.view("n2")["map"]["partitions"]),
               what="every partition active on n2")
         after = cluster.view("n2")
+        until(lambda: settled(cluster, after), what="n2 following the new map")
         acked = write_routed(cluster, after, keys[:50], "v2")  # history n1 never saw
         cluster.start("n1")
         until(lambda: all(p["replicas"] and p["replicas"][0]["node"] == "n1"

@@ -42,3 +42,24 @@ def test_changed_reports_each_progress_once_it_is_published() -> None:
     assert sync.changed() is None
     sync.requested(0, 0)
     assert sync.changed() == Progress(0, True)
+
+
+@pytest.mark.parametrize(
+    ("down_for", "active_live", "in_sync"),
+    [
+        (None, True, True),  # streaming
+        (3.0, True, True),  # cut off, not for long yet
+        (6.0, False, True),  # its active is dead: it stays promotable
+        (6.0, True, False),  # cut off from a live active: it misses acknowledged writes
+    ],
+)
+def test_a_copy_cut_off_from_a_live_active_falls_out_of_sync(down_for, active_live, in_sync) -> None:
+    sync = ReplicaSync()
+    sync.requested(10, 10)
+    if down_for is not None:
+        sync.stream_lost(100.0)
+        sync.stream_lost(101.0)  # the first loss counts
+    sync.tick(100.0 + (down_for or 0.0), active_live, max_down_s=5.0)
+    assert sync.in_sync is in_sync
+    sync.requested(10, 10)  # a new handshake: streaming again, caught up
+    assert sync.in_sync and sync.down_since is None
