@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: run test bench venv clean
+.PHONY: run test bench venv clean cluster
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -16,6 +16,10 @@ venv: $(STAMP)
 
 run: $(STAMP)
 	$(BIN)/upr server --data-dir ./data --host 127.0.0.1 --port 8000
+
+# etcd and three nodes on 127.0.0.1:8001-8003 with their own data dirs under ./cluster-data (Ctrl-C stops them)
+cluster: $(STAMP)
+	$(BIN)/python -m app.cluster.local
 
 test: $(STAMP)
 	$(BIN)/lint-imports

@@ -3,8 +3,8 @@
 Subcommands here: ``server`` (its flags derived from ``app.settings.Settings``, see
 ``app.settings_flags``) and ``openapi``.  Every other group joins the same tree through a
 ``register(subparsers)`` function listed in ``PLUGIN_MODULES``: the client commands and
-``backup`` (``clients/cli.py``), ``index`` (``spark_connector/cli.py``), and later the cluster
-commands.  Each subparser sets ``func=<callable(args) -> int>``.
+``backup`` (``clients/cli.py``), ``cluster`` (``clients/cluster_cli.py``) and ``index``
+(``spark_connector/cli.py``).  Each subparser sets ``func=<callable(args) -> int>``.
 
 Registering a group imports only its argument parsing; heavy dependencies load when a command
 runs.  Those that come from an optional extra (``pip install 'upr[spark]'``) are named in
@@ -23,7 +23,7 @@ from typing import Any
 from pydantic import ValidationError
 
 #: Modules that contribute subcommands, each with ``register(subparsers)``.
-PLUGIN_MODULES = ("clients.cli", "spark_connector.cli")
+PLUGIN_MODULES = ("clients.cli", "clients.cluster_cli", "spark_connector.cli")
 
 #: Top-level modules that come from an optional extra of the ``upr`` distribution, not its core.
 EXTRA_OF_MODULE = {"pyspark": "spark", "py4j": "spark", "pandas": "spark", "pyarrow": "spark"}

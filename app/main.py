@@ -7,7 +7,8 @@ tests and ``upr openapi`` build apps freely without touching a data directory.
 
 ``app.state`` holds: ``settings``, ``tokens``, ``metrics``, ``streams`` (the stream
 registry, read by ``GET /streams``), ``started_at``, and while the engine is open
-``runner`` (the engine behind its executors) and ``stream_server`` (``app.stream.server``:
+``runner`` (the engine behind its executors), ``cluster`` (``app.cluster.node.ClusterNode``
+with ``--cluster``, else None) and ``stream_server`` (``app.stream.server``:
 hub, reader jobs and connection slots of the ``GET /stream`` connections); both None otherwise.
 """
 from __future__ import annotations
@@ -30,7 +31,7 @@ from app.limits import BodyLimit, BodyTooLarge
 from app.metrics import Metrics, MetricsMiddleware
 from app.models import BulkItem
 from app.problems import PROBLEM_MEDIA_TYPE
-from app.routes import admin, bulk, docs, health, partitions, stream_status, status
+from app.routes import admin, bulk, cluster, docs, health, partitions, stream_status, status
 from app.runner import EngineRunner
 from app.settings import Settings
 from app.streams_registry import StreamRegistry
@@ -79,9 +80,19 @@ def create_app(
                                                stream_metrics=stream_metrics(app))
         app.state.started_at = time.monotonic()
         log.info("engine open: %s (%d partitions, node %s)", settings.data_dir, engine.num_partitions, engine.node_id)
+        if settings.cluster is not None:
+            from app.cluster.node import ClusterNode
+
+            node = ClusterNode(engine, settings.node_config())
+            await node.start()
+            app.state.cluster = node
+            app.state.stream_server.owner_of = node.misdirected
         try:
             yield
         finally:
+            cluster, app.state.cluster = app.state.cluster, None
+            if cluster is not None:
+                await cluster.stop()
             stream_server, app.state.stream_server = app.state.stream_server, None  # new streams: 503
             await stream_server.close()
             app.state.runner = None
@@ -107,6 +118,7 @@ def create_app(
             {"name": "status", "description": "liveness, readiness, node status, metrics"},
             {"name": "partitions", "description": "per-partition state and seqnos"},
             {"name": "streams", "description": "open stream connections"},
+            {"name": "cluster", "description": "nodes, the partition map and replica progress (--cluster)"},
             {"name": "admin", "description": "operator actions (admin role)"},
         ],
     )
@@ -117,6 +129,7 @@ def create_app(
     app.state.stream_limits = settings.stream_limits()
     app.state.runner = None
     app.state.stream_server = None
+    app.state.cluster = None
     app.state.started_at = time.monotonic()
     app.state.closed_clean = True
 
@@ -124,7 +137,7 @@ def create_app(
     app.add_exception_handler(BodyTooLarge, _body_too_large)  # type: ignore[arg-type]
     app.add_middleware(BodyLimit, limit=settings.max_request_bytes)
     app.add_middleware(MetricsMiddleware, metrics=app.state.metrics)
-    modules = (health, bulk, docs, status, partitions, stream_status, admin)
+    modules = (health, bulk, docs, status, partitions, stream_status, cluster, admin)
     for module in modules:
         # Added flat rather than with include_router: FastAPI's included-router matching cost
         # ~20% of a small request here.  The routers carry their prefixes and tags already.

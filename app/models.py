@@ -148,6 +148,8 @@ class PartitionStreamStatus(BaseModel):
 class StreamInfo(BaseModel):
     id: int
     name: str
+    kind: Literal["consumer", "replication"] = Field(
+        "consumer", description="replication: another node's replica copy (hello name 'replication:<node>')")
     remote: str
     codec: str
     connected_at: float

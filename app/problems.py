@@ -48,6 +48,11 @@ TOO_LARGE = ProblemType("too-large", 413, "Too large")
 KEY_NOT_FOUND = ProblemType("key-not-found", 404, "Key not found")
 CAS_MISMATCH = ProblemType("cas-mismatch", 412, "CAS mismatch")
 PARTITION_NOT_ACTIVE = ProblemType("partition-not-active", 503, "Partition not active")
+#: a document request to a node that is not active for the key's partition (RFC 9110 421): the body
+#: names the active node's URL, which a client follows
+MISDIRECTED = ProblemType("misdirected-request", 421, "Misdirected request")
+#: a replica-only operation (promote, apply replicated items) on a partition in another state
+PARTITION_NOT_REPLICA = ProblemType("partition-not-replica", 409, "Partition not a replica")
 BACKPRESSURE = ProblemType("backpressure", 429, "Write queue full")
 #: WHY 507 (RFC 4918) and not 503: the write was applied; what failed is storing it, for lack of space.
 INSUFFICIENT_STORAGE = ProblemType("insufficient-storage", 507, "Insufficient storage: applied but not persisted")
@@ -73,6 +78,7 @@ ENGINE_PROBLEMS: dict[type[E.UprError], ProblemType] = {
     E.KeyNotFound: KEY_NOT_FOUND,
     E.CasMismatch: CAS_MISMATCH,
     E.PartitionNotActive: PARTITION_NOT_ACTIVE,
+    E.NotReplica: PARTITION_NOT_REPLICA,
     E.Backpressure: BACKPRESSURE,
     E.InsufficientStorage: INSUFFICIENT_STORAGE,
     E.SeqnoRangeError: SEQNO_RANGE,
@@ -194,6 +200,14 @@ def allowed_methods(request: Request) -> list[str]:
     return sorted(methods)
 
 
+def misdirected(partition: int, where: dict[str, Any]) -> Problem:
+    """421 for a document of ``partition``, naming who serves it per the node's newest map."""
+    url = where.get("url")
+    detail = (f"partition {partition} is served by node {where['active']} at {url}" if url
+              else f"partition {partition} has no active node right now (map revision {where['map_revision']})")
+    return Problem(MISDIRECTED, detail, partition=partition, extra=dict(where))
+
+
 def install(app: FastAPI) -> None:
     """Register the handlers that turn every error into a problem document."""
 
@@ -201,6 +215,9 @@ def install(app: FastAPI) -> None:
         return exc.response(request.url.path)
 
     async def on_engine(request: Request, exc: E.UprError) -> Response:
+        cluster = getattr(request.app.state, "cluster", None)
+        if cluster is not None and isinstance(exc, E.PartitionNotActive) and exc.partition is not None:
+            return misdirected(exc.partition, cluster.misdirected(exc.partition)).response(request.url.path)
         return Problem.from_engine(exc).response(request.url.path)
 
     async def on_auth(request: Request, exc: AuthError) -> Response:

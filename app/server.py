@@ -89,6 +89,26 @@ def open_engine(settings: Settings) -> Any:
     return engine
 
 
+def preflight_cluster(settings: Settings) -> str | None:
+    """Why this node cannot join ``--cluster`` (one line), or None: bad flags, etcd unreachable,
+    the cluster's fixed partition or replica count differs, the node name is taken."""
+    from app.cluster.errors import ClusterError
+    from app.cluster.etcd import EtcdError
+    from app.cluster.node import preflight
+
+    try:
+        config = settings.node_config()
+    except ValueError as exc:
+        return f"upr: {exc}"
+    try:
+        asyncio.run(preflight(config))
+    except EtcdError as exc:
+        return f"upr: cannot join the cluster at {settings.cluster}: {exc}"
+    except ClusterError as exc:
+        return f"upr: cannot join the cluster at {settings.cluster}: {exc}"
+    return None
+
+
 def serve(settings: Settings) -> int:
     """Run until interrupted; returns the process exit code."""
     tokens = TokenTable.load(settings.tokens_file, settings.tokens)
@@ -98,6 +118,11 @@ def serve(settings: Settings) -> int:
         return EXIT_CONFIG
     logging.basicConfig(level=settings.log_level.upper() if settings.log_level != "trace" else "DEBUG",
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if settings.cluster is not None:
+        refusal = preflight_cluster(settings)
+        if refusal:
+            print(refusal, file=sys.stderr)
+            return EXIT_CONFIG
     try:
         engine = open_engine(settings)
     except StartRefused as exc:

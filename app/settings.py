@@ -11,13 +11,16 @@ from __future__ import annotations
 import os
 import tomllib
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pydantic import Field, field_validator
 from pydantic.fields import FieldInfo
 from pydantic_settings import BaseSettings, CliSuppress, PydanticBaseSettingsSource, SettingsConfigDict
 
 from engine.config import EngineConfig
+
+if TYPE_CHECKING:
+    from app.cluster.node import NodeConfig
 
 MiB = 1024 * 1024
 
@@ -123,6 +126,16 @@ class Settings(BaseSettings):
     log_level: str = Field("info", description="uvicorn log level")
     access_log: bool = Field(False, description="log every request (costs throughput)")
     ready_file: Path | None = Field(None, description="write the bound URL to this file once serving")
+    cluster: str | None = Field(
+        None, description="join a cluster coordinated by etcd: etcd://HOST:PORT[,HOST:PORT...] (off: a single node)")
+    node: str | None = Field(None, description="this node's name in the cluster (unique among live nodes)")
+    advertise: str | None = Field(
+        None, description="the URL other nodes and clients reach this node at (default: http://HOST:PORT)")
+    replicas: int = Field(1, ge=0, le=3, description="replica copies per partition (fixed when the cluster is created)")
+    lease_ttl_s: int = Field(3, ge=2, le=60, description="a node whose lease is not renewed this long is failed over")
+    cluster_prefix: str = Field("/upr/default", description="etcd key prefix of the cluster (several clusters per etcd)")
+    cluster_initial_nodes: int = Field(
+        1, ge=1, description="live nodes a new cluster waits for before placing its partitions")
 
     @field_validator("log_level")
     @classmethod
@@ -159,6 +172,34 @@ class Settings(BaseSettings):
                             max_connections=self.stream_max_connections,
                             max_connections_per_client=self.stream_max_connections_per_client,
                             hello_timeout_s=self.stream_hello_timeout_s)
+
+    def cluster_endpoints(self) -> list[str]:
+        """``--cluster``'s etcd endpoints as http URLs; ValueError with a one-line reason."""
+        raw = self.cluster or ""
+        if not raw.startswith("etcd://"):
+            raise ValueError(f"--cluster must look like etcd://HOST:PORT[,HOST:PORT], got {raw!r}")
+        hosts = [h.strip() for h in raw[len("etcd://"):].split(",") if h.strip()]
+        if not hosts or any(":" not in h or "/" in h for h in hosts):
+            raise ValueError(f"--cluster must look like etcd://HOST:PORT[,HOST:PORT], got {raw!r}")
+        return [f"http://{h}" for h in hosts]
+
+    def node_config(self) -> "NodeConfig":
+        """The cluster node's half of these settings (``--cluster`` given); ValueError with a
+        one-line reason when they do not make a node."""
+        from app.cluster.node import NodeConfig
+
+        endpoints = self.cluster_endpoints()
+        if not self.node:
+            raise ValueError("--cluster needs --node NAME (this node's name in the cluster)")
+        url = self.advertise
+        if url is None:
+            if self.port == 0:
+                raise ValueError("--cluster with --port 0 needs --advertise URL: other nodes must know where to reach it")
+            url = f"http://{self.host}:{self.port}"
+        if not url.startswith(("http://", "https://")):
+            raise ValueError(f"--advertise must be an http:// or https:// URL, got {url!r}")
+        return NodeConfig(self.node, url.rstrip("/"), tuple(endpoints), self.cluster_prefix, self.partitions,
+                          self.replicas, self.lease_ttl_s, self.cluster_initial_nodes)
 
     def engine_config(self) -> EngineConfig:
         """The engine's half of these settings."""

@@ -21,7 +21,8 @@ from pydantic_settings import BaseSettings
 #: Shorter names a flag also answers to (the derived ``--field-name`` always works too).
 FLAG_ALIASES: dict[str, tuple[str, ...]] = {"config_file": ("--config",)}
 #: Metavars the name rule below cannot guess.
-METAVARS: dict[str, str] = {"config_file": "FILE.toml"}
+METAVARS: dict[str, str] = {"config_file": "FILE.toml", "cluster": "etcd://HOST:PORT[,...]", "node": "NAME",
+                             "advertise": "URL", "cluster_prefix": "PREFIX"}
 
 #: Name endings that say what a value is, shown as the flag's metavar.
 _METAVAR_BY_SUFFIX = (

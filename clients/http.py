@@ -141,6 +141,10 @@ class HttpApi:
     def status(self) -> dict[str, Any]:
         return self._json("GET", "/status")
 
+    def cluster(self) -> dict[str, Any]:
+        """``GET /cluster``: nodes, the partition map with replica progress, the orchestrator."""
+        return self._json("GET", "/cluster")
+
     def close(self) -> None:
         self._client.close()
 

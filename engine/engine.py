@@ -27,10 +27,11 @@ import lmdb
 
 from engine.batch_writer import BatchWriter
 from engine.config import EngineConfig
-from engine.core import failover_policy
+from engine.core import failover, failover_policy
 from engine.core.errors import (
     Backpressure,
     EngineClosed,
+    NotReplica,
     InvalidInput,
     InvalidPartition,
     KeyNotFound,
@@ -38,9 +39,11 @@ from engine.core.errors import (
     UprError,
 )
 from engine.core.keys import encode_key, partition_for_key
+from engine.core.replica_snapshots import ReplicaSnapshots, SnapshotMark
 from engine.core.types import (
     Document,
     FailoverEntry,
+    Item,
     Op,
     PartitionState,
     PartitionStats,
@@ -50,6 +53,7 @@ from engine.core.types import (
 from engine.flush_health import FlushFault
 from engine.flusher import Flusher, lmdb_turn
 from engine.partition import Partition
+from engine.replica import apply_items
 from engine.snapshot import PartitionSnapshot, capture, capture_memory_only, memory_backlog
 from engine.storage.store import Store
 from engine.writequeue import WriteQueue
@@ -114,6 +118,7 @@ class Engine:
                 id=p, state=m.state, failover_log=m.failover_log, purge_seqno=m.purge_seqno,
                 live_items=m.live_items, persisted_live=m.live_items, persisted_max_cas=m.max_cas,
                 queue=WriteQueue(m.persisted_seqno),
+                snapshots=ReplicaSnapshots.restored(m.snapshot, m.persisted_seqno),
             )
             for p, m in enumerate(opened.partitions)
         ]
@@ -330,9 +335,118 @@ class Engine:
                 store.put_failover(txn, partition, log_)  # type: ignore[arg-type]
 
             store.write(put)
+            if state is PartitionState.REPLICA:  # what it holds so far is whole: its own history
+                persisted = part.persisted_seqno
+                part.snapshots = ReplicaSnapshots.restored(SnapshotMark(persisted, persisted, persisted), persisted)
             part.state = state
             part.failover_log = log_
         self._notify((partition,))
+
+    # ------------------------------------------------------------------ replica copies
+
+    def replica_marker(self, partition: int, start: int, end: int) -> None:
+        """A replicated snapshot ``(start, end)`` begins on replica ``partition`` (its items follow
+        through ``apply_replicated``)."""
+        part = self._replica(partition)
+        with self._lock:
+            self._check_open()
+            self._replica(partition)
+            part.snapshots = part.snapshots.marker(start, end, part.high_seqno)
+
+    def apply_replicated(self, partition: int, items: Sequence[Item], *, last: bool) -> None:
+        """Apply replicated ``items`` to replica ``partition`` keeping the active's seqno, CAS, rev
+        and deletions; ``last``: the current snapshot is whole (its end becomes the high seqno).
+        A bad batch (``InvalidInput``) changes nothing."""
+        part = self._replica(partition)
+        with self._lock:
+            self._check_open()
+            self._replica(partition)
+            max_cas = apply_items(part, self._store, self._turn, items, last=last)
+            if max_cas > self._writer.last_cas:  # a promoted copy's CAS must keep increasing
+                self._writer.last_cas = max_cas
+        self._notify((partition,))
+
+    def adopt_failover_log(self, partition: int, log: Sequence[FailoverEntry]) -> None:
+        """Replica ``partition``'s history is its active's: store the active's failover log."""
+        part = self._replica(partition)
+        adopted = failover.sanitise(log)[: self.config.failover_log_cap]
+        with self._lock:
+            self._check_open()
+            self._replica(partition)
+            if adopted == part.failover_log:
+                return
+            self._store.write(lambda txn: self._store.put_failover(txn, partition, adopted))
+            part.failover_log = adopted
+
+    def replica_mark(self, partition: int) -> tuple[int, SnapshotMark]:
+        """(high seqno, where the copy stands there): the position a replica stream resumes from
+        and its last complete snapshot end."""
+        part = self._part(partition)
+        high = part.high_seqno
+        return high, part.snapshots.at(high)
+
+    def promote(self, partition: int) -> FailoverEntry:
+        """Failover: replica ``partition`` becomes active and starts a new history branch at the end
+        of the last snapshot it holds whole (``failover_policy.Promoted``); returns the entry."""
+        part = self._replica(partition)
+        with self._lock:
+            self._check_open()
+            self._replica(partition)
+            complete = part.snapshots.at(part.high_seqno).complete_end
+            self._activate(part, failover_policy.Promoted(complete))
+        self._notify((partition,))
+        return part.failover_log[0]
+
+    def take_over(self, partition: int) -> None:
+        """Handover: replica ``partition`` becomes active keeping its failover log as is (the old
+        active streamed it everything and stopped taking writes first; no new branch)."""
+        part = self._replica(partition)
+        with self._lock:
+            self._check_open()
+            self._replica(partition)
+            self._activate(part, failover_policy.TakenOver())
+        self._notify((partition,))
+
+    def reset_partition(self, partition: int) -> None:
+        """Empty replica ``partition`` (items, meta, failover log) so it streams again from 0.
+
+        A replica's answer to a rollback: undoing key by key is not built, so every rollback of
+        a replica, however shallow, resyncs the partition from 0."""
+        part = self._replica(partition)
+        with self._lock:
+            self._check_open()
+            self._replica(partition)
+            part.generation += 1  # a flush round that read the old queue now skips it
+            store = self._store
+
+            def drop(txn: object) -> None:
+                store.drop_partition(txn, partition)  # type: ignore[arg-type]
+
+            store.write(drop)
+            part.queue.reset(0)
+            part.live_items = part.persisted_live = 0
+            part.purge_seqno = 0
+            part.failover_log = ()
+            part.snapshots = ReplicaSnapshots()
+        self._notify((partition,))
+
+    def _activate(self, part: Partition, event: failover_policy.Event) -> None:
+        log_ = failover_policy.apply(part.failover_log, event, self.config.failover_log_cap)
+        store = self._store
+
+        def put(txn: object) -> None:
+            store.put_state(txn, part.id, PartitionState.ACTIVE)  # type: ignore[arg-type]
+            store.put_failover(txn, part.id, log_)  # type: ignore[arg-type]
+
+        store.write(put)
+        part.failover_log = log_
+        part.state = PartitionState.ACTIVE
+
+    def _replica(self, partition: int) -> Partition:
+        part = self._part(partition)
+        if part.state is not PartitionState.REPLICA:
+            raise NotReplica(f"partition {partition} is {part.state.value}, not a replica", partition=partition)
+        return part
 
     def compact(self, *, purge_before_seqno: Mapping[int, int] | None = None,
                 older_than_s: float | None = None) -> dict[int, int]:

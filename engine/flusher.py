@@ -40,7 +40,8 @@ from engine.core.types import Item
 
 log = logging.getLogger(__name__)
 
-_Work = tuple[Partition, list[Item], int]
+#: a partition, its items to persist, the seqno they cover, and the partition's generation when read
+_Work = tuple[Partition, list[Item], int, int]
 
 
 def lmdb_turn() -> threading.Lock:
@@ -181,7 +182,7 @@ class Flusher:
                 break
             items, upto = queue.unpersisted(budget)
             budget -= upto - queue.persisted
-            work.append((part, items, upto))
+            work.append((part, items, upto, part.generation))
             if upto < queue.root.high:
                 more = True
         self._next_start = (start + 1) % n
@@ -194,11 +195,16 @@ class Flusher:
         def write(txn: object) -> list[tuple[int, int, int]]:
             out = []
             with self._turn:  # released before ``store.write`` commits
-                for part, items, upto in work:
+                for part, items, upto, generation in work:
+                    if part.generation != generation:  # emptied since it was read: nothing of it is valid
+                        out.append((0, 0, 0))
+                        continue
                     delta, nbytes = store.flush_items(txn, part.id, items)  # type: ignore[arg-type]
                     live = part.persisted_live + delta
                     max_cas = max(part.persisted_max_cas, items[-1].cas) if items else part.persisted_max_cas
                     store.put_persisted(txn, part.id, upto, live, max_cas)  # type: ignore[arg-type]
+                    if part.snapshots.marks:  # a replica: what survives a crash is the range at ``upto``
+                        store.put_snapshot(txn, part.id, part.snapshots.at(upto))  # type: ignore[arg-type]
                     out.append((live, max_cas, nbytes))
             return out
 
@@ -206,10 +212,14 @@ class Flusher:
         count = 0
         garbage = []
         with self._writer_lock:
-            for (part, items, upto), (live, max_cas, _nbytes) in zip(work, results):
+            for (part, items, upto, generation), (live, max_cas, _nbytes) in zip(work, results):
+                if part.generation != generation:
+                    continue
                 part.persisted_live = live
                 part.persisted_max_cas = max_cas
                 garbage.append(part.queue.mark_persisted(items, upto))
+                if part.snapshots.marks:
+                    part.snapshots = part.snapshots.persisted(upto)
                 count += len(items)
         nbytes = sum(r[2] for r in results)
         del garbage, work  # freeing the persisted items happens here, outside the writer lock

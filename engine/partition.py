@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from engine.core.failover import FailoverLog
+from engine.core.replica_snapshots import ReplicaSnapshots
 from engine.core.types import PartitionState, PartitionStats
 from engine.writequeue import WriteQueue
 
@@ -26,6 +27,11 @@ class Partition:
     #: highest CAS persisted, so CAS keeps increasing across restarts even if the clock steps back.
     persisted_max_cas: int = 0
     queue: WriteQueue = field(default_factory=lambda: WriteQueue(0))
+    #: the snapshots a replica copy holds whole (``engine.core.replica_snapshots``); replaced, never mutated
+    snapshots: ReplicaSnapshots = field(default_factory=ReplicaSnapshots)
+    #: bumped when the partition is emptied (``Engine.reset_partition``), so a flush round that
+    #: read the old queue before the reset writes nothing of it after
+    generation: int = 0
 
     @property
     def high_seqno(self) -> int:

@@ -27,11 +27,12 @@ log = logging.getLogger("upr.cluster")
 
 class Orchestrator:
     def __init__(self, etcd: EtcdClient, layout: Layout, settings: ClusterSettings, election: Election, *,
-                 auto_failover: bool = True, tick_s: float = 0.5,
+                 auto_failover: bool = True, tick_s: float = 0.5, initial_nodes: int = 1,
                  on_decision: Callable[[Decision], None] | None = None) -> None:
         self.etcd, self.layout, self.settings, self.election = etcd, layout, settings, election
         self.maps = MapStore(etcd, layout)
         self.auto_failover = auto_failover
+        self.initial_nodes = initial_nodes
         self.tick_s = tick_s
         self.on_decision = on_decision
         self._reported: set[tuple[int, str]] = set()
@@ -70,7 +71,8 @@ class Orchestrator:
             data = json.loads(kv.value)
             progress[self.layout.progress_owner(kv.key)] = ReplicaProgress(int(data["seqno"]), bool(data["in_sync"]))
         live = frozenset(self.layout.node_name(kv.key) for kv in nodes)
-        view = ClusterView(current, live, self.settings.replicas, progress, auto_failover=self.auto_failover)
+        view = ClusterView(current, live, self.settings.replicas, progress, auto_failover=self.auto_failover,
+                           initial_nodes=self.initial_nodes)
         return view, mod_revision
 
     async def cycle(self) -> Decision:

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from fastapi import APIRouter
 
+from app.cluster.replication import is_replication
 from app.deps import ReadCtx
 from app.models import PartitionStreamStatus, StreamInfo, StreamList
 from app.routes.responses import problems
@@ -17,7 +18,7 @@ async def list_streams(ctx: ReadCtx) -> StreamList:
     return StreamList(
         streams=[
             StreamInfo(
-                id=s.id, name=s.name, remote=s.remote, codec=s.codec, connected_at=s.connected_at,
+                id=s.id, name=s.name, kind="replication" if is_replication(s.name) else "consumer", remote=s.remote, codec=s.codec, connected_at=s.connected_at,
                 partitions=[
                     PartitionStreamStatus(
                         partition=p.partition, last_sent_seqno=p.last_sent_seqno, lag=p.lag,

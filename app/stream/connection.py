@@ -32,6 +32,7 @@ re-read, from disk, when the consumer moves again.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import time
 from collections import deque
@@ -115,8 +116,10 @@ class StreamConnection(PassSender):
         on_bytes: Callable[[int], None] = lambda n: None,
         on_delivery: Callable[[float], None] = lambda seconds: None,
         on_cursor_drop: Callable[[], None] = lambda: None,
+        owner_of: Callable[[int], dict[str, Any]] | None = None,
     ) -> None:
         self.ws = ws
+        self._owner_of = owner_of
         self.engine = engine
         self._read = read
         self.hub = hub
@@ -305,6 +308,8 @@ class StreamConnection(PassSender):
             if isinstance(out, Close):
                 self._close = out
             elif isinstance(out, M.StreamResponse):
+                if out.status is M.StreamStatus.NOT_MY_PARTITION and self._owner_of is not None:
+                    out = self._with_owner(out)
                 self._on_response(out)
                 self.outbox.queue(out)
             elif isinstance(out, M.StreamEndMessage):
@@ -317,6 +322,13 @@ class StreamConnection(PassSender):
             else:
                 self.outbox.queue(out)
         self._wake.set()
+
+    def _with_owner(self, r: M.StreamResponse) -> M.StreamResponse:
+        """A cluster's not_my_partition names the map revision and who serves the partition, so
+        the consumer knows which map to reload and where to go."""
+        where = self._owner_of(r.partition)  # type: ignore[misc]
+        owner = f"node {where['active']} at {where['url']}" if where.get("url") else "no node right now"
+        return dataclasses.replace(r, detail=f"{r.detail} (map revision {where['map_revision']}; served by {owner})")
 
     def _on_response(self, r: M.StreamResponse) -> None:
         p = r.partition

@@ -16,6 +16,7 @@ engine had to notice the stale hub itself.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from typing import Any
 
 from app.stream.connection import StreamConnection, StreamLimits
@@ -39,6 +40,8 @@ class StreamServer:
         self.hub = ChangeHub(engine.add_listener, asyncio.get_running_loop(), self.jobs)
         self._metrics = metrics
         self._stream_metrics = stream_metrics
+        #: in a cluster, who serves a partition (``ClusterNode.misdirected``): named in not_my_partition
+        self.owner_of: Callable[[int], dict[str, Any]] | None = None
 
     async def serve(self, ws: Any) -> None:
         """Accept ``ws`` and run its connection until it is over (the caller holds its slot)."""
@@ -57,6 +60,7 @@ class StreamServer:
             on_bytes=metrics.stream_bytes.inc,
             on_delivery=extra.delivery.observe,
             on_cursor_drop=extra.cursor_drops.inc,
+            owner_of=self.owner_of,
         )
         self.streams.register(conn)
         try:

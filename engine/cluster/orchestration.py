@@ -8,7 +8,8 @@ publishes ``new_map`` in a transaction that succeeds only if the stored map stil
 
 Order of concerns in one step:
 
-1. a brand-new cluster (revision 0, no partition placed) gets its first map;
+1. a brand-new cluster (revision 0, no partition placed) gets its first map once
+   ``initial_nodes`` nodes are live;
 2. a partition whose active node is gone gets a successor (``promotion``), or stays with its
    dead active and is reported unavailable: when that node comes back it still has the data,
    which an empty new active would not;
@@ -32,6 +33,9 @@ class ClusterView:
     #: (partition, node) -> what that replica last reported.
     progress: Mapping[tuple[int, str], ReplicaProgress]
     auto_failover: bool = True
+    #: live nodes to wait for before the first map, so a cluster started all at once begins
+    #: balanced instead of with every active on the node that happened to join first
+    initial_nodes: int = 1
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,6 +52,8 @@ def step(view: ClusterView) -> Decision:
     if not view.live_nodes:
         return Decision(based_on=current.revision)
     if _never_placed(current):
+        if len(view.live_nodes) < view.initial_nodes:
+            return Decision(based_on=current.revision)
         placements = place(current.placements, view.live_nodes, view.replicas, create=True)
         return Decision(new_map=current.succeeded_by(placements), based_on=current.revision)
 

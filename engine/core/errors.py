@@ -8,6 +8,7 @@
     ├── KeyNotFound               no live document (404)
     ├── CasMismatch               compare-and-swap lost (412)
     ├── PartitionNotActive        write to a replica/pending/dead partition (503)
+    ├── NotReplica                replica-only operation on a partition that is not a replica
     ├── Backpressure              write queue over its memory limit (429); retriable
     ├── InsufficientStorage       applied and queued, but the disk is full: not persisted (507)
     ├── SeqnoRangeError           stream request outside what the partition has (DCP ERANGE)
@@ -83,6 +84,12 @@ class CasMismatch(UprError):
 class PartitionNotActive(UprError):
     code = "partition_not_active"
     retriable = True
+
+
+class NotReplica(UprError):
+    """A replica-only operation (apply replicated items, promote) on a partition in another state."""
+
+    code = "partition_not_replica"
 
 
 class Backpressure(UprError):

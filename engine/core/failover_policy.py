@@ -9,16 +9,28 @@ event                                           new branch at     why
 ==============================================  ================  ===================================
 data dir created                                0                 every partition has a branch
 open after an unclean stop (no clean marker)    persisted seqno   items that were only in memory are
-                                                                  gone; their seqnos will be reused
+of a partition that is not a replica                              gone; their seqnos will be reused
                                                                   by different items
-open with an empty log (every entry erased      persisted seqno   a partition always has a branch
-by ``failover.sanitise``)
-state becomes active from another state         high seqno        a promoted replica may hold a
-(promotion)                                                       history the old active never had
+open of a replica, clean or not                 none              a replica's history is its
+                                                                  active's: what it lost in memory
+                                                                  it streams again from where its
+                                                                  persisted snapshot range says (an
+                                                                  empty log: it holds nothing yet)
+open of another partition with an empty log     persisted seqno   a partition always has a branch
+(every entry erased by ``failover.sanitise``)
+state becomes active from another state         high seqno        a partition made active by hand
+(``set_state``)                                                   may hold a history the old active
+                                                                  never had
+failover promotion of a replica (``Promoted``)  last complete     the old active may have written
+                                                snapshot end      past what this copy holds whole;
+                                                                  a partial snapshot is not a state
+                                                                  that ever existed (dcp.md §1)
+takeover activation (``TakenOver``)             none              the old active handed its whole
+                                                                  history over before stopping
 clean open, demotion, a state set to itself     none              history continues
 ==============================================  ================  ===================================
 
-The store's open and the engine's ``set_state`` feed events here and write back the log they
+The store's open and the engine's ``set_state``, ``promote`` and ``take_over`` feed events here and write back the log they
 get; neither decides by itself.  Pure standard library, table-tested in
 tests/engine/test_failover_policy.py.
 """
@@ -39,6 +51,7 @@ class Opened:
     created: bool
     clean: bool
     persisted_seqno: int
+    replica: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,7 +63,20 @@ class StateChanged:
     high_seqno: int
 
 
-Event = Opened | StateChanged
+@dataclass(frozen=True, slots=True)
+class Promoted:
+    """A replica becomes active by failover (its active is gone) holding every snapshot up to
+    ``last_complete_seqno`` whole."""
+
+    last_complete_seqno: int
+
+
+@dataclass(frozen=True, slots=True)
+class TakenOver:
+    """A replica becomes active by a handover: the old active streamed it everything, then stopped."""
+
+
+Event = Opened | StateChanged | Promoted | TakenOver
 
 
 def new_branch_at(log: FailoverLog, event: Event) -> int | None:
@@ -58,8 +84,14 @@ def new_branch_at(log: FailoverLog, event: Event) -> int | None:
     if isinstance(event, Opened):
         if event.created:
             return 0
+        if event.replica:
+            return None
         if not event.clean or not log:
             return event.persisted_seqno
+        return None
+    if isinstance(event, Promoted):
+        return event.last_complete_seqno
+    if isinstance(event, TakenOver):
         return None
     if event.new is PartitionState.ACTIVE and event.old is not PartitionState.ACTIVE:
         return event.high_seqno

@@ -82,6 +82,10 @@ class Compaction:
     def abort(self) -> None:
         self._pending.clear()
 
+    def forget(self, p: int) -> None:
+        """Partition ``p`` was emptied in the open transaction: it has no marks, blocks or pass."""
+        self._pending[p] = (0, 0, None)
+
     def _counts(self, txn: lmdb.Transaction, p: int) -> Counts:
         """Counts of partition ``p`` in this transaction.  At the first flush after open the
         marks are counted by LMDB; small blocks are counted from then on (an estimate that only

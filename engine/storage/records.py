@@ -3,7 +3,8 @@
 Layout (named databases; ``N`` partitions fixed when the data dir is created; format "2")::
 
     meta             format, partitions, node_id, clean marker,
-                     state/<p>, persisted/<p> (seqno, live items, max cas), purge/<p>, failover/<p>
+                     state/<p>, persisted/<p> (seqno, live items, max cas), purge/<p>, failover/<p>,
+                     snapshot/<p> (a replica's snapshot range at the persisted seqno, last whole end)
     b<p>  by-seqno   first seqno(8, big-endian)  ->  block (``engine.storage.blocks``)
     k<p>  by-key     key  ->  seqno(8, big-endian) + cas(8) + rev(8) + deleted(1)
     x<p>  stale      seqno(8, big-endian)  ->  b""   (a block entry superseded by a newer version)
@@ -26,6 +27,8 @@ META_SIZE = META.size
 SEQNO = struct.Struct(">Q")
 #: persisted/<p>: persisted seqno, live items, highest persisted CAS.
 PERSISTED = struct.Struct(">QQQ")
+#: snapshot/<p>: snapshot start, snapshot end, last complete snapshot end (``engine.core.replica_snapshots``).
+SNAPSHOT = struct.Struct(">QQQ")
 
 #: The seqno and deleted flag of a packed by-key record, without unpacking the rest.
 seqno_of_record = itemgetter(slice(0, 8))

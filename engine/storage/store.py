@@ -22,6 +22,7 @@ import lmdb
 
 from engine.core import failover, failover_policy
 from engine.core.errors import InvalidInput
+from engine.core.replica_snapshots import SnapshotMark
 from engine.core.types import Item, PartitionState
 from engine.storage import blocks
 from engine.storage.blocks import block_value, encode_block, is_small, seek_block, split_blocks
@@ -33,6 +34,7 @@ from engine.storage.records import (
     META,
     PERSISTED,
     SEQNO,
+    SNAPSHOT,
     db_names,
     deleted_of_record,
     max_dbs,
@@ -54,6 +56,8 @@ class PartitionMeta:
     max_cas: int
     purge_seqno: int
     failover_log: failover.FailoverLog
+    #: a replica's snapshot range at the persisted seqno and its last whole snapshot's end
+    snapshot: SnapshotMark = SnapshotMark(0, 0, 0)
 
 
 @dataclass(slots=True)
@@ -177,7 +181,8 @@ class Store:
                 meta = store.read_partition_meta(txn, p)
                 if created:
                     store.put_state(txn, p, meta.state)
-                opened = failover_policy.Opened(created, was_clean, meta.persisted_seqno)
+                opened = failover_policy.Opened(created, was_clean, meta.persisted_seqno,
+                                                replica=meta.state is PartitionState.REPLICA)
                 log = failover_policy.apply(meta.failover_log, opened, failover_cap)
                 if log is not meta.failover_log:
                     meta.failover_log = log
@@ -279,7 +284,9 @@ class Store:
         purge = SEQNO.unpack(purge_raw)[0] if purge_raw else 0
         log_raw = txn.get(b"failover/%d" % p, db=db)
         log = failover.decode(log_raw) if log_raw else ()
-        return PartitionMeta(state, persisted, live, max_cas, purge, log)
+        snap_raw = txn.get(b"snapshot/%d" % p, db=db)
+        snap = SnapshotMark(*SNAPSHOT.unpack(snap_raw)) if snap_raw else SnapshotMark(persisted, persisted, persisted)
+        return PartitionMeta(state, persisted, live, max_cas, purge, log, snap)
 
     def persisted_seqno(self, txn: lmdb.Transaction, p: int) -> int:
         raw = txn.get(b"persisted/%d" % p, db=self.meta_db)
@@ -293,6 +300,18 @@ class Store:
 
     def put_purge(self, txn: lmdb.Transaction, p: int, seqno: int) -> None:
         txn.put(b"purge/%d" % p, SEQNO.pack(seqno), db=self.meta_db)
+
+    def put_snapshot(self, txn: lmdb.Transaction, p: int, mark: SnapshotMark) -> None:
+        txn.put(b"snapshot/%d" % p, SNAPSHOT.pack(mark.snap_start, mark.snap_end, mark.complete_end), db=self.meta_db)
+
+    def drop_partition(self, txn: lmdb.Transaction, p: int) -> None:
+        """Empty partition ``p``: its items, by-key records, stale marks and meta (but its state)."""
+        txn.drop(self.block_dbs[p], delete=False)
+        txn.drop(self.key_dbs[p], delete=False)
+        txn.drop(self.stale_dbs[p], delete=False)
+        for name in (b"persisted/%d", b"purge/%d", b"snapshot/%d", b"failover/%d"):
+            txn.delete(name % p, db=self.meta_db)
+        self.compaction.forget(p)
 
     def put_persisted(self, txn: lmdb.Transaction, p: int, seqno: int, live: int, max_cas: int) -> None:
         txn.put(b"persisted/%d" % p, PERSISTED.pack(seqno, live, max_cas), db=self.meta_db)

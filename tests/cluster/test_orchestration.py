@@ -26,6 +26,14 @@ def test_a_new_cluster_gets_its_first_map_at_revision_1() -> None:
     assert all(p.active and len(p.replicas) == 1 for p in decision.new_map.placements)
 
 
+def test_a_new_cluster_waits_for_its_initial_nodes() -> None:
+    view = ClusterView(PartitionMap.empty(6), frozenset({"a", "b"}), 1, {}, initial_nodes=3)
+    assert step(view).new_map is None
+    view = ClusterView(PartitionMap.empty(6), frozenset({"a", "b", "c"}), 1, {}, initial_nodes=3)
+    first = step(view).new_map
+    assert first is not None and {p.active for p in first.placements} == {"a", "b", "c"}
+
+
 def test_a_healthy_cluster_changes_nothing() -> None:
     decision = step(_view(MAP, {"a", "b", "c"}))
     assert decision.new_map is None and decision.promotions == ()

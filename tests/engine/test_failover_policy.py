@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 
 from engine.core import failover_policy as policy
-from engine.core.failover_policy import Opened, StateChanged
+from engine.core.failover_policy import Opened, Promoted, StateChanged, TakenOver
 from engine.core.types import FailoverEntry as E
 from engine.core.types import PartitionState as S
 
@@ -21,6 +21,14 @@ LOG = (E(7, 40), E(3, 0))
         (LOG, Opened(created=False, clean=False, persisted_seqno=40), 40),
         ((), Opened(created=False, clean=True, persisted_seqno=90), 90),  # every entry erased on load
         ((), Opened(created=False, clean=False, persisted_seqno=0), 0),
+        # a replica's history is its active's: it streams what it lost again, never branches
+        (LOG, Opened(created=False, clean=False, persisted_seqno=90, replica=True), None),
+        ((), Opened(created=False, clean=False, persisted_seqno=0, replica=True), None),
+        ((), Opened(created=True, clean=False, persisted_seqno=0, replica=True), 0),
+        # cluster activations: failover branches at the last whole snapshot, takeover continues
+        (LOG, Promoted(last_complete_seqno=100), 100),
+        (LOG, Promoted(last_complete_seqno=30), 30),  # the entry at 40 is dropped: diverged
+        (LOG, TakenOver(), None),
         # state changes: only a promotion starts a branch, at the high seqno
         (LOG, StateChanged(S.REPLICA, S.ACTIVE, high_seqno=120), 120),
         (LOG, StateChanged(S.PENDING, S.ACTIVE, high_seqno=120), 120),

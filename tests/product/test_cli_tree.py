@@ -7,9 +7,9 @@ import pytest
 
 from app.cli import build_parser
 
-#: The groups a user finds under ``upr --help``; a new group (the cluster commands) joins this list.
+#: The groups a user finds under ``upr --help``; a new group joins this list.
 COMMANDS = ["server", "openapi", "tail", "status", "partitions", "failover-log", "put", "get", "delete",
-            "barrier", "backup", "index"]
+            "barrier", "backup", "cluster", "index"]
 
 
 def _commands(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:
@@ -23,7 +23,8 @@ def test_every_group_is_in_the_one_tree() -> None:
 
 @pytest.mark.parametrize("argv", [[c, "--help"] for c in COMMANDS]
                          + [["backup", a, "--help"] for a in ("create", "info", "verify", "restore", "merge")]
-                         + [["index", a, "--help"] for a in ("run", "query", "info")])
+                         + [["index", a, "--help"] for a in ("run", "query", "info")]
+                         + [["cluster", "status", "--help"]])
 def test_every_command_answers_help(argv: list[str], capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit) as info:
         build_parser().parse_args(argv)

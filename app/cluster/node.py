@@ -1,0 +1,264 @@
+"""A node in a cluster: membership, the orchestrator loop, the map watcher and fencing.
+
+What runs, all on the server's event loop, from the app's lifespan (``app.main``):
+
+* **membership** (``app.cluster.membership``): the node's key under a kept-alive lease;
+* **the orchestrator** (``app.cluster.orchestrator``): every node campaigns, one acts;
+* **the map watcher**: every change under the cluster's prefix triggers a refresh (coalesced,
+  so a burst of progress reports costs one) that reads the live nodes, the map, the replicas'
+  progress and the orchestrator, then makes the engine follow the newest map
+  (``engine.cluster.roles``: promote, activate, become replica, retire) and starts or stops the
+  replication streams (``app.cluster.replication``).  A map is only ever replaced by a newer
+  revision: a watcher that reads an old one late does not go back;
+* **fencing**: when the lease is found gone, every active partition becomes dead *first*, so
+  no write is accepted for a partition the orchestrator may already have given to another
+  copy; then the node joins again under a new lease and follows the map like a new node.
+
+Before the first map (revision 0) the node serves nothing: every copy is dead until the map
+names it, so two nodes started on fresh data dirs never both take writes for a partition.
+
+Routing helpers for the HTTP layer: ``misdirected(partition)`` (who is active, for a 421) and
+``view()`` (``GET /cluster``).
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+from app.cluster.election import Election
+from app.cluster.errors import ClusterError, DuplicateNode
+from app.cluster.etcd import EtcdClient, EtcdError
+from app.cluster.layout import Layout
+from app.cluster.mapstore import MapStore
+from app.cluster.membership import ClusterSettings, Membership, join_settings
+from app.cluster.orchestrator import Orchestrator
+from app.cluster.replication import ReplicationStreams
+from engine.cluster.partition_map import PartitionMap
+from engine.cluster.promotion import ReplicaProgress
+from engine.cluster.roles import Change, changes
+from engine.core.types import PartitionState
+from engine.engine import Engine
+
+log = logging.getLogger("upr.cluster")
+
+
+@dataclass(frozen=True, slots=True)
+class NodeConfig:
+    name: str
+    url: str
+    endpoints: tuple[str, ...]
+    prefix: str
+    partitions: int
+    replicas: int
+    lease_ttl_s: int = 3
+    initial_nodes: int = 1
+
+
+async def preflight(config: NodeConfig) -> None:
+    """Check, before anything is served or written locally, that this node may join: etcd is
+    reachable, the cluster's fixed settings match (a new cluster gets them), the name is free.
+    Raises ``ClusterError``/``EtcdError`` whose message is the one line to print."""
+    etcd = EtcdClient(list(config.endpoints))
+    layout = Layout(config.prefix)
+    try:
+        await join_settings(etcd, layout, ClusterSettings(config.partitions, config.replicas))
+        holder = await etcd.get(layout.node(config.name))
+        if holder is not None:
+            other = json.loads(holder.value).get("url", "?")
+            raise DuplicateNode(f"node name {config.name!r} is already used by a live node at {other}")
+    finally:
+        await etcd.aclose()
+
+
+class ClusterNode:
+    def __init__(self, engine: Engine, config: NodeConfig) -> None:
+        self.engine = engine
+        self.config = config
+        self.name = config.name
+        self.layout = Layout(config.prefix)
+        self.etcd = EtcdClient(list(config.endpoints))
+        self.settings = ClusterSettings(config.partitions, config.replicas)
+        self.maps = MapStore(self.etcd, self.layout)
+        self.map = PartitionMap.empty(config.partitions)
+        #: live nodes (their key exists under a lease): name -> URL
+        self.nodes: dict[str, str] = {}
+        self.progress: dict[tuple[int, str], ReplicaProgress] = {}
+        self.orchestrator: str | None = None
+        self.fenced = False
+        self.membership: Membership | None = None
+        # cut off from a live active for twice its lease TTL and more, a copy is out of sync: longer
+        # than a dead active's lease takes to expire, so a dead active's replicas stay promotable
+        self.replication = ReplicationStreams(engine, self.name, self.etcd, self.layout, self._lease,
+                                              max_down_s=2.0 * config.lease_ttl_s + 1.0,
+                                              is_live=lambda node: node in self.nodes)
+        self._orchestrator_task: asyncio.Task[None] | None = None
+        self._tasks: list[asyncio.Task[Any]] = []
+        self._apply_lock = asyncio.Lock()
+        self._changed = asyncio.Event()
+
+    def _lease(self) -> int:
+        return self.membership.lease if self.membership is not None else 0
+
+    # ------------------------------------------------------------------ lifecycle
+    async def start(self) -> None:
+        await join_settings(self.etcd, self.layout, self.settings)
+        await self._retire_all()  # nothing is served until the newest map says so
+        await self._join()
+        await self.refresh()
+        self._tasks = [asyncio.create_task(self._watch(), name="cluster watch"),
+                       asyncio.create_task(self._refresher(), name="cluster refresh")]
+
+    async def stop(self) -> None:
+        tasks = [*self._tasks]
+        if self._orchestrator_task is not None:
+            tasks.append(self._orchestrator_task)
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        await self.replication.aclose()
+        if self.membership is not None:
+            try:
+                await self.membership.leave()
+            except EtcdError as exc:
+                log.warning("node %s: could not revoke its lease at shutdown: %s", self.name, exc)
+        await self.etcd.aclose()
+
+    async def _join(self) -> None:
+        self.membership = Membership(self.etcd, self.layout, self.name, self.config.url, ttl=self.config.lease_ttl_s,
+                                     on_lost=self._lost)
+        await self.membership.join()
+        election = Election(self.etcd, self.layout, self.name, self.membership.lease)
+        orchestrator = Orchestrator(self.etcd, self.layout, self.settings, election, tick_s=0.25,
+                                    initial_nodes=self.config.initial_nodes)
+        self._orchestrator_task = asyncio.create_task(orchestrator.run(), name="orchestrator")
+
+    # ------------------------------------------------------------------ fencing
+    def _lost(self) -> None:
+        self.fenced = True
+        self._tasks.append(asyncio.get_running_loop().create_task(self._fence_and_rejoin(), name="fence"))
+
+    async def _fence_and_rejoin(self) -> None:
+        async with self._apply_lock:  # after a map being followed right now, before anything else
+            retired = await self._retire_all()
+        log.error("node %s lost its lease: %d active partition(s) stopped taking writes; rejoining", self.name, retired)
+        self.replication.update({})
+        if self._orchestrator_task is not None:
+            self._orchestrator_task.cancel()
+        while True:
+            try:
+                await self._join()
+                break
+            except (EtcdError, ClusterError) as exc:
+                log.warning("node %s: rejoining the cluster failed (retrying): %s", self.name, exc)
+                await asyncio.sleep(0.5)
+        self.fenced = False
+        self._changed.set()
+
+    async def _retire_all(self) -> int:
+        engine = self.engine
+        active = [p for p in range(engine.num_partitions) if engine.state(p) is PartitionState.ACTIVE]
+        for p in active:
+            await asyncio.to_thread(engine.set_state, p, PartitionState.DEAD)
+        return len(active)
+
+    # ------------------------------------------------------------------ following the map
+    async def _watch(self) -> None:
+        prefix = self.layout.prefix.rstrip("/").encode() + b"/"
+        while True:
+            try:
+                _, revision = await self.etcd.get_prefix(prefix)
+                self._changed.set()
+                async for _event in self.etcd.watch_prefix(prefix, revision + 1):
+                    self._changed.set()
+            except EtcdError as exc:
+                log.warning("node %s: watching the cluster failed (retrying): %s", self.name, exc)
+            await asyncio.sleep(0.25)
+
+    async def _refresher(self) -> None:
+        while True:
+            await self._changed.wait()
+            self._changed.clear()
+            try:
+                await self.refresh()
+            except EtcdError as exc:
+                log.warning("node %s: reading the cluster failed (retrying): %s", self.name, exc)
+                await asyncio.sleep(0.25)
+                self._changed.set()
+            except Exception:
+                log.exception("node %s: following the map failed (retrying)", self.name)
+                await asyncio.sleep(0.25)
+                self._changed.set()
+            await asyncio.sleep(0.02)  # coalesce bursts (progress reports) into one refresh
+
+    async def refresh(self) -> None:
+        """Read the cluster's state from etcd and make this node follow the newest map."""
+        node_kvs, _ = await self.etcd.get_prefix(self.layout.nodes)
+        progress_kvs, _ = await self.etcd.get_prefix(self.layout.progress)
+        current, _mod = await self.maps.load(self.config.partitions)
+        holder = await self.etcd.get(self.layout.orchestrator)
+        self.nodes = {self.layout.node_name(kv.key): json.loads(kv.value)["url"] for kv in node_kvs}
+        progress = {}
+        for kv in progress_kvs:
+            data = json.loads(kv.value)
+            progress[self.layout.progress_owner(kv.key)] = ReplicaProgress(int(data["seqno"]), bool(data["in_sync"]))
+        self.progress = progress
+        self.orchestrator = holder.value.decode() if holder is not None else None
+        if current.revision >= self.map.revision:
+            self.map = current
+        await self._follow()
+
+    async def _follow(self) -> None:
+        async with self._apply_lock:
+            if self.fenced:
+                return
+            engine = self.engine
+            states = [engine.state(p) for p in range(engine.num_partitions)]
+            for change in changes(self.map, self.name, states):
+                p = change.partition
+                if change.change is Change.PROMOTE:
+                    entry = await asyncio.to_thread(engine.promote, p)
+                    log.warning("node %s: partition %d promoted to active (map revision %d): new history branch "
+                                "%d at seqno %d", self.name, p, self.map.revision, entry.uuid, entry.seqno)
+                elif change.change is Change.ACTIVATE:
+                    await asyncio.to_thread(engine.set_state, p, PartitionState.ACTIVE)
+                elif change.change is Change.BECOME_REPLICA:
+                    await asyncio.to_thread(engine.set_state, p, PartitionState.REPLICA)
+                else:
+                    await asyncio.to_thread(engine.set_state, p, PartitionState.DEAD)
+            sources = {}
+            for p, placement in enumerate(self.map.placements):
+                if self.name in placement.replicas and placement.active in self.nodes:
+                    sources[p] = (placement.active, self.nodes[placement.active])
+            self.replication.update(sources)
+
+    # ------------------------------------------------------------------ routing and status
+    def misdirected(self, partition: int) -> dict[str, Any]:
+        """Who serves ``partition`` according to the newest map (for a 421 or ``not_my_partition``)."""
+        active = self.map.active_of(partition) if 0 <= partition < self.map.num_partitions else None
+        return {"active": active, "url": self.nodes.get(active) if active else None,
+                "map_revision": self.map.revision}
+
+    def view(self) -> dict[str, Any]:
+        """``GET /cluster``: nodes, the map with each replica's progress, the orchestrator.
+
+        A replica's ``lag`` (seqnos behind its active) is known on the active's node, which
+        holds the high seqno; elsewhere it is null."""
+        names = sorted(set(self.nodes) | self.map.nodes())
+        nodes = [{"name": n, "state": "up" if n in self.nodes else "down", "url": self.nodes.get(n)} for n in names]
+        partitions = []
+        engine = self.engine
+        for p, placement in enumerate(self.map.placements):
+            replicas = []
+            for r in placement.replicas:
+                prog = self.progress.get((p, r))
+                lag = None
+                if prog is not None and placement.active == self.name:
+                    lag = max(engine.high_seqno(p) - prog.seqno, 0)
+                replicas.append({"node": r, "seqno": prog.seqno if prog else None,
+                                 "in_sync": bool(prog and prog.in_sync), "lag": lag})
+            partitions.append({"partition": p, "active": placement.active, "replicas": replicas})
+        return {"node": self.name, "fenced": self.fenced, "orchestrator": self.orchestrator, "nodes": nodes,
+                "map": {"revision": self.map.revision, "partitions": partitions}}

@@ -1,0 +1,283 @@
+"""Replication streams: this node's replica copies, fed by their actives over the stream protocol.
+
+A replica is a client of its active like any consumer (UPR's replica rules, notes/cluster.md
+§1): one WebSocket to the active node's ``/stream`` per active node, hello name
+``replication:<this node>`` (``GET /streams`` shows such connections as replication), one
+stream per partition it replicates from there.  What the answers mean is the pure
+``ClientSession``'s business; this adapter only moves bytes and carries out its actions against
+the engine:
+
+===========================  ================================================================
+session says                 done here
+===========================  ================================================================
+stream ``ok`` + failover log ``Engine.adopt_failover_log``: the copy's history is the active's
+snapshot marker, item batch  ``Engine.replica_marker`` / ``apply_replicated`` (the active's
+                             seqno, CAS, rev and deletions); a whole snapshot moves the
+                             copy's progress (``engine.cluster.replica_sync``)
+rollback (``Repair``)        ``Engine.reset_partition``, then stream from 0: undoing key by key
+                             is not built, so every rollback of a replica is a resync
+reconnect, connection lost   a new connection after a capped backoff, resuming from what the
+                             engine holds (its high seqno and snapshot range), never from
+                             what the previous connection had received
+===========================  ================================================================
+
+Every connection starts a fresh ``ClientSession`` whose offsets come from the engine, so the
+position streamed from is always what the copy really holds.  Progress (last whole snapshot end,
+in sync) goes to etcd under the node's lease, at most every ``publish_interval_s`` per copy.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from collections import deque
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from websockets.asyncio.client import ClientConnection, connect
+
+from app.cluster.etcd import EtcdClient, EtcdError
+from app.cluster.layout import Layout
+from engine.cluster.replica_sync import Progress, ReplicaSync
+from engine.engine import Engine
+from engine.protocol import messages as M
+from engine.protocol.client.actions import Deliver, Reconnect, Repair, RollbackPolicy, Send, StreamEnded
+from engine.protocol.client.incoming import decode_frame, frame_bytes, is_bundle, split_bundle
+from engine.protocol.client.offset import StreamOffset
+from engine.protocol.client.session import ClientSession
+from engine.protocol.frames import ItemBatch
+
+log = logging.getLogger("upr.cluster")
+
+#: hello name prefix of a replication connection (``GET /streams`` marks these).
+REPLICATION_PREFIX = "replication:"
+
+
+def replication_name(node: str) -> str:
+    return REPLICATION_PREFIX + node
+
+
+def is_replication(hello_name: str) -> bool:
+    return hello_name.startswith(REPLICATION_PREFIX)
+
+
+def stream_url(base: str) -> str:
+    base = base.rstrip("/")
+    if base.startswith("https://"):
+        return "wss://" + base[len("https://"):] + "/stream"
+    if base.startswith("http://"):
+        return "ws://" + base[len("http://"):] + "/stream"
+    return base + "/stream"
+
+
+class _Reconnect(Exception):
+    """Drop the connection and stream again from what the engine holds."""
+
+
+class ReplicationStreams:
+    """The replica copies this node holds and the streams that feed them."""
+
+    def __init__(self, engine: Engine, node: str, etcd: EtcdClient, layout: Layout, lease: Callable[[], int], *,
+                 publish_interval_s: float = 0.2, open_timeout_s: float = 5.0, max_backoff_s: float = 2.0,
+                 max_frame_bytes: int = 64 << 20, max_down_s: float = 10.0,
+                 is_live: Callable[[str], bool] = lambda node: True) -> None:
+        self.engine, self.node, self.etcd, self.layout, self.lease = engine, node, etcd, layout, lease
+        self.publish_interval_s = publish_interval_s
+        self.open_timeout_s = open_timeout_s
+        self.max_backoff_s = max_backoff_s
+        self.max_frame_bytes = max_frame_bytes
+        #: cut off this long from a live active, a copy is no longer in sync (``ReplicaSync.tick``)
+        self.max_down_s = max_down_s
+        self.is_live = is_live
+        #: partition -> the active node it streams from
+        self._source_of: dict[int, str] = {}
+        #: partition -> its copy's catch-up state
+        self.syncs: dict[int, ReplicaSync] = {}
+        #: (active node, url) -> (its partitions, the task streaming them)
+        self._streams: dict[tuple[str, str], tuple[frozenset[int], asyncio.Task[None]]] = {}
+        self._gone: set[int] = set()
+        self._publisher: asyncio.Task[None] | None = None
+        self.resets = 0
+
+    # ------------------------------------------------------------------ what to replicate
+    def update(self, sources: Mapping[int, tuple[str, str]]) -> None:
+        """Replicate exactly ``sources`` (partition -> (active node, its URL)) from now on; streams
+        whose partition set is unchanged keep running."""
+        wanted: dict[tuple[str, str], set[int]] = {}
+        self._source_of = {p: source[0] for p, source in sources.items()}
+        for p, source in sources.items():
+            wanted.setdefault(source, set()).add(p)
+        for source, (parts, task) in list(self._streams.items()):
+            if frozenset(wanted.get(source, ())) != parts:
+                task.cancel()
+                del self._streams[source]
+        for p in list(self.syncs):
+            if p not in sources:
+                del self.syncs[p]
+                self._gone.add(p)
+        for p in sources:
+            if p not in self.syncs:
+                _high, mark = self.engine.replica_mark(p)
+                self.syncs[p] = ReplicaSync(mark.complete_end)  # catching up until a handshake says otherwise
+                self._gone.discard(p)
+        for source, parts in wanted.items():
+            if source not in self._streams:
+                frozen = frozenset(parts)
+                task = asyncio.create_task(self._run(source[0], source[1], frozen),
+                                           name=f"replication of {sorted(frozen)} from {source[0]}")
+                self._streams[source] = (frozen, task)
+        if self._publisher is None:
+            self._publisher = asyncio.create_task(self._publish_loop(), name="replica progress")
+
+    def progress(self, partition: int) -> Progress | None:
+        sync = self.syncs.get(partition)
+        return sync.progress if sync is not None else None
+
+    async def aclose(self) -> None:
+        tasks = [task for _parts, task in self._streams.values()]
+        if self._publisher is not None:
+            tasks.append(self._publisher)
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        self._streams.clear()
+        self._publisher = None
+
+    # ------------------------------------------------------------------ progress
+    async def _publish_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.publish_interval_s)
+            try:
+                await self.publish_once()
+            except EtcdError as exc:
+                log.warning("node %s: publishing replica progress failed (retrying): %s", self.node, exc)
+
+    async def publish_once(self) -> None:
+        for p in sorted(self._gone):
+            await self.etcd.delete(self.layout.replica_progress(p, self.node))
+            self._gone.discard(p)
+        lease = self.lease()
+        now = asyncio.get_running_loop().time()
+        for p, sync in list(self.syncs.items()):
+            source = self._source_of.get(p)
+            sync.tick(now, source is not None and self.is_live(source), self.max_down_s)
+            changed = sync.changed()
+            if changed is None:
+                continue
+            await self.etcd.put(self.layout.replica_progress(p, self.node), json.dumps(changed.to_json()).encode(),
+                                lease=lease)
+            sync.published(changed)
+
+    # ------------------------------------------------------------------ streams
+    async def _run(self, active: str, url: str, partitions: frozenset[int]) -> None:
+        delay = 0.05
+        while True:
+            try:
+                await self._connection(active, url, partitions)
+                delay = 0.05
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # noqa: BLE001 - every failure of one connection means "retry"
+                log.info("node %s: replication of partitions %s from node %s (%s) stopped: %s; retrying in %.2fs",
+                         self.node, _ranges(partitions), active, url, exc or type(exc).__name__, delay)
+            now = asyncio.get_running_loop().time()
+            for p in partitions:
+                sync = self.syncs.get(p)
+                if sync is not None:
+                    sync.stream_lost(now)
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, self.max_backoff_s)
+
+    def _offset(self, p: int) -> StreamOffset:
+        high, mark = self.engine.replica_mark(p)
+        log_ = self.engine.failover_log(p)
+        uuid = log_[0].uuid if log_ else 0
+        return StreamOffset(uuid, high, mark.snap_start, mark.snap_end) if uuid else StreamOffset.beginning()
+
+    async def _connection(self, active: str, url: str, partitions: frozenset[int]) -> None:
+        engine = self.engine
+        offsets = {}
+        for p in sorted(partitions):
+            offset = self._offset(p)
+            if offset.uuid == 0 and engine.high_seqno(p) > 0:
+                # data without a history: nothing the active could check it against
+                await asyncio.to_thread(engine.reset_partition, p)
+            offsets[p] = offset
+        session = ClientSession(partitions=sorted(partitions), offsets=offsets, on_rollback=RollbackPolicy.RESET)
+        async with connect(stream_url(url), open_timeout=self.open_timeout_s, max_size=self.max_frame_bytes,
+                           compression=None, ping_interval=None) as ws:
+            await ws.send(M.encode(session.hello(replication_name(self.node), M.Codec.BINARY)))
+            frame = await asyncio.wait_for(ws.recv(), self.open_timeout_s)
+            first = decode_frame(frame)
+            if isinstance(first, M.FailoverLogs):
+                for p in partitions:
+                    info = first.partitions.get(p)
+                    sync = self.syncs.get(p)
+                    if info is not None and sync is not None:
+                        sync.requested(info.high_seqno, engine.replica_mark(p)[1].complete_end)
+            actions = session.receive_handshake(first, frame_bytes(frame))
+            await self._carry_out(ws, session, actions)
+            log.info("node %s: replicating partitions %s from node %s", self.node, _ranges(partitions), active)
+            parts: deque[tuple[str | bytes, int]] = deque()
+            while True:
+                if parts:
+                    frame, nbytes = parts.popleft()
+                else:
+                    frame = await ws.recv()
+                    nbytes = frame_bytes(frame)
+                    if is_bundle(frame):
+                        parts.extend(split_bundle(frame, nbytes))  # type: ignore[arg-type]
+                        frame, nbytes = parts.popleft()
+                msg = decode_frame(frame)
+                if isinstance(msg, M.StreamResponse) and msg.status is M.StreamStatus.OK:
+                    await asyncio.to_thread(engine.adopt_failover_log, msg.partition, msg.failover_log or ())
+                await self._carry_out(ws, session, session.receive(msg))
+                ack = session.processed(nbytes)
+                if ack is not None:
+                    await ws.send(M.encode(ack))
+
+    async def _carry_out(self, ws: ClientConnection, session: ClientSession, actions: list[Any]) -> None:
+        engine = self.engine
+        for action in actions:
+            kind = type(action)
+            if kind is Deliver:
+                msg = action.message
+                if type(msg) is ItemBatch:
+                    await self._apply(session, msg)
+                elif isinstance(msg, M.SnapshotMarker):
+                    await asyncio.to_thread(engine.replica_marker, msg.partition, msg.start, msg.end)
+            elif kind is Send:
+                await ws.send(M.encode(action.message))
+            elif kind is Repair:
+                plan = action.plan
+                log.warning("node %s: partition %d must roll back to seqno %d (%s); the replica copy is reset "
+                            "and streams again from 0", self.node, plan.partition, plan.seqno,
+                            plan.reason or "rollback")
+                await asyncio.to_thread(engine.reset_partition, plan.partition)
+                self.resets += 1
+                sync = self.syncs.get(plan.partition)
+                if sync is not None:
+                    sync.reset()
+                await ws.send(M.encode(session.finish_rollback(plan)))
+            elif kind is Reconnect:
+                raise _Reconnect(action.reason)
+            elif kind is StreamEnded:
+                log.info("node %s: replication stream of partition %d ended: %s", self.node, action.partition,
+                         action.reason)
+
+    async def _apply(self, session: ClientSession, batch: ItemBatch) -> None:
+        p = batch.partition
+        engine = self.engine
+        await asyncio.to_thread(engine.apply_replicated, p, list(batch.items()), last=batch.last)
+        position = session.positions[p]
+        if len(batch):
+            position.items(batch.seqnos[0], batch.seqnos[-1])
+        if batch.last:
+            session.snapshot_done(p)
+            sync = self.syncs.get(p)
+            if sync is not None:
+                sync.snapshot_applied(engine.replica_mark(p)[1].complete_end)
+
+
+def _ranges(partitions: frozenset[int]) -> str:
+    return ",".join(str(p) for p in sorted(partitions))

@@ -1,0 +1,103 @@
+"""The replica applier: a replicated snapshot's items into a replica partition's write queue.
+
+A replica copy must end equal to its active, byte for byte: every item keeps the seqno, CAS, rev
+and deleted flag the active gave it, so a consumer, or the replica itself once promoted, cannot
+tell the copy from the original.  The items take the same path as client writes (write queue,
+then the flusher), so snapshots, persistence and crash recovery work unchanged.
+
+Seqnos on a replica are not dense: the active deduplicates, so a snapshot ``(start, end)`` may
+hold a handful of the seqnos in its range.  The queue is indexed by seqno, so the skipped seqnos
+become empty slots, like deduplicated ones; when a snapshot is whole its end becomes the high
+seqno even when its last items were deduplicated away, so "holds up to ``end``" and
+"high seqno" agree.
+
+Like ``engine.batch_writer`` this module is a declared friend of ``engine.writequeue``'s
+``QueueBatch`` (it appends through the evolver); it runs under the engine's writer lock, and
+its LMDB lookups under ``lmdb_turn``.  Not a hot path: clarity over speed.
+"""
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterable
+from itertools import repeat
+
+from engine.core.errors import InvalidInput
+from engine.core.types import Item
+from engine.partition import Partition
+from engine.storage.records import META
+from engine.storage.store import Store
+from engine.writequeue import ITEM_OVERHEAD, QueueBatch
+
+
+def apply_items(part: Partition, store: Store, turn: threading.Lock, items: Iterable[Item], *,
+                last: bool) -> int:
+    """Append ``items`` (ascending seqnos inside the current snapshot, above the high seqno) to
+    ``part``'s queue; with ``last`` the snapshot is whole and the high seqno moves to its end.
+
+    Returns the highest CAS applied (0 if none).  Validates every item before changing anything,
+    so a bad batch leaves the partition as it was."""
+    current = part.snapshots.current
+    if current is None:
+        raise InvalidInput(f"partition {part.id}: replicated items arrived before any snapshot marker",
+                           partition=part.id, field="snapshot")
+    start, end = current
+    batch_items = list(items)
+    prev_seqno = part.high_seqno
+    for item in batch_items:
+        if type(item.key) is not bytes or not item.key:
+            raise InvalidInput(f"partition {part.id}: replicated item with an empty or non-bytes key",
+                               partition=part.id, seqno=item.seqno, field="key")
+        if not (prev_seqno < item.seqno <= end and item.seqno >= start):
+            raise InvalidInput(
+                f"partition {part.id}: replicated seqno {item.seqno} is outside the snapshot ({start}, {end}) "
+                f"or not above the previous seqno {prev_seqno}", partition=part.id, seqno=item.seqno, field="seqno")
+        prev_seqno = item.seqno
+    queue = part.queue
+    batch = queue.begin()
+    max_cas = 0
+    read = txn = None
+    try:
+        with turn:
+            for item in batch_items:
+                raw = item.key
+                prev = batch.index.get(raw)
+                if prev is not None:
+                    existed = not prev.deleted
+                else:
+                    if txn is None:
+                        read = store.read_txn()
+                        txn = read.__enter__()
+                    meta = txn.get(raw, None, store.key_dbs[part.id])
+                    existed = meta is not None and not META.unpack(meta)[3]
+                _fill_to(batch, item.seqno - 1)
+                if prev is not None:
+                    if prev.seqno > queue.persisted:
+                        batch.ev[prev.seqno - batch.base] = None
+                    queue.bytes -= len(raw) + len(prev.value) + ITEM_OVERHEAD
+                stored = Item(raw, item.seqno, item.cas, item.rev, bool(item.deleted),
+                              b"" if item.deleted else bytes(item.value))
+                batch.ev.append(stored)
+                batch.index[raw] = stored
+                queue.bytes += len(raw) + len(stored.value) + ITEM_OVERHEAD
+                batch.next_seqno = item.seqno + 1
+                if stored.deleted and existed:
+                    part.live_items -= 1
+                elif not stored.deleted and not existed:
+                    part.live_items += 1
+                if item.cas > max_cas:
+                    max_cas = item.cas
+            if last:
+                _fill_to(batch, end)
+    finally:
+        if read is not None:
+            read.__exit__(None, None, None)
+        batch.publish()
+    return max_cas
+
+
+def _fill_to(batch: QueueBatch, seqno: int) -> None:
+    """Empty slots up to ``seqno``: seqnos the active deduplicated out of the snapshot."""
+    gap = seqno - batch.next_seqno + 1
+    if gap > 0:
+        batch.ev.extend(repeat(None, gap))
+        batch.next_seqno = seqno + 1

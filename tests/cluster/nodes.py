@@ -1,0 +1,127 @@
+"""Real ``upr server --cluster`` processes on loopback for the cluster's end-to-end tests."""
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from engine.core.keys import encode_key, partition_for_key
+from tests.support.net import free_port
+from tests.support.server import ServerProcess, start_server
+
+
+class Cluster:
+    """etcd at ``etcd_url`` and nodes named ``n1``.. with their own data dirs under ``workdir``."""
+
+    def __init__(self, workdir: Path, etcd_url: str, *, partitions: int, replicas: int, initial_nodes: int,
+                 lease_ttl_s: int = 2, prefix: str = "/upr/test") -> None:
+        self.workdir, self.etcd_url = workdir, etcd_url
+        self.partitions, self.replicas, self.initial_nodes = partitions, replicas, initial_nodes
+        self.lease_ttl_s, self.prefix = lease_ttl_s, prefix
+        self.nodes: dict[str, ServerProcess] = {}
+
+    def args(self, name: str, port: int) -> list[str]:
+        return ["--port", str(port), "--cluster", "etcd://" + self.etcd_url.removeprefix("http://"), "--node", name,
+                "--advertise", f"http://127.0.0.1:{port}", "--replicas", str(self.replicas),
+                "--lease-ttl-s", str(self.lease_ttl_s), "--cluster-prefix", self.prefix,
+                "--cluster-initial-nodes", str(self.initial_nodes), "--flush-interval-ms", "2"]
+
+    def start(self, name: str) -> ServerProcess:
+        port = free_port()
+        node = start_server(self.workdir / name, data_dir=self.workdir / name / "data", partitions=self.partitions,
+                            args=self.args(name, port), timeout=60)
+        self.nodes[name] = node
+        return node
+
+    def stop_all(self) -> None:
+        for node in self.nodes.values():
+            node.kill()
+
+    def view(self, name: str) -> dict[str, Any]:
+        r = httpx.get(f"{self.nodes[name].url}/cluster", timeout=10)
+        assert r.status_code == 200, r.text
+        return r.json()
+
+    def live(self) -> list[str]:
+        return [n for n, node in self.nodes.items() if node.proc.poll() is None]
+
+
+def until(predicate: Callable[[], Any], timeout: float = 60.0, what: str = "condition") -> Any:
+    """Poll ``predicate`` (errors count as not yet) until it returns something truthy."""
+    deadline = time.monotonic() + timeout
+    last: Exception | None = None
+    while time.monotonic() < deadline:
+        try:
+            value = predicate()
+            if value:
+                return value
+        except (httpx.HTTPError, AssertionError, KeyError) as exc:
+            last = exc
+        time.sleep(0.1)
+    raise AssertionError(f"{what} not reached in {timeout:.0f}s (last error: {last})")
+
+
+def partition_of(key: str, partitions: int) -> int:
+    return partition_for_key(encode_key(key, 250), partitions)
+
+
+def placed(view: dict[str, Any]) -> bool:
+    return view["map"]["revision"] > 0 and all(p["active"] for p in view["map"]["partitions"])
+
+
+def first_map(cluster: "Cluster", name: str) -> dict[str, Any]:
+    """``name``'s view once a map has placed every partition and every live node follows it."""
+    def ready() -> dict[str, Any] | None:
+        view = cluster.view(name)
+        return view if placed(view) and settled(cluster, view) else None
+
+    return until(ready, what="the first map")
+
+
+def settled(cluster: "Cluster", view: dict[str, Any]) -> bool:
+    """Every live node's partitions are in the state ``view``'s map gives them (it followed the map)."""
+    for name in cluster.live():
+        states = {p["partition"]: p["state"] for p in
+                  httpx.get(f"{cluster.nodes[name].url}/partitions", timeout=10).json()["partitions"]}
+        for entry in view["map"]["partitions"]:
+            wanted = ("active" if entry["active"] == name else
+                      "replica" if name in [r["node"] for r in entry["replicas"]] else "dead")
+            if states[entry["partition"]] != wanted:
+                return False
+    return True
+
+
+def write_routed(cluster: Cluster, view: dict[str, Any], keys: Iterable[str], tag: str) -> dict[str, dict[str, Any]]:
+    """``memory`` sets of ``keys``, each sent to its partition's active node; the acknowledged results."""
+    urls = {n["name"]: n["url"] for n in view["nodes"]}
+    by_node: dict[str, list[dict[str, str]]] = {}
+    for key in keys:
+        active = view["map"]["partitions"][partition_of(key, cluster.partitions)]["active"]
+        by_node.setdefault(active, []).append({"op": "set", "key": key, "value": f"{tag}-{key}"})
+    acked: dict[str, dict[str, Any]] = {}
+    for node, ops in by_node.items():
+        r = httpx.post(f"{urls[node]}/docs/_bulk", params={"durability": "memory"}, json=ops, timeout=60)
+        assert r.status_code == 200, r.text[:300]
+        for op, result in zip(ops, r.json()["results"], strict=True):
+            assert result["status"] == 200, result
+            acked[op["key"]] = {"value": op["value"], "partition": result["partition"], "seqno": result["seqno"]}
+    return acked
+
+
+def replicas_caught_up(cluster: Cluster) -> bool:
+    """Every replica, as its active's node sees it, is in sync with lag 0."""
+    for name in cluster.live():
+        view = cluster.view(name)
+        if not placed(view):
+            return False
+        for entry in view["map"]["partitions"]:
+            if entry["active"] != name:
+                continue
+            if len(entry["replicas"]) < min(cluster.replicas, len(cluster.live()) - 1):
+                return False
+            if not all(r["in_sync"] and r["lag"] == 0 for r in entry["replicas"]):
+                return False
+    return True
