@@ -15,13 +15,13 @@ import json
 import signal
 import uuid
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
 
-from tests.cluster.etcd_server import EtcdProcess
 from app import cli
-from tests.support.wsclient import RawStream
+from tests.cluster.etcd_server import EtcdProcess
 from tests.cluster.nodes import (
     Cluster,
     first_map,
@@ -31,6 +31,7 @@ from tests.cluster.nodes import (
     until,
     write_routed,
 )
+from tests.support.wsclient import RawStream
 
 pytestmark = pytest.mark.slow
 
@@ -107,17 +108,27 @@ def test_sigkill_of_an_active_node_fails_over_without_losing_in_sync_writes(tmp_
         cluster.stop_all()
 
 
+def _two_node_cluster(tmp_path: Path, etcd: EtcdProcess) -> Cluster:
+    return Cluster(tmp_path, etcd.url, partitions=8, replicas=1, initial_nodes=2,
+                   prefix=f"/upr/{uuid.uuid4().hex[:8]}")
+
+
+def _two_nodes_in_sync(cluster: Cluster, docs: int) -> tuple[dict[str, Any], list[str]]:
+    """n1 and n2 up, ``docs`` documents written through the first map, every replica in sync."""
+    for name in ("n1", "n2"):
+        cluster.start(name)
+    view = first_map(cluster, "n1")
+    keys = [f"doc-{i}" for i in range(docs)]
+    write_routed(cluster, view, keys, "v1")
+    until(lambda: replicas_caught_up(cluster), what="every replica in sync")
+    return view, keys
+
+
 def test_a_killed_node_rejoins_as_replica_and_ends_with_the_actives_history(tmp_path: Path, etcd: EtcdProcess,
                                                                           capsys: pytest.CaptureFixture[str]) -> None:
-    cluster = Cluster(tmp_path, etcd.url, partitions=8, replicas=1, initial_nodes=2,
-                      prefix=f"/upr/{uuid.uuid4().hex[:8]}")
+    cluster = _two_node_cluster(tmp_path, etcd)
     try:
-        for name in ("n1", "n2"):
-            cluster.start(name)
-        view = first_map(cluster, "n1")
-        keys = [f"doc-{i}" for i in range(200)]
-        write_routed(cluster, view, keys, "v1")
-        until(lambda: replicas_caught_up(cluster), what="every replica in sync")
+        _, keys = _two_nodes_in_sync(cluster, docs=200)
         cluster.nodes["n1"].kill()
         until(lambda: all(p["active"] == "n2" for p in cluster.view("n2")["map"]["partitions"]),
               what="every partition active on n2")
@@ -150,15 +161,9 @@ def test_a_killed_node_rejoins_as_replica_and_ends_with_the_actives_history(tmp_
 
 
 def test_a_paused_node_that_lost_its_lease_takes_no_more_writes(tmp_path: Path, etcd: EtcdProcess) -> None:
-    cluster = Cluster(tmp_path, etcd.url, partitions=8, replicas=1, initial_nodes=2,
-                      prefix=f"/upr/{uuid.uuid4().hex[:8]}")
+    cluster = _two_node_cluster(tmp_path, etcd)
     try:
-        for name in ("n1", "n2"):
-            cluster.start(name)
-        view = first_map(cluster, "n1")
-        keys = [f"doc-{i}" for i in range(100)]
-        write_routed(cluster, view, keys, "v1")
-        until(lambda: replicas_caught_up(cluster), what="every replica in sync")
+        view, keys = _two_nodes_in_sync(cluster, docs=100)
         owned = [p["partition"] for p in view["map"]["partitions"] if p["active"] == "n1"]
         assert owned
         n1 = cluster.nodes["n1"]
