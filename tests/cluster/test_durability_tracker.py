@@ -1,0 +1,75 @@
+"""Majority durability (engine.cluster.durability): which waiters a sequence of events satisfies."""
+from __future__ import annotations
+
+import pytest
+
+from engine.cluster.durability import DurabilityTracker, majority_of
+
+
+@pytest.mark.parametrize(("copies", "needed"), [(1, 1), (2, 2), (3, 2), (4, 3), (5, 3)])
+def test_majority_of(copies: int, needed: int) -> None:
+    assert majority_of(copies) == needed
+
+
+# events: ("replicas", names) | ("active", received, persisted) | ("ack", node, received, persisted)
+@pytest.mark.parametrize(
+    ("events", "persist", "durable"),
+    [
+        ([("active", 10, 0)], False, True),  # one copy: majority is memory
+        ([("active", 10, 0)], True, False),  # ... and persist_majority is persist
+        ([("active", 10, 10)], True, True),
+        ([("replicas", {"n2"}), ("active", 10, 10)], False, False),  # two copies need both
+        ([("replicas", {"n2"}), ("active", 10, 0), ("ack", "n2", 10, 0)], False, True),
+        ([("replicas", {"n2"}), ("active", 10, 0), ("ack", "n2", 10, 0)], True, False),
+        ([("replicas", {"n2"}), ("active", 10, 10), ("ack", "n2", 12, 10)], True, True),
+        ([("replicas", {"n2"}), ("active", 10, 10), ("ack", "n2", 9, 9)], False, False),
+        ([("replicas", {"n2", "n3"}), ("active", 10, 0), ("ack", "n3", 10, 0)], False, True),
+        ([("replicas", {"n2", "n3"}), ("active", 5, 0), ("ack", "n2", 10, 0), ("ack", "n3", 10, 0)], False, True),
+        ([("replicas", {"n2", "n3"}), ("active", 5, 0), ("ack", "n2", 10, 0)], False, False),
+        ([("replicas", {"n2"}), ("active", 10, 0), ("ack", "n4", 10, 10)], False, False),  # not in the map
+        ([("replicas", {"n2"}), ("active", 10, 0), ("ack", "n2", 10, 0), ("start", "n2")], False, False),
+        ([("replicas", {"n2"}), ("active", 10, 0), ("ack", "n2", 10, 0), ("replicas", {"n3"})], False, False),
+    ],
+)
+def test_is_durable(events, persist: bool, durable: bool) -> None:
+    tracker = DurabilityTracker()
+    for event in events:
+        if event[0] == "replicas":
+            tracker.set_replicas(0, frozenset(event[1]))
+        elif event[0] == "active":
+            tracker.active_progress(0, event[1], event[2])
+        elif event[0] == "start":
+            tracker.acks.stream_started(event[1], 0)
+        else:
+            tracker.acks.acknowledged(event[1], 0, event[2], event[3])
+    assert tracker.is_durable(0, 10, persist) is durable
+    waiter = tracker.wait(0, 10, persist, deadline=100.0)
+    assert (tracker.satisfied() == [waiter]) is durable
+    assert tracker.waiting == (0 if durable else 1)
+
+
+def test_waiters_are_satisfied_by_later_acks_and_expire_otherwise() -> None:
+    tracker = DurabilityTracker()
+    tracker.set_replicas(1, frozenset({"n2"}))
+    tracker.active_progress(1, 20, 20)
+    first = tracker.wait(1, 15, False, deadline=5.0)
+    second = tracker.wait(1, 20, False, deadline=5.0)
+    assert tracker.satisfied() == [] and tracker.expired(4.0) == []
+    tracker.acks.acknowledged("n2", 1, 17, 0)
+    assert tracker.satisfied() == [first]
+    assert tracker.expired(5.0) == [second]  # ambiguous: it sits in the active's history
+    assert tracker.waiting == 0 and tracker.satisfied() == []
+
+
+def test_a_durable_waiter_past_its_deadline_is_satisfied_not_expired() -> None:
+    tracker = DurabilityTracker()
+    tracker.active_progress(2, 3, 3)
+    waiter = tracker.wait(2, 3, True, deadline=1.0)
+    assert tracker.expired(9.0) == [] and tracker.satisfied() == [waiter]
+
+
+def test_cancel_forgets_a_waiter() -> None:
+    tracker = DurabilityTracker()
+    waiter = tracker.wait(0, 1, False, deadline=1.0)
+    tracker.cancel(waiter.token)
+    assert tracker.waiting == 0 and tracker.expired(2.0) == []
