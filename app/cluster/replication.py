@@ -46,11 +46,10 @@ from engine.protocol.client.incoming import decode_frame, frame_bytes, is_bundle
 from engine.protocol.client.offset import StreamOffset
 from engine.protocol.client.session import ClientSession
 from engine.protocol.frames import ItemBatch
+from engine.protocol.session import REPLICATION_PREFIX
 
 log = logging.getLogger("upr.cluster")
 
-#: hello name prefix of a replication connection (``GET /streams`` marks these).
-REPLICATION_PREFIX = "replication:"
 
 
 def replication_name(node: str) -> str:

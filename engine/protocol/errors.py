@@ -49,6 +49,7 @@ class ErrorCode(enum.StrEnum):
     DUPLICATE_COOKIE = "duplicate_cookie"
     TOO_MANY_COOKIES = "too_many_cookies"
     ACK_EXCEEDS_IN_FLIGHT = "ack_exceeds_in_flight"
+    NOT_REPLICATION = "not_replication"
     CORRUPT_FRAME = "corrupt_frame"
     CONNECTION_CLOSED = "connection_closed"
 

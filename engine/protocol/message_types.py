@@ -57,6 +57,7 @@ __all__ = [
     "FailoverLogs",
     "Hello",
     "PartitionInfo",
+    "SeqnoAck",
     "Sender",
     "ServerMessage",
     "SnapshotMarker",
@@ -236,6 +237,22 @@ class Ack:
     """Flow control: free ``bytes`` of the window (UTF-8 length of text frames, size of binary frames)."""
 
     bytes: int
+
+
+@message(
+    "seqno_ack",
+    Sender.CLIENT,
+    partition=PARTITION,
+    received=Int(0, MAX_SEQNO, "highest seqno of the partition the replica holds in memory"),
+    persisted=Int(0, MAX_SEQNO, "highest seqno of the partition the replica has persisted (<= received)"),
+)
+@dataclass(frozen=True, slots=True)
+class SeqnoAck:
+    """A replica tells its active what it holds (DCP_SEQNO_ACKNOWLEDGED); replication connections only."""
+
+    partition: int
+    received: int
+    persisted: int
 
 
 # ----------------------------------------------------------------------------- server -> client

@@ -92,6 +92,7 @@ from engine.protocol.messages import (
     Hello,
     PartitionInfo,
     ProtocolLimits,
+    SeqnoAck,
     SnapshotMarker,
     SnapshotSource,
     StreamEndMessage,
@@ -105,6 +106,7 @@ from engine.core.rollback import MustRollBack, StreamPosition, decide
 from engine.core.types import PartitionState
 
 __all__ = [
+    "REPLICATION_PREFIX",
     "Close",
     "LookupPartitions",
     "LookupStream",
@@ -114,6 +116,10 @@ __all__ = [
     "Stream",
     "Visit",
 ]
+
+
+#: hello name prefix of a replication connection: only those may send ``seqno_ack``.
+REPLICATION_PREFIX = "replication:"
 
 
 @dataclass(frozen=True, slots=True)
@@ -176,7 +182,7 @@ class SessionState(enum.Enum):
 
 _ALLOWED: dict[SessionState, tuple[type, ...]] = {
     SessionState.EXPECT_HELLO: (Hello,),
-    SessionState.STREAMING: (StreamRequest, CloseStream, Barrier, Ack),
+    SessionState.STREAMING: (StreamRequest, CloseStream, Barrier, Ack, SeqnoAck),
     SessionState.CLOSED: (),
 }
 
@@ -197,6 +203,8 @@ class ServerSession:
         self.cycle = 0
         self.counters: dict[str, int] = {}
         self.close: Close | None = None
+        #: latest ``seqno_ack`` per partition (replication connections): the adapter reads it
+        self.replica_acks: dict[int, SeqnoAck] = {}
         self._pending_requests: dict[int, StreamRequest] = {}
         self._hello_lookup: tuple[int, ...] | None = None
         self._barrier = BarrierTracker(self.limits.max_pending_cookies)
@@ -208,6 +216,7 @@ class ServerSession:
             CloseStream: self._on_close_stream,
             Barrier: self._on_barrier,
             Ack: self._on_ack,
+            SeqnoAck: self._on_seqno_ack,
         }
 
     # ================================================================== client input
@@ -399,6 +408,36 @@ class ServerSession:
     def _on_ack(self, msg: Ack) -> list[Output]:
         assert self.flow is not None
         self.flow.on_ack(msg.bytes)
+        return []
+
+    def _on_seqno_ack(self, msg: SeqnoAck) -> list[Output]:
+        """Record what the replica holds; only a replication connection speaks for a copy."""
+        assert self.hello is not None
+        if not self.hello.name.startswith(REPLICATION_PREFIX):
+            raise ProtocolError(
+                ErrorCode.NOT_REPLICATION,
+                f"seqno_ack is for replication connections (hello name {REPLICATION_PREFIX!r}...)",
+                field="type",
+                partition=msg.partition,
+                close_code=None,
+            )
+        if msg.partition not in self.positions:
+            raise ProtocolError(
+                ErrorCode.STREAM_NOT_OPEN,
+                f"seqno_ack for partition {msg.partition}, never streamed on this connection",
+                field="partition",
+                partition=msg.partition,
+                close_code=None,
+            )
+        if msg.persisted > msg.received:
+            raise ProtocolError(
+                ErrorCode.INVALID_FIELD,
+                f"partition {msg.partition}: persisted seqno {msg.persisted} above received {msg.received}",
+                field="persisted",
+                partition=msg.partition,
+                close_code=None,
+            )
+        self.replica_acks[msg.partition] = msg
         return []
 
     # ================================================================== engine facts

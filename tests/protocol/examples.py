@@ -12,6 +12,7 @@ from engine.protocol.messages import (
     FailoverLogs,
     Hello,
     PartitionInfo,
+    SeqnoAck,
     SnapshotMarker,
     SnapshotSource,
     StreamEndMessage,
@@ -32,6 +33,7 @@ CLIENT_EXAMPLES = [
     CloseStream(3),
     Barrier("cut-1"),
     Ack(65536),
+    SeqnoAck(3, received=120, persisted=100),
 ]
 
 SERVER_EXAMPLES = [

@@ -1,0 +1,46 @@
+"""``seqno_ack``: a replica's report of what it holds, accepted on replication connections only."""
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from engine.protocol.messages import SeqnoAck
+from engine.protocol.session import REPLICATION_PREFIX, SessionState
+from tests.protocol.test_session import Harness, error
+
+
+def _replication(name: str = REPLICATION_PREFIX + "n2") -> Harness:
+    h = Harness()
+    h.hello(name=name)
+    h.open(3, start=10, snap=(10, 10))
+    return h
+
+
+def test_a_replication_connection_records_the_latest_ack_per_partition() -> None:
+    h = _replication()
+    assert h.client("seqno_ack", partition=3, received=12, persisted=10) == []
+    assert h.client("seqno_ack", partition=3, received=15, persisted=15) == []
+    assert h.session.replica_acks == {3: SeqnoAck(3, 15, 15)}
+
+
+@pytest.mark.parametrize(
+    ("name", "fields", "expected"),
+    [
+        ("consumer", {"partition": 3, "received": 1, "persisted": 1}, error("not_replication", "type", 3)),
+        (REPLICATION_PREFIX + "n2", {"partition": 5, "received": 1, "persisted": 1},
+         error("stream_not_open", "partition", 5)),
+        (REPLICATION_PREFIX + "n2", {"partition": 3, "received": 4, "persisted": 5},
+         error("invalid_field", "persisted", 3)),
+    ],
+)
+def test_refused_acks_get_an_error_and_keep_the_connection(name: str, fields: dict[str, Any], expected) -> None:
+    h = _replication(name)
+    assert h.client("seqno_ack", **fields) == [expected]
+    assert h.session.state is SessionState.STREAMING and h.session.replica_acks == {}
+
+
+def test_a_malformed_ack_closes_like_any_malformed_message() -> None:
+    h = _replication()
+    out = h.client("seqno_ack", partition=3, received=-1, persisted=0)
+    assert out[0]["code"] == "invalid_field" and out[-1] == {"close": 1008}
