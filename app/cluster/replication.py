@@ -30,19 +30,16 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-from collections import deque
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from websockets.asyncio.client import ClientConnection, connect
-
 from app.cluster.etcd import EtcdClient, EtcdError
 from app.cluster.layout import Layout
+from clients.connection import ReconnectNeeded, StreamConnection, stream_url
 from engine.cluster.replica_sync import Progress, ReplicaSync
 from engine.engine import Engine
 from engine.protocol import messages as M
 from engine.protocol.client.actions import Deliver, Reconnect, Repair, RollbackPolicy, Send, StreamEnded
-from engine.protocol.client.incoming import decode_frame, frame_bytes, is_bundle, split_bundle
 from engine.protocol.client.offset import StreamOffset
 from engine.protocol.client.session import ClientSession
 from engine.protocol.frames import ItemBatch
@@ -58,19 +55,6 @@ def replication_name(node: str) -> str:
 
 def is_replication(hello_name: str) -> bool:
     return hello_name.startswith(REPLICATION_PREFIX)
-
-
-def stream_url(base: str) -> str:
-    base = base.rstrip("/")
-    if base.startswith("https://"):
-        return "wss://" + base[len("https://"):] + "/stream"
-    if base.startswith("http://"):
-        return "ws://" + base[len("http://"):] + "/stream"
-    return base + "/stream"
-
-
-class _Reconnect(Exception):
-    """Drop the connection and stream again from what the engine holds."""
 
 
 class ReplicationStreams:
@@ -203,39 +187,31 @@ class ReplicationStreams:
                 await asyncio.to_thread(engine.reset_partition, p)
             offsets[p] = offset
         session = ClientSession(partitions=sorted(partitions), offsets=offsets, on_rollback=RollbackPolicy.RESET)
-        async with connect(stream_url(url), open_timeout=self.open_timeout_s, max_size=self.max_frame_bytes,
-                           compression=None, ping_interval=None) as ws:
-            await ws.send(M.encode(session.hello(replication_name(self.node), M.Codec.BINARY)))
-            frame = await asyncio.wait_for(ws.recv(), self.open_timeout_s)
-            first = decode_frame(frame)
+        conn = await StreamConnection.open(stream_url(url), None, open_timeout=self.open_timeout_s,
+                                           max_frame_bytes=self.max_frame_bytes, ping_interval=None)
+        try:
+            await conn.send(session.hello(replication_name(self.node), M.Codec.BINARY))
+            first, nbytes = await conn.first(self.open_timeout_s)
             if isinstance(first, M.FailoverLogs):
                 for p in partitions:
                     info = first.partitions.get(p)
                     sync = self.syncs.get(p)
                     if info is not None and sync is not None:
                         sync.requested(info.high_seqno, engine.replica_mark(p)[1].complete_end)
-            actions = session.receive_handshake(first, frame_bytes(frame))
-            await self._carry_out(ws, session, actions)
+            await self._carry_out(conn, session, session.receive_handshake(first, nbytes))
             log.info("node %s: replicating partitions %s from node %s", self.node, _ranges(partitions), active)
-            parts: deque[tuple[str | bytes, int]] = deque()
             while True:
-                if parts:
-                    frame, nbytes = parts.popleft()
-                else:
-                    frame = await ws.recv()
-                    nbytes = frame_bytes(frame)
-                    if is_bundle(frame):
-                        parts.extend(split_bundle(frame, nbytes))  # type: ignore[arg-type]
-                        frame, nbytes = parts.popleft()
-                msg = decode_frame(frame)
+                msg, nbytes = await conn.receive()
                 if isinstance(msg, M.StreamResponse) and msg.status is M.StreamStatus.OK:
                     await asyncio.to_thread(engine.adopt_failover_log, msg.partition, msg.failover_log or ())
-                await self._carry_out(ws, session, session.receive(msg))
+                await self._carry_out(conn, session, session.receive(msg))
                 ack = session.processed(nbytes)
                 if ack is not None:
-                    await ws.send(M.encode(ack))
+                    await conn.send(ack)
+        finally:
+            await conn.close()
 
-    async def _carry_out(self, ws: ClientConnection, session: ClientSession, actions: list[Any]) -> None:
+    async def _carry_out(self, conn: StreamConnection, session: ClientSession, actions: list[Any]) -> None:
         engine = self.engine
         for action in actions:
             kind = type(action)
@@ -246,7 +222,7 @@ class ReplicationStreams:
                 elif isinstance(msg, M.SnapshotMarker):
                     await asyncio.to_thread(engine.replica_marker, msg.partition, msg.start, msg.end)
             elif kind is Send:
-                await ws.send(M.encode(action.message))
+                await conn.send(action.message)
             elif kind is Repair:
                 plan = action.plan
                 log.warning("node %s: partition %d must roll back to seqno %d (%s); the replica copy is reset "
@@ -257,9 +233,9 @@ class ReplicationStreams:
                 sync = self.syncs.get(plan.partition)
                 if sync is not None:
                     sync.reset()
-                await ws.send(M.encode(session.finish_rollback(plan)))
+                await conn.send(session.finish_rollback(plan))
             elif kind is Reconnect:
-                raise _Reconnect(action.reason)
+                raise ReconnectNeeded(action.reason)
             elif kind is StreamEnded:
                 log.info("node %s: replication stream of partition %d ended: %s", self.node, action.partition,
                          action.reason)
