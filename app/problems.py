@@ -56,6 +56,7 @@ PARTITION_NOT_REPLICA = ProblemType("partition-not-replica", 409, "Partition not
 BACKPRESSURE = ProblemType("backpressure", 429, "Write queue full")
 #: WHY 507 (RFC 4918) and not 503: the write was applied; what failed is storing it, for lack of space.
 INSUFFICIENT_STORAGE = ProblemType("insufficient-storage", 507, "Insufficient storage: applied but not persisted")
+DISK_FULL = ProblemType("disk-full", 507, "Insufficient storage: nothing changed")
 SEQNO_RANGE = ProblemType("seqno-range", 416, "Sequence number out of range")
 ENGINE_CLOSED = ProblemType("engine-closed", 503, "Engine not available")
 ENGINE_ERROR = ProblemType("engine-error", 500, "Engine error")
@@ -81,6 +82,7 @@ ENGINE_PROBLEMS: dict[type[E.UprError], ProblemType] = {
     E.NotReplica: PARTITION_NOT_REPLICA,
     E.Backpressure: BACKPRESSURE,
     E.InsufficientStorage: INSUFFICIENT_STORAGE,
+    E.DiskFull: DISK_FULL,
     E.SeqnoRangeError: SEQNO_RANGE,
     E.EngineClosed: ENGINE_CLOSED,
     E.UprError: ENGINE_ERROR,
@@ -137,6 +139,8 @@ class Problem(Exception):
             extra["applied"] = True
             extra["persisted"] = False
             extra["unpersisted"] = [{"partition": p, "seqno": s} for p, s in sorted(exc.unpersisted.items())]
+        if isinstance(exc, E.DiskFull):
+            extra["applied"] = False
         if exc.retriable and ptype.status in (429, 503):
             headers["Retry-After"] = "1"
         return cls(

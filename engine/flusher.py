@@ -22,7 +22,6 @@ before the next attempt, one log line per state change, and the fault others rea
 """
 from __future__ import annotations
 
-import errno as errnos
 import logging
 import os
 import threading
@@ -32,7 +31,8 @@ from concurrent.futures import Future
 
 import lmdb
 
-from engine.core.errors import EngineClosed, InsufficientStorage
+from engine.core.errors import DiskFull, EngineClosed, InsufficientStorage
+from engine.storage.disk_errors import errno_of
 from engine.flush_health import FaultKind, FlushFault, FlushHealth, classify
 from engine.partition import Partition
 from engine.storage.store import Store
@@ -240,7 +240,7 @@ class Flusher:
     def _round_failed(self, exc: Exception) -> None:
         """Record the failure, log it if the state changed, and answer the waiters."""
         self.errors += 1
-        kind = classify(_errno_of(exc), _free_bytes(self._store))
+        kind = classify(errno_of(exc), _free_bytes(self._store))
         pending = {p.id: (p.queue.persisted + 1, p.queue.root.high)
                    for p in self._partitions if p.queue.root.high > p.queue.persisted}
         change = self.health.failed(time.monotonic(), kind, _reason(exc), pending)
@@ -305,21 +305,6 @@ def _not_persisted(wanted: Mapping[int, int], fault: FlushFault) -> Insufficient
     )
 
 
-def _errno_of(exc: BaseException) -> int | None:
-    """The errno behind a failed commit.  py-lmdb raises ``DiskError`` for ENOSPC and a plain
-    ``lmdb.Error`` naming the errno's text for others (EIO: a short write)."""
-    if isinstance(exc, OSError):
-        return exc.errno
-    if isinstance(exc, lmdb.DiskError):
-        return errnos.ENOSPC
-    if isinstance(exc, lmdb.Error):
-        text = str(exc)
-        for number in (errnos.ENOSPC, errnos.EDQUOT, errnos.EIO):
-            if os.strerror(number) in text:
-                return number
-    return None
-
-
 def _free_bytes(store: Store) -> int | None:
     try:
         st = os.statvfs(store.env.path())
@@ -329,4 +314,8 @@ def _free_bytes(store: Store) -> int | None:
 
 
 def _reason(exc: BaseException) -> str:
+    """What the operator reads: LMDB's own words (``Store.write`` wraps a refused commit in
+    ``DiskFull``, whose advice to retry is for a caller, not for the flusher that retries itself)."""
+    if isinstance(exc, DiskFull) and exc.__cause__ is not None:
+        exc = exc.__cause__
     return f"{type(exc).__name__}: {exc}"

@@ -14,7 +14,7 @@ from app.deps import AdminCtx
 from app.models import CompactRequest, CompactResult, FlushResult, PartitionStatus, StateChange
 from app.problems import INVALID_INPUT, UNKNOWN_PARTITION, Problem
 from app.routes.partitions import PartitionId, check_partition, partition_info
-from app.routes.responses import problems
+from app.routes.responses import DISK_FULL_NOTHING_CHANGED, problems
 
 router = APIRouter(prefix="/admin", tags=["admin"])
 
@@ -28,14 +28,15 @@ def _set_state(engine: Any, partition: int, change: StateChange) -> Any:
     "/partitions/{partition}/state",
     summary="Change a partition's state",
     response_model=PartitionStatus,
-    responses=problems(401, 403, 404, 413, 422, 503),
+    responses=problems(401, 403, 404, 413, 422, 503, 507, described={507: DISK_FULL_NOTHING_CHANGED}),
 )
 async def set_partition_state(
     partition: PartitionId, change: StateChange, ctx: AdminCtx
 ) -> PartitionStatus:
     """active/replica/pending/dead.  Only active partitions accept writes; promoting a
     replica or pending partition to active starts a new failover branch.  Streams on a
-    partition that leaves active end with `state_changed`."""
+    partition that leaves active end with `state_changed`.  On a full disk the answer is 507
+    `disk-full` and nothing changed."""
     runner = ctx.runner
     check_partition(runner.engine, partition)
     return partition_info(await runner.read(_set_state, runner.engine, partition, change))
@@ -58,11 +59,12 @@ async def flush(ctx: AdminCtx) -> FlushResult:
 
 @router.post(
     "/compact", summary="Purge old tombstones", response_model=CompactResult,
-    responses=problems(401, 403, 404, 413, 422, 503),
+    responses=problems(401, 403, 404, 413, 422, 503, 507, described={507: DISK_FULL_NOTHING_CHANGED}),
 )
 async def compact(request: CompactRequest, ctx: AdminCtx) -> CompactResult:
     """Removes tombstones below a seqno per partition and/or older than an age, moving each
-    partition's purge seqno: consumers resuming from below it must roll back to 0."""
+    partition's purge seqno: consumers resuming from below it must roll back to 0.  On a full
+    disk the answer is 507 `disk-full` and nothing was purged."""
     if request.purge_before_seqno is None and request.older_than_s is None:
         raise Problem(INVALID_INPUT, "give purge_before_seqno and/or older_than_s", field="body")
     runner = ctx.runner

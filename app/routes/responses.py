@@ -25,11 +25,19 @@ _DESCRIPTIONS = {
 }
 
 
-def problems(*statuses: int) -> dict[int | str, dict[str, Any]]:
+#: Where a route's meaning of a status differs from the usual one above.
+DISK_FULL_NOTHING_CHANGED = ("the disk is full: this change is written straight to disk and was refused whole "
+                             "(`disk-full`, `applied: false`); retry once space returns")
+
+
+def problems(*statuses: int, described: dict[int, str] | None = None) -> dict[int | str, dict[str, Any]]:
+    """OpenAPI ``responses`` for the problem statuses a route answers; ``described`` overrides the
+    usual description of a status for this route."""
+    described = described or {}
     return {
         status: {
             "model": Problem,
-            "description": _DESCRIPTIONS[status],
+            "description": described.get(status, _DESCRIPTIONS[status]),
             "content": {PROBLEM_MEDIA_TYPE: {"schema": {"$ref": "#/components/schemas/Problem"}}},
         }
         for status in statuses

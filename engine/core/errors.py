@@ -11,6 +11,7 @@
     ├── NotReplica                replica-only operation on a partition that is not a replica
     ├── Backpressure              write queue over its memory limit (429); retriable
     ├── InsufficientStorage       applied and queued, but the disk is full: not persisted (507)
+    ├── DiskFull                  a change that goes straight to disk was refused: nothing changed (507)
     ├── SeqnoRangeError           stream request outside what the partition has (DCP ERANGE)
     └── EngineClosed              the engine is shut down (503)
 
@@ -111,6 +112,23 @@ class InsufficientStorage(UprError):
     def __init__(self, message: str, *, unpersisted: dict[int, int] | None = None, **kw: object) -> None:
         super().__init__(message, **kw)  # type: ignore[arg-type]
         self.unpersisted = dict(unpersisted or {})
+
+
+class DiskFull(UprError):
+    """A change that is written straight to disk (a state change, a compaction, a promotion)
+    could not be committed because the disk or quota is full: nothing changed.
+
+    WHY apart from ``InsufficientStorage``: there the write happened and waits in memory; here
+    the transaction was aborted, so the caller may simply retry once space returns.
+    ``errno`` is the operating system's reason (ENOSPC, EDQUOT or EIO for a write cut short).
+    """
+
+    code = "disk_full"
+    retriable = True
+
+    def __init__(self, message: str, *, errno: int, **kw: object) -> None:
+        super().__init__(message, **kw)  # type: ignore[arg-type]
+        self.errno = errno
 
 
 class SeqnoRangeError(UprError):

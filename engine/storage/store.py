@@ -10,6 +10,7 @@ transaction of the process closed, so readers pass through a small gate (``read_
 """
 from __future__ import annotations
 
+import os
 import threading
 import uuid as uuidlib
 from collections.abc import Callable, Iterator, Sequence
@@ -21,12 +22,13 @@ from typing import TypeVar
 import lmdb
 
 from engine.core import failover, failover_policy
-from engine.core.errors import InvalidInput
+from engine.core.errors import DiskFull, InvalidInput
 from engine.core.replica_snapshots import SnapshotMark
 from engine.core.types import Item, PartitionState
 from engine.storage import blocks
 from engine.storage.blocks import block_value, encode_block, is_small, seek_block, split_blocks
 from engine.storage.compaction import Compaction
+from engine.storage.disk_errors import DISK_ERRNOS, errno_of
 from engine.storage.datadir_lock import lock_data_dir, unlock_data_dir
 from engine.storage.errors import CorruptStore, IncompatibleDataDir
 from engine.storage.records import (
@@ -228,7 +230,8 @@ class Store:
         """Run ``fn`` in one write transaction (committed and fsynced on return).
 
         ``fn`` must be safe to re-run: on ``MapFullError`` the transaction is aborted, the map
-        doubled and ``fn`` called again.
+        doubled and ``fn`` called again.  A commit the disk refuses (full, over quota, a write
+        cut short) raises ``DiskFull``: the transaction was aborted, nothing changed.
         """
         compaction = self.compaction
         with self._write_lock:
@@ -240,6 +243,13 @@ class Store:
                 except lmdb.MapFullError:
                     self._grow()
                     continue
+                except lmdb.Error as exc:
+                    compaction.abort()
+                    number = errno_of(exc)
+                    if number in DISK_ERRNOS:
+                        raise DiskFull(f"the disk refused the commit ({os.strerror(number)}): nothing "
+                                       "changed; retry once space returns", errno=number) from exc
+                    raise
                 except BaseException:
                     compaction.abort()
                     raise
