@@ -81,11 +81,13 @@ def create_app(
         app.state.started_at = time.monotonic()
         log.info("engine open: %s (%d partitions, node %s)", settings.data_dir, engine.num_partitions, engine.node_id)
         if settings.cluster is not None:
+            from app.cluster.metrics import ClusterCollector
             from app.cluster.node import ClusterNode
 
             node = ClusterNode(engine, settings.node_config())
             await node.start()
             app.state.cluster = node
+            app.state.metrics.attach_cluster(ClusterCollector(node.view))
             app.state.stream_server.owner_of = node.misdirected
         try:
             yield

@@ -40,6 +40,7 @@ class Metrics:
         self.rollbacks = Counter("upr_stream_rollbacks", "rollbacks issued to consumers", ["reason"], registry=self.registry)
         self.stream_bytes = Counter("upr_stream_sent_bytes", "bytes sent on streams", registry=self.registry)
         self._engine_collector: EngineCollector | None = None
+        self._cluster_collector: Collector | None = None
 
     def attach(self, engine: Engine, streams: StreamRegistry) -> None:
         """Start reporting engine and stream figures (called once the engine is open)."""
@@ -47,10 +48,18 @@ class Metrics:
         self._engine_collector = EngineCollector(engine, streams)
         self.registry.register(self._engine_collector)
 
+    def attach_cluster(self, collector: Collector) -> None:
+        """Start reporting a cluster node's figures (``app.cluster.metrics``)."""
+        self._cluster_collector = collector
+        self.registry.register(collector)
+
     def detach(self) -> None:
         if self._engine_collector is not None:
             self.registry.unregister(self._engine_collector)
             self._engine_collector = None
+        if self._cluster_collector is not None:
+            self.registry.unregister(self._cluster_collector)
+            self._cluster_collector = None
 
 
 def _metric_name(key: str) -> str:

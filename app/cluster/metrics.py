@@ -1,0 +1,77 @@
+"""Prometheus figures of a cluster node, read from ``GET /cluster``'s view at scrape time.
+
+WHY these: an operator's first questions about a replicated feed are Kafka's
+(``UnderReplicatedPartitions``, ``ActiveControllerCount``) and Patroni's (who leads, is the
+node fenced): is every partition this node is active for fully replicated, how far behind is
+each replica, which map is in force and who orchestrates.  They are derived from the same view
+``GET /cluster`` answers, so the two can never disagree.
+"""
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Mapping
+from typing import Any
+
+from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+__all__ = ["ClusterCollector"]
+
+
+class ClusterCollector(Collector):
+    """Turns a cluster view (``ClusterNode.view()``) into gauges at each scrape."""
+
+    def __init__(self, view: Callable[[], Mapping[str, Any]]) -> None:
+        self._view = view
+
+    def describe(self) -> list[Metric]:
+        return []  # labels depend on the map: discovered at collect time
+
+    def collect(self) -> Iterator[Metric]:
+        view = self._view()
+        me = view["node"]
+        yield GaugeMetricFamily("upr_cluster_map_revision", "revision of the partition map in force on this node",
+                                value=float(view["map"]["revision"]))
+        yield GaugeMetricFamily("upr_cluster_orchestrator", "1 if this node is the orchestrator",
+                                value=1.0 if view.get("orchestrator") == me else 0.0)
+        yield GaugeMetricFamily("upr_cluster_fenced", "1 while this node lost its lease and serves nothing",
+                                value=1.0 if view.get("fenced") else 0.0)
+        nodes = GaugeMetricFamily("upr_cluster_nodes", "nodes in the cluster by state", labels=["state"])
+        states: dict[str, int] = {}
+        for node in view["nodes"]:
+            states[node["state"]] = states.get(node["state"], 0) + 1
+        for state in ("up", "down", *sorted(set(states) - {"up", "down"})):
+            nodes.add_metric([state], float(states.get(state, 0)))
+        yield nodes
+
+        roles = GaugeMetricFamily("upr_cluster_partitions", "partitions this node holds, by role", labels=["role"])
+        active = replica = under = unavailable = 0
+        lag = GaugeMetricFamily("upr_cluster_replica_lag", "seqnos a replica is behind its active (on the active)",
+                                labels=["partition", "replica"])
+        in_sync = GaugeMetricFamily("upr_cluster_replica_in_sync", "1 if the replica is in sync (on the active)",
+                                    labels=["partition", "replica"])
+        for entry in view["map"]["partitions"]:
+            if entry["active"] is None:
+                unavailable += 1
+            if any(r["node"] == me for r in entry["replicas"]):
+                replica += 1
+            if entry["active"] != me:
+                continue
+            active += 1
+            if any(not r["in_sync"] for r in entry["replicas"]):
+                under += 1
+            for r in entry["replicas"]:
+                labels = [str(entry["partition"]), r["node"]]
+                in_sync.add_metric(labels, 1.0 if r["in_sync"] else 0.0)
+                if r.get("lag") is not None:
+                    lag.add_metric(labels, float(r["lag"]))
+        roles.add_metric(["active"], float(active))
+        roles.add_metric(["replica"], float(replica))
+        yield roles
+        yield GaugeMetricFamily(
+            "upr_cluster_under_replicated_partitions",
+            "partitions this node is active for with a replica not in sync (Kafka's UnderReplicatedPartitions)",
+            value=float(under))
+        yield GaugeMetricFamily("upr_cluster_unavailable_partitions", "partitions the map gives no active node",
+                                value=float(unavailable))
+        yield lag
+        yield in_sync
