@@ -97,6 +97,8 @@ class Engine:
                                    last_cas=max((p.persisted_max_cas for p in partitions), default=0))
         self._flusher = Flusher(store, partitions, self._lock, config.flush_interval_ms / 1000.0,
                                 config.flush_batch_items, self._turn, config.flush_retry_max_s)
+        self._persist_listeners: list[Callable[[int], None]] = []
+        self._flusher.on_persisted = self._notify_persisted
         self.backpressure_total = 0
         self.closed_clean: bool | None = None
 
@@ -491,6 +493,20 @@ class Engine:
 
         return remove
 
+    def add_persist_listener(self, callback: Callable[[int], None]) -> Callable[[], None]:
+        """Call ``callback(partition)`` on the flusher's thread after a flush round persisted
+        more of that partition (its persisted seqno grew); the callback must be cheap.  WHY: a
+        stream that may deliver only persisted writes waits for exactly this, and polling the
+        persisted seqno would cost every waiting stream a wake-up per interval."""
+        with self._lock:
+            self._persist_listeners = [*self._persist_listeners, callback]
+
+        def remove() -> None:
+            with self._lock:
+                self._persist_listeners = [cb for cb in self._persist_listeners if cb is not callback]
+
+        return remove
+
     def engine_stats(self) -> dict[str, float]:
         parts = self._parts
         f = self._flusher
@@ -537,6 +553,17 @@ class Engine:
     def _check_open(self) -> None:
         if self._closed:
             raise EngineClosed("engine is closed")
+
+    def _notify_persisted(self, partitions: list[int]) -> None:
+        listeners = self._persist_listeners
+        if not listeners:
+            return
+        for p in partitions:
+            for callback in listeners:
+                try:
+                    callback(p)
+                except Exception:
+                    log.exception("engine persist listener failed")
 
     def _notify(self, partitions: object) -> None:
         for p in partitions:  # type: ignore[attr-defined]

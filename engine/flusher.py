@@ -26,7 +26,7 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future
 
 import lmdb
@@ -97,6 +97,9 @@ class Flusher:
         self.last_batch_items = 0
         self.max_batch_items = 0
         self.errors = 0
+        #: called on this thread after each committed round with the partitions it persisted
+        #: (``Engine.add_persist_listener``); must be cheap and must not block
+        self.on_persisted: Callable[[list[int]], None] | None = None
 
     def start(self) -> None:
         self._thread.start()
@@ -211,10 +214,12 @@ class Flusher:
         results = store.write(write)
         count = 0
         garbage = []
+        persisted: list[int] = []
         with self._writer_lock:
             for (part, items, upto, generation), (live, max_cas, _nbytes) in zip(work, results):
                 if part.generation != generation:
                     continue
+                persisted.append(part.id)
                 part.persisted_live = live
                 part.persisted_max_cas = max_cas
                 garbage.append(part.queue.mark_persisted(items, upto))
@@ -223,6 +228,11 @@ class Flusher:
                 count += len(items)
         nbytes = sum(r[2] for r in results)
         del garbage, work  # freeing the persisted items happens here, outside the writer lock
+        if self.on_persisted is not None and persisted:
+            try:
+                self.on_persisted(persisted)
+            except Exception:  # a listener's fault must not stop flushing
+                log.exception("persist listener failed")
         self.flushes += 1
         self.items_flushed += count
         self.bytes_flushed += nbytes

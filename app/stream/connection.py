@@ -22,6 +22,13 @@ session returns and feeds it what happened, with two tasks on the event loop:
   With nothing to do it sleeps on one ``asyncio.Event`` set by engine notifications
   (``ChangeHub``), client messages and shutdown: no busy loop.
 
+A ``persisted`` or ``majority`` consumer (hello ``visibility``) is *capped*: its connection takes
+the ceiling provider of that visibility (``VisibleCeilings``, ceilings.py), the cursors cut each
+reading at the ceiling (read right after the snapshot), ``end_visit`` reports what was held
+back, and ceiling advances (flusher rounds, the node's majority reports) reach the session as
+``visible_ceiling`` and wake the sender.  Capped passes are never produced inline (the memory
+they would send is above a persisted ceiling).  An uncapped connection runs none of this.
+
 Bounded memory for slow consumers: encoded output is capped by the chunk budget, unacknowledged
 bytes by the window, the socket buffer by uvicorn's write flow control (a send waits until the
 transport drains).  Once the sender has waited ``drop_after_s`` for the consumer (the socket does not
@@ -42,6 +49,7 @@ from typing import Any
 
 from starlette.websockets import WebSocketDisconnect
 
+from app.stream.ceilings import VisibleCeilings
 from app.stream.cursor import PartitionCursor
 from app.stream.hub import ChangeHub
 from app.stream.outbox import Outbox
@@ -117,8 +125,12 @@ class StreamConnection(PassSender):
         on_delivery: Callable[[float], None] = lambda seconds: None,
         on_cursor_drop: Callable[[], None] = lambda: None,
         owner_of: Callable[[int], dict[str, Any]] | None = None,
+        ceilings: VisibleCeilings | None = None,
     ) -> None:
         self.ws = ws
+        self._ceilings = ceilings
+        #: the visible ceiling of this connection's partitions (None: not capped), set at hello
+        self._ceiling_of: Callable[[int], int] | None = None
         self._owner_of = owner_of
         self.engine = engine
         self._read = read
@@ -214,6 +226,8 @@ class StreamConnection(PassSender):
         finally:
             self._stopped = True
             self.hub.unsubscribe(self)
+            if self._ceiling_of is not None and self._ceilings is not None:
+                self._ceilings.unsubscribe(self)
             hello_deadline.cancel()
             watchdog.cancel()
             for task in (sender, reader):
@@ -295,6 +309,7 @@ class StreamConnection(PassSender):
         while pending:
             out = pending.popleft()
             if isinstance(out, LookupPartitions):
+                self._take_ceiling()
                 infos = await self._read(_partition_infos, self.engine, out.partitions)
                 pending.extendleft(reversed(self.session.partitions_info(infos)))
             elif isinstance(out, LookupStream):
@@ -302,6 +317,29 @@ class StreamConnection(PassSender):
                 pending.extendleft(reversed(self.session.stream_info(out.partition, info)))
             else:
                 self._carry_out([out])
+
+    def _take_ceiling(self) -> None:
+        """Hello accepted: a ``persisted`` or ``majority`` consumer is capped from now on."""
+        hello = self.session.hello
+        if hello is None or self._ceilings is None or self._ceiling_of is not None:
+            return
+        self._ceiling_of = self._ceilings.provider(hello.visibility)
+        if self._ceiling_of is not None:
+            self._ceilings.subscribe(self)
+
+    def ceiling_advanced(self, partitions: frozenset[int]) -> None:
+        """``VisibleCeilings`` subscriber (event loop): tell the session the new ceilings; a
+        stream waiting at its ceiling becomes due once it has passed the held reading."""
+        ceiling_of, session = self._ceiling_of, self.session
+        if ceiling_of is None:
+            return
+        hit = False
+        for p in partitions:
+            if p in session.streams:
+                session.visible_ceiling(p, ceiling_of(p))
+                hit = True
+        if hit:
+            self._wake.set()
 
     def _carry_out(self, outs: list[Any]) -> None:
         for out in outs:

@@ -23,6 +23,15 @@ the continuation are the latest versions of every key up to the new end, so the 
 consistent once the ``last`` batch arrives.  A consumer tracking positions keeps its open
 snapshot's start and extends its end (``engine.protocol.client.position``).
 
+A capped consumer (hello ``visibility`` persisted or majority; ``ceiling_of`` given): right
+after taking a snapshot the cursor reads the partition's visible ceiling and sends only the
+parts the protocol's ``visible_parts`` allows (whole parts at or below it); the rest of the
+reading is released unsent, and ``ceiling`` / ``held_back_to`` tell the session what happened
+(``ServerSession.end_visit``).  Reading the ceiling *after* the snapshot matters for
+``persisted``: the flusher writes the persisted seqno with the data, so the ceiling is then at
+least the disk part's end and the disk part always goes.  Tail-cache entries replay only up to
+the ceiling.  Uncapped cursors skip all of it (one ``None`` check per ``produce`` call).
+
 What the cursor does *not* decide: positions, bounded-stream ends, barriers and flow control
 belong to the protocol session (``engine.protocol.session.ServerSession``), and which parts of a
 reading open a snapshot and which batch is ``last`` (fresh or continuation) to the protocol's
@@ -43,7 +52,7 @@ from typing import Any
 from app.stream.tailcache import CachedSnapshot
 from engine.protocol import messages as M
 from engine.protocol.frames import Columns
-from engine.protocol.reading_plan import PartPlan, plan_reading
+from engine.protocol.reading_plan import PartPlan, plan_reading, visible_parts
 
 __all__ = ["Batch", "BatchEncoder", "Marker", "PartitionCursor", "marker_text"]
 
@@ -124,6 +133,12 @@ class PartitionCursor:
         self._plan = PartPlan(None, True)  # ... and the part being read
         #: may replay the tail cache: not before the stream's first reading (see ``produce``)
         self.tailing = tailing
+        #: capped streams: the end of the snapshot left open (a continuation may only extend it)
+        self.open_end = position
+        #: capped streams, for this visit: the ceiling of the last reading, and its end when
+        #: parts above the ceiling were held back (both None: uncapped, or no reading taken)
+        self.ceiling: int | None = None
+        self.held_back_to: int | None = None
 
     @property
     def holding(self) -> bool:
@@ -132,7 +147,8 @@ class PartitionCursor:
 
     def produce(self, snapshot_of: Callable[[int, int], Any], encode: BatchEncoder, budget: int,
                 out: list[Marker | Batch], cache: Any = None, codec: str = "",
-                high_of: Callable[[int], int] | None = None) -> bool:
+                high_of: Callable[[int], int] | None = None,
+                ceiling_of: Callable[[int], int] | None = None) -> bool:
         """Executor side: append markers and encoded batches to ``out`` until about ``budget``
         bytes are encoded or the snapshot is complete.  Returns True when complete (or idle).
 
@@ -150,9 +166,10 @@ class PartitionCursor:
         used = 0
         if self._snapshot is None:
             if cache is not None and high_of is not None and not self.open_snapshot and self.tailing:
+                replay_to = ceiling_of(p) if ceiling_of is not None else None
                 while used < budget:
                     entry = cache.get(codec, p, self.last_seqno)
-                    if entry is None:
+                    if entry is None or (replay_to is not None and entry.end > replay_to):
                         break
                     out.extend(entry.outputs)
                     used += entry.size
@@ -171,13 +188,26 @@ class PartitionCursor:
             if not snap.parts:
                 _close(snap)
                 return True
+            parts = snap.parts
+            self._continuing = self.open_snapshot
+            if ceiling_of is not None:
+                # after the snapshot, so a persisted ceiling covers its disk part (see above)
+                self.ceiling = ceiling = ceiling_of(p)
+                self.held_back_to = None
+                ranges = [(part.start, part.end) for part in parts]
+                n = visible_parts(ranges, ceiling, self.open_end if self._continuing else None)
+                if n < len(parts):
+                    self.held_back_to = snap.high_seqno
+                    parts = parts[:n]
+                    if not parts:
+                        _close(snap)
+                        return True
             self._snapshot = snap
-            self._parts = deque(snap.parts)
+            self._parts = deque(parts)
             self.captured_at = time.monotonic()
             # which parts open a snapshot and which batches are `last`: the protocol's rule
             # (a re-read after a drop mid-snapshot is one continuation snapshot)
-            self._continuing = self.open_snapshot
-            self._plans = deque(plan_reading([(part.start, part.end) for part in snap.parts],
+            self._plans = deque(plan_reading([(part.start, part.end) for part in parts],
                                              self.last_seqno if self._continuing else None))
         marker_at = -1
         while used < budget:
@@ -193,6 +223,7 @@ class PartitionCursor:
                         marker_at = len(out)
                         self.snap_start = part.start
                     out.append(Marker(p, *self._plan.marker, part.source, self.purge_seqno))
+                    self.open_end = self._plan.marker[1]
                 self.open_snapshot = True
                 self._part = part
                 self._batches = part.columns(self._frame_items, self._frame_bytes)

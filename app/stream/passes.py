@@ -51,6 +51,7 @@ class PassSender:
     _credit_wait_since: float | None
     _close: Any
     _peer_closed: bool
+    _ceiling_of: Callable[[int], int] | None
     _wake: asyncio.Event
     _cursor_lock: asyncio.Lock
     name: str
@@ -75,6 +76,9 @@ class PassSender:
                 self._visit_notified[v.partition] = notified
         for v, cursor in zip(visits, cursors):
             cursor.last_seqno = v.after_seqno
+        if self._ceiling_of is not None:
+            for cursor in cursors:
+                cursor.ceiling = cursor.held_back_to = None
         # Sends rarely suspend (the socket buffer takes them), so without these yields one
         # connection's pass would run start to end in one loop step: with many consumers HTTP
         # writes would wait for every pass of a loop iteration (see docs/benchmarks.md, Stream:
@@ -142,9 +146,9 @@ class PassSender:
                 # a full bundle does not wait for the reader
                 await self.outbox.flush_bundle(self.limits.mid_pass_flush_bytes)
                 try:
-                    snapshot_of, encode, cache, codec, high_of = self._produce_args()
+                    snapshot_of, encode, cache, codec, high_of, ceiling_of = self._produce_args()
                     complete = await self._on_reader(cursor.produce, snapshot_of, encode, self.limits.chunk_bytes,
-                                                     out, cache, codec, high_of)
+                                                     out, cache, codec, high_of, ceiling_of)
                 except StateChanged as exc:
                     changed = exc
         finally:
@@ -154,7 +158,10 @@ class PassSender:
         if self.cursors.get(p) is not cursor and cursor.holding:
             await self.outbox.flush_bundle()
             await self._on_reader(cursor.close)  # the stream ended during the visit
-        self._carry_out(session.end_visit(visit))
+        if self._ceiling_of is None:
+            self._carry_out(session.end_visit(visit))
+        else:
+            self._carry_out(session.end_visit(visit, ceiling=cursor.ceiling, held_back_to=cursor.held_back_to))
 
     async def _send_item(self, p: int, item: Marker | Batch, cursor: PartitionCursor) -> bool:
         """Send a marker or batch once the window allows; False if the stream or connection ended."""
@@ -219,7 +226,7 @@ class PassSender:
         incomplete (``_NotInMemory``) and its visit continues on a reader thread.  ``check_only``:
         only whether the pass qualifies (an empty list if it does)."""
         limit = self.limits.inline_items
-        if limit <= 0 or self._cursor_lock.locked() or self.engine.closed:
+        if limit <= 0 or self._cursor_lock.locked() or self.engine.closed or self._ceiling_of is not None:
             return None
         total = 0
         for cursor in cursors:
@@ -245,8 +252,8 @@ class PassSender:
             raise _NotInMemory(partition)
         return snap
 
-    def _produce_args(self) -> tuple[Any, BatchEncoder, Any, str, Callable[[int], int]]:
-        return self._snapshot_of, ENCODERS[self.codec], self.hub.cache, self.codec, self._high_of
+    def _produce_args(self) -> tuple[Any, BatchEncoder, Any, str, Callable[[int], int], Callable[[int], int] | None]:
+        return self._snapshot_of, ENCODERS[self.codec], self.hub.cache, self.codec, self._high_of, self._ceiling_of
 
     def _high_of(self, partition: int) -> int:
         """Executor side: the partition's high seqno, after the same state check as a snapshot."""

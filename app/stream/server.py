@@ -7,6 +7,7 @@ closing the engine, so its parts live exactly as long as the engine they serve:
     hub      engine change notifications -> the event loop, coalesced (hub.py)
     jobs     the connections' reader-thread jobs batched into one hop per wake-up (jobs.py)
     slots    connection limits, per server and per client (slots.py)
+    ceilings visible ceilings of ``persisted`` / ``majority`` consumers and their wake-ups (ceilings.py)
     streams  the registry ``GET /streams`` reads; ``close`` ends every connection's streams
 
 WHY an object owned by the lifespan: the hub needs the running loop and the engine, so it used
@@ -16,21 +17,29 @@ engine had to notice the stale hub itself.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
+from app.stream.ceilings import CeilingProvider, VisibleCeilings
 from app.stream.connection import StreamConnection, StreamLimits
 from app.stream.hub import ChangeHub
 from app.stream.jobs import JobBatcher
 from app.stream.slots import ConnectionSlots
 from app.streams_registry import StreamRegistry
+from engine.protocol.messages import Visibility
 
 __all__ = ["StreamServer"]
 
 
 class StreamServer:
     def __init__(self, *, engine: Any, runner: Any, limits: StreamLimits, streams: StreamRegistry,
-                 metrics: Any, stream_metrics: Any) -> None:
+                 metrics: Any, stream_metrics: Any,
+                 ceilings: Mapping[Visibility, CeilingProvider] | None = None) -> None:
+        """``ceilings``: per visibility, the callable giving a partition's visible ceiling, e.g.
+        ``{Visibility.MAJORITY: lambda p: tracker.majority_seqno(p, False)}`` in a cluster
+        (``persisted`` defaults to the engine's persisted seqno; a visibility without one is
+        not capped).  A provider is called on the event loop and on reader threads, right after
+        a snapshot: it must be cheap and safe from any thread."""
         self.engine = engine
         self.runner = runner
         self.limits = limits
@@ -38,6 +47,7 @@ class StreamServer:
         self.slots = ConnectionSlots(limits.max_connections, limits.max_connections_per_client)
         self.jobs = JobBatcher(runner.read)
         self.hub = ChangeHub(engine.add_listener, asyncio.get_running_loop(), self.jobs)
+        self.ceilings = VisibleCeilings(engine, asyncio.get_running_loop(), ceilings)
         self._metrics = metrics
         self._stream_metrics = stream_metrics
         #: in a cluster, who serves a partition (``ClusterNode.misdirected``): named in not_my_partition
@@ -61,12 +71,24 @@ class StreamServer:
             on_delivery=extra.delivery.observe,
             on_cursor_drop=extra.cursor_drops.inc,
             owner_of=self.owner_of,
+            ceilings=self.ceilings,
         )
         self.streams.register(conn)
         try:
             await conn.run()
         finally:
             self.streams.unregister(conn)
+
+    def ceiling_advanced(self, partition: int) -> None:
+        """``partition``'s visible ceiling may have advanced (e.g. a majority of its copies now
+        hold more): streams waiting at it wake.  Cheap, callable from any thread; a no-op while
+        no connection is capped.  Persistence advances need no call (the flusher reports them)."""
+        self.ceilings.advanced(partition)
+
+    def set_ceiling_provider(self, visibility: Visibility, provider: CeilingProvider | None) -> None:
+        """Install the ceiling of ``visibility`` after start-up (a node joining a cluster);
+        connections that say hello afterwards use it."""
+        self.ceilings.set_provider(visibility, provider)
 
     async def close(self) -> None:
         """Engine closing: every connection ends its streams (``shutting_down``), then the hub
@@ -75,3 +97,4 @@ class StreamServer:
             await self.streams.shutdown()
         finally:
             self.hub.close()
+            self.ceilings.close()

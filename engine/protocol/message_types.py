@@ -67,6 +67,7 @@ __all__ = [
     "StreamRequest",
     "StreamResponse",
     "StreamStatus",
+    "Visibility",
     "message",
 ]
 
@@ -99,6 +100,20 @@ class StreamStatus(enum.StrEnum):
 class SnapshotSource(enum.StrEnum):
     DISK = "disk"
     MEMORY = "memory"
+
+
+class Visibility(enum.StrEnum):
+    """Which writes a consumer may receive (hello ``visibility``).
+
+    ``memory``: every write as soon as it is queued (an unclean restart or a failover may take
+    some back: the consumer is then told to roll back).  ``persisted``: only writes at or below
+    the partition's persisted seqno, which an unclean restart cannot lose.  ``majority``: only
+    writes a majority of the partition's copies hold, which a failover cannot lose (on a node
+    without a cluster there is no failover, so it is ``memory``)."""
+
+    MEMORY = "memory"
+    PERSISTED = "persisted"
+    MAJORITY = "majority"
 
 
 class StreamEndReason(enum.StrEnum):
@@ -172,6 +187,10 @@ def message(type_name: str, sender: Sender, **kinds: Kind) -> Callable[[type[_T]
     protocol=Int(1, 1 << 16, "protocol version; this server speaks 1"),
     bundle=Bool("the client accepts bundle frames (several messages in one binary message, "
                 "engine.protocol.bundle); false: one WebSocket message per message"),
+    visibility=Enum(Visibility, "which writes this connection's streams deliver: memory (all, default), "
+                    "persisted (never above the partition's persisted seqno: no rollback after an "
+                    "unclean restart), majority (never above what a majority of the partition's "
+                    "copies hold: no rollback after a failover)"),
 )
 @dataclass(frozen=True, slots=True)
 class Hello:
@@ -183,6 +202,7 @@ class Hello:
     window_bytes: int | None = None
     protocol: int = PROTOCOL_VERSION
     bundle: bool = False
+    visibility: Visibility = Visibility.MEMORY
 
 
 @message(

@@ -60,6 +60,7 @@ from engine.protocol.message_types import (
     StreamRequest,
     StreamResponse,
     StreamStatus,
+    Visibility,
 )
 from engine.protocol.schema import message_schema
 
@@ -97,6 +98,7 @@ __all__ = [
     "StreamRequest",
     "StreamResponse",
     "StreamStatus",
+    "Visibility",
     "decode",
     "decode_client_message",
     "decode_obj",

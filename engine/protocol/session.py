@@ -34,6 +34,8 @@ Adapter API (everything else is internal)::
     marker = session.snapshot_marker(p, part.start, part.end, part.source, snapshot.purge_seqno)
     outs = session.items_sent(p, last_seqno, last)   # after each batch frame (may end the stream)
     outs = session.end_visit(visit)        # barrier releases, cycle_complete
+    outs = session.end_visit(visit, ceiling=c, held_back_to=e)  # a capped visit (see Visibility)
+    session.visible_ceiling(p, seqno)      # engine fact: p's visible ceiling advanced
     session.sent(nbytes)                   # after EVERY frame sent once hello was received
     session.can_send                       # flow control: start another frame only if True
 
@@ -52,6 +54,28 @@ A stream's position is the last seqno sent; after the last batch of a snapshot i
 snapshot's end (DCP: a consumer holding a whole snapshot resumes with start = snap_end).  A
 bounded stream (``end_seqno``, or ``to_now`` = the high seqno at request time) ends with
 ``stream_end(end_seqno_reached)`` once a *complete* snapshot reaches its end seqno.
+
+Visibility
+~~~~~~~~~~
+A ``persisted`` or ``majority`` consumer (hello ``visibility``) must never receive a write above
+its partition's *visible ceiling*: the persisted seqno, or the seqno a majority of the copies
+hold.  The session never reads a ceiling; the adapter reads it right after taking a visit's
+snapshot, sends only the parts at or below it (``reading_plan.visible_parts``: parts go whole),
+and reports both with ``end_visit(visit, ceiling=c, held_back_to=e)`` (``e``: the reading's end,
+when parts above the ceiling were held back), and later ceilings with ``visible_ceiling``.  Then:
+
+* markers never promise more than the consumer gets: a marker's end is a part's end, at or
+  below the ceiling, so an unclean restart or a failover never makes such a consumer roll back;
+* a stream that held items back stays dirty, but is visited again only once its ceiling has
+  reached the end of that reading (an earlier visit would hold the same parts back again): new
+  writes above the ceiling cost no visits, and a ceiling advance wakes it;
+* a barrier comes back only once every partition was streamed past it *as this consumer sees
+  it*: a visit that held items back does not count for cookies until the stream's position has
+  reached that visit's reading end (everything written before the cookie is then delivered),
+  so a cookie waits for persistence or a majority.  A cookie still draws a visit even when the
+  stream waits at its ceiling: with nothing held back, that visit completes it at once.
+
+A ``memory`` consumer has no ceiling (``Stream.ceiling`` stays None): none of this runs for it.
 
 Connection states (transitions as a table, ``_ALLOWED``)::
 
@@ -172,6 +196,13 @@ class Stream:
     visiting: int | None = None  # token of the visit in progress
     in_snapshot: bool = False
     visits: int = 0
+    #: the highest visible ceiling reported (None: not capped, or no visit reported one yet)
+    ceiling: int | None = None
+    #: visits that held items back: (barrier token, reading end), completed once position >= end
+    held: tuple[tuple[int, int], ...] = ()
+    #: the reading end of the last visit that held items back: no new visit before the ceiling
+    #: reaches it (an earlier one would read and hold back the same parts again)
+    wake_at: int = 0
 
 
 class SessionState(enum.Enum):
@@ -501,7 +532,11 @@ class ServerSession:
             self.flow.on_sent(nbytes)
 
     def _due(self, stream: Stream) -> bool:
-        return stream.visiting is None and (stream.dirty or self._barrier.needs_visit(stream.partition))
+        if stream.visiting is not None:
+            return False
+        if stream.dirty and (stream.ceiling is None or stream.ceiling >= max(stream.position + 1, stream.wake_at)):
+            return True
+        return self._barrier.needs_visit(stream.partition)
 
     def next_visit(self) -> int | None:
         """The partition to visit next (id order within a pass), or None: wait for input."""
@@ -567,20 +602,49 @@ class ServerSession:
         self.positions[partition] = stream.position
         if last and stream.end_seqno is not None and stream.position >= stream.end_seqno:
             return self.end_stream(partition, StreamEndReason.END_SEQNO_REACHED)
+        if stream.held and last:
+            return self._complete_held(stream)
         return []
 
-    def end_visit(self, visit: Visit) -> list[Output]:
-        """Everything up to the visit's reading was sent (or it was idle)."""
+    def visible_ceiling(self, partition: int, seqno: int) -> None:
+        """Engine fact for a capped stream: ``partition``'s visible ceiling is now ``seqno``
+        (ceilings only grow; a lower report is ignored).  A stream that held items back becomes
+        due if the ceiling passed its position."""
+        stream = self.streams.get(partition)
+        if stream is not None and (stream.ceiling is None or seqno > stream.ceiling):
+            stream.ceiling = seqno
+
+    def end_visit(self, visit: Visit, *, ceiling: int | None = None, held_back_to: int | None = None) -> list[Output]:
+        """Everything up to the visit's reading was sent (or it was idle).  A capped visit (see
+        Visibility in the module docstring) reports the ``ceiling`` it was cut at and, when it
+        held parts back, ``held_back_to``: the end of its reading."""
         out: list[Output] = []
         self._visits.pop(visit.token, None)
         stream = self.streams.get(visit.partition)
         if stream is not None and stream.visiting == visit.token:
             stream.visiting = None
             stream.visits += 1
-            self._barrier.end_visit(visit.partition, visit.token)
-            out += self._release_barriers()
+            if ceiling is not None:
+                self.visible_ceiling(visit.partition, ceiling)
+            if held_back_to is not None and held_back_to > stream.position:
+                stream.dirty = True  # more to send once the ceiling reaches the reading's end
+                stream.wake_at = held_back_to
+                stream.held += ((visit.token, held_back_to),)
+            else:
+                stream.held = ()  # this visit's token is newer than every held one
+                self._barrier.end_visit(visit.partition, visit.token)
+                out += self._release_barriers()
         out += self._maybe_finish_pass()
         return out
+
+    def _complete_held(self, stream: Stream) -> list[Output]:
+        """Held-back visits whose reading end the position has now reached count for cookies."""
+        done = [token for token, end in stream.held if end <= stream.position]
+        if not done:
+            return []
+        stream.held = tuple(h for h in stream.held if h[1] > stream.position)
+        self._barrier.end_visit(stream.partition, max(done))
+        return self._release_barriers()
 
     # ================================================================== internals
 

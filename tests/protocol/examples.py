@@ -20,6 +20,7 @@ from engine.protocol.messages import (
     StreamRequest,
     StreamResponse,
     StreamStatus,
+    Visibility,
 )
 from engine.core.types import FailoverEntry
 
@@ -27,6 +28,7 @@ LOG = (FailoverEntry(0xBEEF, 80), FailoverEntry(0xCAFE, 0))
 
 CLIENT_EXAMPLES = [
     Hello("indexer:1", partitions=(0, 3, 7), codec=Codec.BINARY, window_bytes=1 << 20),
+    Hello("search-index", visibility=Visibility.PERSISTED),
     Hello("all-defaults"),
     StreamRequest(3, uuid=0xBEEF, start_seqno=90, snap_start=85, snap_end=95, end_seqno=200),
     StreamRequest(0, uuid=0, start_seqno=0, snap_start=0, snap_end=0, to_now=True, strict_uuid=True),
