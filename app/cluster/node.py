@@ -55,6 +55,7 @@ class NodeConfig:
     replicas: int
     lease_ttl_s: int = 3
     initial_nodes: int = 1
+    replica_replace_after_s: float = 60.0
 
 
 async def preflight(config: NodeConfig) -> None:
@@ -132,7 +133,8 @@ class ClusterNode:
         await self.membership.join()
         election = Election(self.etcd, self.layout, self.name, self.membership.lease)
         orchestrator = Orchestrator(self.etcd, self.layout, self.settings, election, tick_s=0.25,
-                                    initial_nodes=self.config.initial_nodes)
+                                    initial_nodes=self.config.initial_nodes,
+                                    replace_after_s=self.config.replica_replace_after_s)
         self._orchestrator_task = asyncio.create_task(orchestrator.run(), name="orchestrator")
 
     # ------------------------------------------------------------------ fencing
