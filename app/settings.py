@@ -136,6 +136,9 @@ class Settings(BaseSettings):
     cluster_prefix: str = Field("/upr/default", description="etcd key prefix of the cluster (several clusters per etcd)")
     cluster_initial_nodes: int = Field(
         1, ge=1, description="live nodes a new cluster waits for before placing its partitions")
+    replica_replace_after_s: float = Field(
+        60.0, ge=0, description="a gone node keeps its replica slots this long (a restart resyncs them) before "
+                                "they are placed on other nodes")
 
     @field_validator("log_level")
     @classmethod
@@ -199,7 +202,7 @@ class Settings(BaseSettings):
         if not url.startswith(("http://", "https://")):
             raise ValueError(f"--advertise must be an http:// or https:// URL, got {url!r}")
         return NodeConfig(self.node, url.rstrip("/"), tuple(endpoints), self.cluster_prefix, self.partitions,
-                          self.replicas, self.lease_ttl_s, self.cluster_initial_nodes)
+                          self.replicas, self.lease_ttl_s, self.cluster_initial_nodes, self.replica_replace_after_s)
 
     def engine_config(self) -> EngineConfig:
         """The engine's half of these settings."""

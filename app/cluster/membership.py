@@ -5,6 +5,14 @@ Fencing: when a keep-alive finds the lease gone (the node was paused or cut off 
 the TTL), the node has already been given up by the orchestrator, which may have promoted
 other copies.  ``Membership`` then sets ``lost`` and calls ``on_lost``; the node must stop
 serving writes before it does anything else (Patroni demotes itself the same way).
+
+A keep-alive's answer comes too late for a node that was paused: requests that waited in its
+sockets would be served first.  So the lease also has a local deadline (``LeaseClock``), a
+timer on the event loop: a paused node's timer fires as soon as it runs again, in the same
+loop iteration that accepts the waiting connections and before any request is read, and calls
+``on_stalled`` (stop taking writes now; etcd's answer follows: ``on_held`` or ``on_lost``).
+When etcd itself is away the node keeps serving and says so once (``LeaseClock.ETCD_AWAY``);
+when etcd answers again it says how long it was away.
 """
 from __future__ import annotations
 
@@ -17,6 +25,7 @@ from dataclasses import dataclass
 from app.cluster.errors import ClusterMismatch, DuplicateNode, LeaseLost
 from app.cluster.etcd import Compare, EtcdClient, EtcdError, Get, Put
 from app.cluster.layout import Layout
+from engine.cluster.lease_clock import LeaseClock, LeaseVerdict
 
 log = logging.getLogger("upr.cluster")
 
@@ -54,15 +63,26 @@ class Membership:
     """Register ``name`` under a lease and keep it alive until ``leave``."""
 
     def __init__(self, etcd: EtcdClient, layout: Layout, name: str, url: str, *, ttl: int = 3,
-                 on_lost: Callable[[], None] | None = None) -> None:
+                 on_lost: Callable[[], None] | None = None, on_stalled: Callable[[], None] | None = None,
+                 on_held: Callable[[], None] | None = None) -> None:
         self.etcd, self.layout, self.name, self.url, self.ttl = etcd, layout, name, url, ttl
-        self.on_lost = on_lost
+        self.on_lost, self.on_stalled, self.on_held = on_lost, on_stalled, on_held
         self.lease = 0
         self.lost = False
+        #: stopped taking writes after a stall past the deadline, until etcd answers
+        self.stalled = False
+        self.clock = LeaseClock(stall_slack_s=max(ttl / 4, 0.25))
+        #: when etcd was first found away (loop time), None while it answers
+        self._away_since: float | None = None
+        self._deadline_timer: asyncio.TimerHandle | None = None
         self._keeper: asyncio.Task[None] | None = None
 
     async def join(self) -> None:
+        loop = asyncio.get_running_loop()
+        sent = loop.time()
         self.lease, self.ttl = await self.etcd.grant(self.ttl)
+        self.clock = LeaseClock(stall_slack_s=max(self.ttl / 4, 0.25))
+        self.clock.renewed(sent, self.ttl)
         key = self.layout.node(self.name)
         value = json.dumps({"name": self.name, "url": self.url}).encode()
         result = await self.etcd.txn([Compare(key, "create", 0)], [Put(key, value, self.lease)], [Get(key)])
@@ -71,23 +91,33 @@ class Membership:
             other = json.loads(result.reads[0][0].value).get("url", "?")
             raise DuplicateNode(f"node name {self.name!r} is already used by a live node at {other}")
         self._keeper = asyncio.create_task(self._keep_alive(), name=f"lease keeper {self.name}")
+        self._arm(loop)
         log.info("joined the cluster under %s as %s (lease ttl %d s)", self.layout.prefix, self.name, self.ttl)
 
     async def leave(self) -> None:
         if self._keeper is not None:
             self._keeper.cancel()
+        if self._deadline_timer is not None:
+            self._deadline_timer.cancel()
         if self.lease and not self.lost:
             await self.etcd.revoke(self.lease)
 
     async def _keep_alive(self) -> None:
+        loop = asyncio.get_running_loop()
         interval = max(self.ttl / 3, 0.2)
         while True:
             await asyncio.sleep(interval)
+            sent = loop.time()
+            self.clock.attempt(sent)
             try:
-                left = await self.etcd.keepalive(self.lease)
-            except EtcdError as exc:
-                # etcd unreachable: keep serving what we own; the lease may still be alive.
-                log.warning("lease keep-alive failed for %s: %s", self.name, exc)
+                # a paused etcd holds the request open: give up after a TTL and count it as away
+                left = await asyncio.wait_for(self.etcd.keepalive(self.lease), self.ttl)
+            except (EtcdError, asyncio.TimeoutError) as exc:
+                self.clock.unreachable()
+                if self._away_since is None:
+                    self._away_since = sent
+                    log.warning("node %s: etcd does not answer its lease keep-alive (%s); it keeps serving what "
+                                "it owns while the lease may be valid", self.name, str(exc) or "timed out")
                 continue
             if left <= 0:
                 self.lost = True
@@ -95,3 +125,37 @@ class Membership:
                 if self.on_lost is not None:
                     self.on_lost()
                 return
+            self.clock.renewed(sent, left)
+            self._arm(loop)
+            if self._away_since is not None:
+                log.warning("node %s: etcd answers again after %.1f s; lease %x still held", self.name,
+                            loop.time() - self._away_since, self.lease)
+                self._away_since = None
+            if self.stalled:
+                self.stalled = False
+                log.warning("node %s: lease %x still held after the stall; serving again", self.name, self.lease)
+                if self.on_held is not None:
+                    self.on_held()
+
+    def _arm(self, loop: asyncio.AbstractEventLoop) -> None:
+        """(Re)schedule the deadline check for the current local deadline."""
+        if self._deadline_timer is not None:
+            self._deadline_timer.cancel()
+        if self.clock.deadline is not None:
+            self._deadline_timer = loop.call_at(self.clock.deadline, self._at_deadline, loop)
+
+    def _at_deadline(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._deadline_timer = None
+        verdict = self.clock.verdict(loop.time())
+        if verdict is LeaseVerdict.HOLDS:
+            self._arm(loop)
+        elif verdict is LeaseVerdict.STALLED and not self.lost and not self.stalled:
+            self.stalled = True
+            log.error("node %s was not running when its lease was due (%.1f s late): it stops taking writes "
+                      "until etcd says whether lease %x is still held", self.name,
+                      loop.time() - (self.clock.deadline or 0.0), self.lease)
+            if self.on_stalled is not None:
+                self.on_stalled()
+        elif verdict is LeaseVerdict.ETCD_AWAY:
+            log.warning("node %s: its lease is past its local deadline while etcd is away; it keeps serving "
+                        "(no map can change without etcd, and etcd extends leases when it returns)", self.name)

@@ -12,7 +12,10 @@ What runs, all on the server's event loop, from the app's lifespan (``app.main``
   revision: a watcher that reads an old one late does not go back;
 * **fencing**: when the lease is found gone, every active partition becomes dead *first*, so
   no write is accepted for a partition the orchestrator may already have given to another
-  copy; then the node joins again under a new lease and follows the map like a new node.
+  copy; then the node joins again under a new lease and follows the map like a new node.  A
+  node that was not running when its lease was due (paused) retires its actives at once, on
+  the loop, before it reads a request that waited (``Membership.on_stalled``), and follows the
+  map again if etcd says the lease is still held.
 
 Before the first map (revision 0) the node serves nothing: every copy is dead until the map
 names it, so two nodes started on fresh data dirs never both take writes for a partition.
@@ -55,6 +58,7 @@ class NodeConfig:
     replicas: int
     lease_ttl_s: int = 3
     initial_nodes: int = 1
+    replica_replace_after_s: float = 60.0
 
 
 async def preflight(config: NodeConfig) -> None:
@@ -128,17 +132,31 @@ class ClusterNode:
 
     async def _join(self) -> None:
         self.membership = Membership(self.etcd, self.layout, self.name, self.config.url, ttl=self.config.lease_ttl_s,
-                                     on_lost=self._lost)
+                                     on_lost=self._lost, on_stalled=self._stalled, on_held=self._held)
         await self.membership.join()
         election = Election(self.etcd, self.layout, self.name, self.membership.lease)
         orchestrator = Orchestrator(self.etcd, self.layout, self.settings, election, tick_s=0.25,
-                                    initial_nodes=self.config.initial_nodes)
+                                    initial_nodes=self.config.initial_nodes,
+                                    replace_after_s=self.config.replica_replace_after_s)
         self._orchestrator_task = asyncio.create_task(orchestrator.run(), name="orchestrator")
 
     # ------------------------------------------------------------------ fencing
     def _lost(self) -> None:
         self.fenced = True
         self._tasks.append(asyncio.get_running_loop().create_task(self._fence_and_rejoin(), name="fence"))
+
+    def _stalled(self) -> None:
+        # On the loop and blocking on purpose: no request that waited during the stall may be
+        # served by an active partition the orchestrator may have given away meanwhile.
+        self.fenced = True
+        engine = self.engine
+        for p in range(engine.num_partitions):
+            if engine.state(p) is PartitionState.ACTIVE:
+                engine.set_state(p, PartitionState.DEAD)
+
+    def _held(self) -> None:
+        self.fenced = False
+        self._changed.set()  # follow the map again: what it still gives this node becomes active
 
     async def _fence_and_rejoin(self) -> None:
         async with self._apply_lock:  # after a map being followed right now, before anything else
@@ -217,6 +235,8 @@ class ClusterNode:
             engine = self.engine
             states = [engine.state(p) for p in range(engine.num_partitions)]
             for change in changes(self.map, self.name, states):
+                if self.fenced:  # stalled past the lease meanwhile: nothing becomes active now
+                    break
                 p = change.partition
                 if change.change is Change.PROMOTE:
                     entry = await asyncio.to_thread(engine.promote, p)
@@ -227,6 +247,8 @@ class ClusterNode:
                 elif change.change is Change.BECOME_REPLICA:
                     await asyncio.to_thread(engine.set_state, p, PartitionState.REPLICA)
                 else:
+                    await asyncio.to_thread(engine.set_state, p, PartitionState.DEAD)
+                if self.fenced and engine.state(p) is PartitionState.ACTIVE:  # fenced while it ran
                     await asyncio.to_thread(engine.set_state, p, PartitionState.DEAD)
             sources = {}
             for p, placement in enumerate(self.map.placements):

@@ -6,12 +6,18 @@ if the map changes, publishes it guarded by the map's revision and the orchestra
 A lost race is not an error: the next cycle observes the winner's map.  Each decision is
 logged once, naming the partition, the node and the seqno, as Patroni names each HA cycle's
 decision.
+
+How long each node has been gone is observed here, on this process's monotonic clock: a node
+of the map without a live lease is noted gone at the first cycle that sees it so, forgotten
+when it is live again, and handed to the step with ``replace_after_s`` (the grace before its
+replica slots are filled elsewhere).
 """
 from __future__ import annotations
 
 import asyncio
 import json
 import logging
+import time
 from collections.abc import Callable
 
 from app.cluster.election import Election
@@ -28,6 +34,7 @@ log = logging.getLogger("upr.cluster")
 class Orchestrator:
     def __init__(self, etcd: EtcdClient, layout: Layout, settings: ClusterSettings, election: Election, *,
                  auto_failover: bool = True, tick_s: float = 0.5, initial_nodes: int = 1,
+                 replace_after_s: float = 60.0, clock: Callable[[], float] = time.monotonic,
                  on_decision: Callable[[Decision], None] | None = None) -> None:
         self.etcd, self.layout, self.settings, self.election = etcd, layout, settings, election
         self.maps = MapStore(etcd, layout)
@@ -35,6 +42,10 @@ class Orchestrator:
         self.initial_nodes = initial_nodes
         self.tick_s = tick_s
         self.on_decision = on_decision
+        self.replace_after_s = replace_after_s
+        self.clock = clock
+        #: node -> when a cycle first saw it in the map without a live lease
+        self.gone_since: dict[str, float] = {}
         self._reported: set[tuple[int, str]] = set()
 
     async def run(self) -> None:
@@ -71,8 +82,15 @@ class Orchestrator:
             data = json.loads(kv.value)
             progress[self.layout.progress_owner(kv.key)] = ReplicaProgress(int(data["seqno"]), bool(data["in_sync"]))
         live = frozenset(self.layout.node_name(kv.key) for kv in nodes)
+        now = self.clock()
+        gone = current.nodes() - live
+        for node in gone - self.gone_since.keys():
+            log.warning("node %s is gone (no live lease); its replica slots are kept for %.0f s", node,
+                        self.replace_after_s)
+        self.gone_since = {node: self.gone_since.get(node, now) for node in gone}
         view = ClusterView(current, live, self.settings.replicas, progress, auto_failover=self.auto_failover,
-                           initial_nodes=self.initial_nodes)
+                           initial_nodes=self.initial_nodes, gone_since=dict(self.gone_since), now=now,
+                           replace_after_s=self.replace_after_s)
         return view, mod_revision
 
     async def cycle(self) -> Decision:

@@ -12,13 +12,24 @@ Order of concerns in one step:
    ``initial_nodes`` nodes are live;
 2. a partition whose active node is gone gets a successor (``promotion``), or stays with its
    dead active and is reported unavailable: when that node comes back it still has the data,
-   which an empty new active would not;
-3. copies on gone nodes are dropped and missing replicas added (``placement``, no moves).
+   which an empty new active would not.  The old active keeps a slot as a (dead, out of sync)
+   replica of the partition it lost;
+3. copies on gone nodes are dropped and missing replicas added (``placement``, no moves), but
+   a node gone for less than ``replace_after_s`` keeps its replica slots: when it restarts it
+   streams from the active, rolls back what the failover took from it, and is in sync again
+   without a full copy being streamed to some other node meanwhile (Kafka keeps a dead broker's
+   assignments until an operator reassigns them; Couchbase keeps a down node's vBuckets until it
+   is failed over).  Only after the grace is a gone node's slot filled on a live node.
+
+How long a node has been gone is the driver's observation (``gone_since``, on its own clock,
+``now``), not etcd's: a lease only says whether a node is live.  A node missing from
+``gone_since`` counts as gone just now, so a newly elected orchestrator that never saw a node
+leave gives it the whole grace again rather than none.
 """
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from engine.cluster.partition_map import PartitionMap, Placement
 from engine.cluster.placement import place
@@ -36,6 +47,16 @@ class ClusterView:
     #: live nodes to wait for before the first map, so a cluster started all at once begins
     #: balanced instead of with every active on the node that happened to join first
     initial_nodes: int = 1
+    #: node -> when the driver first saw it gone (its clock); ``now`` is the same clock
+    gone_since: Mapping[str, float] = field(default_factory=dict)
+    now: float = 0.0
+    #: how long a gone node's replica slots are kept before they are filled elsewhere
+    replace_after_s: float = 0.0
+
+    def kept_nodes(self) -> frozenset[str]:
+        """Gone nodes still within the grace: their slots stay in the map."""
+        gone = self.map.nodes() - self.live_nodes
+        return frozenset(n for n in gone if self.now - self.gone_since.get(n, self.now) < self.replace_after_s)
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,11 +87,13 @@ def step(view: ClusterView) -> Decision:
         choice = _successor(p, placement, view)
         if isinstance(choice, Promote):
             promotions.append(choice)
-            placements[p] = Placement(choice.node, tuple(r for r in placement.replicas if r != choice.node))
+            # the old active stays as a replica: if it comes back in time it resyncs from here
+            others = tuple(r for r in placement.replicas if r != choice.node)
+            placements[p] = Placement(choice.node, (*others, placement.active))
         else:
             unavailable.append(choice)
 
-    placed = list(place(placements, view.live_nodes, view.replicas))
+    placed = list(place(placements, view.live_nodes, view.replicas, keep=view.kept_nodes()))
     for gone in unavailable:
         # Keep the dead active in the map: it holds the data and may come back.
         placed[gone.partition] = Placement(current.placements[gone.partition].active, placed[gone.partition].replicas)

@@ -7,6 +7,11 @@ costs a takeover:
 * ``rebalance=False`` (what the orchestrator does on its own after a node joins, leaves or
   dies): copies on nodes that are gone are dropped, extra replicas are trimmed and missing
   replicas are added on the least loaded nodes.  No active moves and no healthy replica moves.
+  A gone node named in ``keep`` (gone for less than the replace grace) keeps its replica slots:
+  a node that restarts comes back to the copies it holds and only streams what it missed, as a
+  Kafka broker keeps its replica assignments while it is down and Couchbase keeps a failed
+  node's vBuckets until it is failed over.  Its slots are not filled elsewhere and no new copy
+  is put on it until it is live again.
 * ``rebalance=True`` (the operator's rebalance): actives and replicas are also moved until
   every node holds its share, within one.  An active moves preferably to a node that already
   holds a replica of the partition, so the takeover streams only the last items.
@@ -33,21 +38,24 @@ def place(
     *,
     rebalance: bool = False,
     create: bool = False,
+    keep: Iterable[str] = (),
 ) -> tuple[Placement, ...]:
     """The placements that should follow ``current`` given the live ``nodes``.
 
     ``replicas`` is the replica count the cluster was created with; fewer are placed while the
-    cluster has fewer nodes than copies.
+    cluster has fewer nodes than copies (a kept node counts: it is expected back).  ``keep``:
+    gone nodes whose replica slots stay where they are.
     """
     live = sorted(set(nodes))
+    kept = sorted(set(keep) - set(live))
     if replicas < 0:
         raise ValueError("replicas must be >= 0")
-    plan = _Plan(current, live)
+    plan = _Plan(current, live, kept)
     if create:
         plan.assign_homeless_actives()
     if rebalance:
         plan.spread_actives()
-    want = min(replicas, max(len(live) - 1, 0))
+    want = min(replicas, max(len(live) + len(kept) - 1, 0))
     plan.trim_replicas(want)
     plan.fill_replicas(want)
     if rebalance:
@@ -58,11 +66,15 @@ def place(
 class _Plan:
     """Mutable working copy of the placements, with per-node counts kept up to date."""
 
-    def __init__(self, current: Sequence[Placement], live: list[str]) -> None:
+    def __init__(self, current: Sequence[Placement], live: list[str], kept: Sequence[str] = ()) -> None:
         alive = set(live)
+        slotted = alive | set(kept)
         self.live = live
+        self.alive = alive
+        #: nodes whose replica copies count: the live ones and the gone ones whose slots are kept
+        self.holders = sorted(slotted)
         self.active: list[str | None] = [p.active if p.active in alive else None for p in current]
-        self.replicas: list[list[str]] = [[r for r in p.replicas if r in alive] for p in current]
+        self.replicas: list[list[str]] = [[r for r in p.replicas if r in slotted] for p in current]
 
     def placements(self) -> tuple[Placement, ...]:
         return tuple(Placement(a, tuple(r)) for a, r in zip(self.active, self.replicas, strict=True))
@@ -76,7 +88,7 @@ class _Plan:
         return counts
 
     def _replica_counts(self) -> dict[str, int]:
-        counts = dict.fromkeys(self.live, 0)
+        counts = dict.fromkeys(self.holders, 0)
         for held in self.replicas:
             for node in held:
                 counts[node] += 1
@@ -131,7 +143,8 @@ class _Plan:
         counts = self._replica_counts()
         for p, held in enumerate(self.replicas):
             while len(held) > want:
-                drop = max(held, key=lambda n: (counts[n], n))
+                # a gone node's slot goes first: the live copies are the ones serving
+                drop = max(held, key=lambda n: (n not in self.alive, counts[n], n))
                 held.remove(drop)
                 counts[drop] -= 1
 
@@ -157,7 +170,7 @@ class _Plan:
             moved = False
             for p, held in enumerate(self.replicas):
                 for donor in list(held):
-                    if counts[donor] <= quota[donor]:
+                    if donor not in self.alive or counts[donor] <= quota[donor]:
                         continue
                     receivers = [n for n in self.live if counts[n] < quota[n] and not self._holds(p, n)]
                     if not receivers:

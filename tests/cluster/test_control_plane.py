@@ -85,16 +85,19 @@ async def test_a_paused_orchestrator_that_lost_its_key_cannot_publish(client: Et
 class Node:
     """A control-plane-only node: membership plus an orchestrator loop, like a server's."""
 
-    def __init__(self, client: EtcdClient, layout: Layout, name: str, ttl: int = 1) -> None:
+    def __init__(self, client: EtcdClient, layout: Layout, name: str, ttl: int = 1,
+                 replace_after_s: float = 0.0) -> None:
         self.membership = Membership(client, layout, name, f"http://{name}", ttl=ttl)
         self.client, self.layout, self.name = client, layout, name
+        self.replace_after_s = replace_after_s
         self.task: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
         await join_settings(self.client, self.layout, SETTINGS)
         await self.membership.join()
         election = Election(self.client, self.layout, self.name, self.membership.lease)
-        orchestrator = Orchestrator(self.client, self.layout, SETTINGS, election, tick_s=0.2)
+        orchestrator = Orchestrator(self.client, self.layout, SETTINGS, election, tick_s=0.2,
+                                    replace_after_s=self.replace_after_s)
         self.task = asyncio.create_task(orchestrator.run())
 
     async def die(self) -> None:
@@ -113,10 +116,53 @@ async def _map(client: EtcdClient, layout: Layout) -> PartitionMap:
     return (await MapStore(client, layout).load(SETTINGS.partitions))[0]
 
 
+async def _three_nodes_and_a_victim(client: EtcdClient, layout: Layout,
+                                    replace_after_s: float) -> tuple[list[Node], Node, PartitionMap]:
+    """Three nodes placed, every replica reported in sync, then the busiest node dies."""
+    nodes = [Node(client, layout, name, replace_after_s=replace_after_s) for name in ("n1", "n2", "n3")]
+    for node in nodes:
+        await node.start()
+
+    async def all_placed() -> bool:
+        return all(len(p.nodes) == 2 for p in (await _map(client, layout)).placements)
+
+    await _until(all_placed)
+    before = await _map(client, layout)
+    victim = max(nodes, key=lambda n: (len(before.active_partitions(n.name)), n.name))
+    for p, placement in enumerate(before.placements):
+        for replica in placement.replicas:
+            await client.put(layout.replica_progress(p, replica), json.dumps({"seqno": 10 * p, "in_sync": True}).encode(),
+                             lease=next(n for n in nodes if n.name == replica).membership.lease)
+    await victim.die()
+    return nodes, victim, before
+
+
+async def test_within_the_grace_a_dead_node_keeps_a_replica_slot_of_everything_it_held(
+    client: EtcdClient, layout: Layout
+) -> None:
+    nodes, victim, before = await _three_nodes_and_a_victim(client, layout, replace_after_s=60.0)
+
+    async def failed_over() -> bool:
+        return not (await _map(client, layout)).active_partitions(victim.name)
+
+    await _until(failed_over)
+    await asyncio.sleep(1.0)  # a few more orchestrator cycles: still nothing placed elsewhere
+    after = await _map(client, layout)
+    for old, new in zip(before.placements, after.placements):
+        if old.active == victim.name:
+            assert new.active in old.replicas and new.replicas == (victim.name,)
+        else:
+            assert new == old
+    for node in nodes:
+        if node is not victim:
+            await node.stop()
+
+
 async def test_three_nodes_get_a_balanced_map_and_a_dead_node_s_partitions_move_to_in_sync_replicas(
     client: EtcdClient, layout: Layout
 ) -> None:
-    nodes = [Node(client, layout, name) for name in ("n1", "n2", "n3")]
+    # no grace: the dead node's slots are filled on the live nodes at once
+    nodes = [Node(client, layout, name, replace_after_s=0.0) for name in ("n1", "n2", "n3")]
     for node in nodes:
         await node.start()
 

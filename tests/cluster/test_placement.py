@@ -102,3 +102,43 @@ def test_a_balanced_map_is_left_alone(partitions: int, replicas: int, nodes: int
     before = place(_created(partitions, NODES[:nodes], replicas), NODES[:nodes], replicas, rebalance=True)
     assert place(before, NODES[:nodes], replicas, rebalance=True) == before
     assert place(before, NODES[:nodes], replicas) == before
+
+
+def test_a_kept_gone_node_keeps_its_replica_slots_and_gets_no_new_copy() -> None:
+    before = (Placement("a", ("c",)), Placement("b", ("c",)), Placement("c", ("a",)), Placement("a", ("b",)))
+    kept = place(before, ["a", "b"], 1, keep=["c"])
+    assert kept[0] == Placement("a", ("c",)) and kept[1] == Placement("b", ("c",))
+    assert kept[2] == Placement(None, ("a",))  # its active is promotion's business, not placement's
+    assert kept[3] == before[3]
+    replaced = place(before, ["a", "b"], 1)
+    assert replaced[0] == Placement("a", ("b",)) and replaced[1] == Placement("b", ("a",))
+
+
+def test_a_kept_slot_counts_towards_the_replicas_that_fit() -> None:
+    # two nodes, one gone but kept: the live one keeps the kept node as its replica
+    assert place((Placement("a", ("b",)),), ["a"], 1, keep=["b"]) == (Placement("a", ("b",)),)
+    assert place((Placement("a", ("b",)),), ["a"], 1) == (Placement("a"),)
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    partitions=st.integers(1, 32),
+    replicas=st.integers(0, 3),
+    nodes=st.integers(2, 5),
+    gone=st.sets(st.sampled_from(NODES), min_size=1),
+    kept_share=st.floats(0, 1),
+)
+def test_kept_slots_stay_put_and_no_copy_moves_onto_a_gone_node(
+    partitions: int, replicas: int, nodes: int, gone: set[str], kept_share: float
+) -> None:
+    before = _created(partitions, NODES[:nodes], replicas)
+    gone &= set(NODES[:nodes])
+    live = [n for n in NODES[:nodes] if n not in gone]
+    kept = sorted(gone)[: round(len(gone) * kept_share)]
+    after = place(before, live, replicas, keep=kept)
+    want = min(replicas, max(len(live) + len(kept) - 1, 0))
+    for b, a in zip(before, after):
+        assert set(a.nodes) <= set(live) | set(kept)
+        assert {n for n in a.replicas if n in kept} <= set(b.replicas)  # a kept node gets nothing new
+        if a.active is not None:
+            assert len(a.replicas) == min(want, len(set(live) | set(b.replicas) & set(kept)) - 1)

@@ -1,0 +1,98 @@
+"""A failed node of a three-node cluster rejoins as a replica within the replace grace.
+
+Three nodes, 16 partitions, 1 replica, lease TTL 2 s, the default 60 s grace: the node that is
+active for some partitions takes ``memory`` writes its replicas may not have (their node is
+paused) and is SIGKILLed.  Its partitions are promoted on their replicas and it keeps a (dead,
+out-of-sync) replica slot of everything it held, so no copy streams to another node meanwhile.
+Restarted within the grace it streams from each active, rolls back what the failover took from
+it, is in sync again, and ends with each active's by-seqno history item for item (seqno, key,
+cas, rev, deleted, value).  Promotion never chose its dead slot.
+"""
+from __future__ import annotations
+
+import signal
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+
+from tests.cluster.etcd_server import EtcdProcess
+from tests.cluster.nodes import Cluster, first_map, replicas_caught_up, settled, until, write_routed
+from tests.cluster.test_replication import history
+
+pytestmark = pytest.mark.slow
+
+PARTITIONS = 16
+
+
+def test_a_killed_node_restarted_within_the_grace_resyncs_every_copy_it_held(tmp_path: Path,
+                                                                          etcd: EtcdProcess) -> None:
+    cluster = Cluster(tmp_path, etcd.url, partitions=PARTITIONS, replicas=1, initial_nodes=3,
+                      prefix=f"/upr/{uuid.uuid4().hex[:8]}")
+    try:
+        for name in ("n1", "n2", "n3"):
+            cluster.start(name)
+        view = first_map(cluster, "n1")
+        keys = [f"doc-{i}" for i in range(300)]
+        write_routed(cluster, view, keys, "v1")
+        until(lambda: replicas_caught_up(cluster), what="every replica in sync")
+
+        victim = "n1"
+        placements = view["map"]["partitions"]
+        owned = [p["partition"] for p in placements if p["active"] == victim]
+        held = {p["partition"] for p in placements if victim in [r["node"] for r in p["replicas"]]}
+        assert owned and held
+        # writes on the victim that its replicas' node, paused for less than a lease, may never get
+        paused = placements[owned[0]]["replicas"][0]["node"]
+        cluster.nodes[paused].proc.send_signal(signal.SIGSTOP)
+        try:
+            extra = [k for k in keys if placements[_partition(k)]["active"] == victim][:40]
+            write_routed(cluster, view, extra, "lost-maybe")
+            cluster.nodes[victim].kill()
+        finally:
+            cluster.nodes[paused].proc.send_signal(signal.SIGCONT)
+
+        survivor = next(n for n in ("n2", "n3") if n != victim)
+
+        def failed_over() -> dict | None:
+            v = cluster.view(survivor)
+            moved = all(v["map"]["partitions"][p]["active"] not in (None, victim) for p in owned)
+            return v if moved else None
+
+        after = until(failed_over, timeout=60, what="the failover of the killed node's partitions")
+        until(lambda: settled(cluster, after), what="the survivors following the new map")
+        for entry in after["map"]["partitions"]:
+            p = entry["partition"]
+            copies = [entry["active"], *(r["node"] for r in entry["replicas"])]
+            if p in owned or p in held:
+                # its slot is kept (dead, out of sync) and nothing was placed elsewhere for it
+                assert copies[1:] == [victim], (p, copies)
+                assert not entry["replicas"][0]["in_sync"]
+            else:
+                assert victim not in copies
+        write_routed(cluster, after, keys[:60], "v2")  # history the victim never saw
+
+        started = time.monotonic()
+        cluster.start(victim)
+        until(lambda: replicas_caught_up(cluster), timeout=90, what="the restarted node in sync again")
+        final = cluster.view(survivor)
+        assert time.monotonic() - started < 60  # it came back within the default grace
+        assert final["map"]["revision"] == after["map"]["revision"]  # no map change was needed
+        for name in cluster.live():
+            assert cluster.nodes[name].stop() in (0, -15)
+        scans = {name: history(cluster.nodes[name].data_dir, PARTITIONS)[0] for name in ("n1", "n2", "n3")}
+        assert sum(map(len, scans[final["map"]["partitions"][0]["active"]].values())) > 0
+        for entry in final["map"]["partitions"]:
+            p = entry["partition"]
+            if p in owned or p in held:
+                assert scans[victim][p] == scans[entry["active"]][p], p
+                assert scans[victim][p], p
+    finally:
+        cluster.stop_all()
+
+
+def _partition(key: str) -> int:
+    from tests.cluster.nodes import partition_of
+
+    return partition_of(key, PARTITIONS)
