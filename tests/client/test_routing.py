@@ -198,6 +198,15 @@ def test_revision_seen_reloads_only_for_newer_revisions() -> None:
     assert r.revision_seen(4, 1.1) == []
 
 
+def test_finished_partitions_are_never_placed_again() -> None:
+    r = Router()
+    r.map_loaded(view(1, ["a", "a", "b"]), 0)
+    assert r.finished(1, [0]) == []
+    assert r.finished(1, [1]) == [Close(1, "a", ())]
+    assert r.map_loaded(view(2, ["c", "c", "b"]), 1) == []
+    assert r.waiting() == () and r.done == {0, 1}
+
+
 def test_bad_delays_are_refused() -> None:
     with pytest.raises(UsageError):
         Router(initial_delay=0)

@@ -177,6 +177,8 @@ class Router:
         self.connections: dict[int, _Connection] = {}
         self.assigned: dict[int, int] = {}
         self.unserved: set[int] = set()
+        #: partitions whose bounded stream ended: never placed again
+        self.done: set[int] = set()
         self.holds: dict[int, _Hold] = {}
         self.reload_at: float | None = None
         self._reload_failures = 0
@@ -197,7 +199,7 @@ class Router:
 
     def waiting(self) -> tuple[int, ...]:
         """Partitions on no connection now (unserved, held back or not placed yet)."""
-        return tuple(p for p in self.partitions if p not in self.assigned)
+        return tuple(p for p in self.partitions if p not in self.assigned and p not in self.done)
 
     # ------------------------------------------------------------------ events
     def map_loaded(self, view: MapView, now: float) -> list[RouteAction]:
@@ -251,6 +253,21 @@ class Router:
             self._hold(p, c.node, now)
         actions: list[RouteAction] = [self._close(conn)]
         return actions + self._reload(now, 0.0)
+
+    def finished(self, conn: int, partitions: Iterable[int]) -> list[RouteAction]:
+        """Bounded streams of ``partitions`` on ``conn`` reached their end: never placed again;
+        the connection closes once nothing else streams on it."""
+        c = self.connections.get(conn)
+        for p in partitions:
+            self.done.add(p)
+            self.holds.pop(p, None)
+            self.unserved.discard(p)
+            if c is not None and p in c.partitions:
+                c.partitions.discard(p)
+                del self.assigned[p]
+        if c is not None and not c.partitions:
+            return [self._close(conn)]
+        return []
 
     def revision_seen(self, revision: int, now: float) -> list[RouteAction]:
         """Some node named map ``revision``: read the map if it is newer than the one held."""
@@ -310,7 +327,7 @@ class Router:
         newly_unserved: list[int] = []
         times: list[float] = []
         for p in self.partitions:
-            if p in self.assigned:
+            if p in self.assigned or p in self.done:
                 continue
             node, url = view.url_of(p)
             if node is None or url is None:
