@@ -15,6 +15,12 @@ decision; ``clients.receive`` runs the stream loop (what counts as processed, an
 the loop leaves the last yielded event unprocessed unless ``commit()`` was called for it: it will
 come again (at-least-once).
 
+A cluster: ``server`` may name several nodes (a list, or "URL,URL"; any will do).  When the node
+that answers ``GET /cluster`` holds a partition map, the consumer opens one stream connection
+per node for the partitions it is active for and follows the map as partitions move
+(``clients.cluster``); positions stay per partition, whichever node served them.  Otherwise
+(404: a single node) it is the one-connection consumer described here.
+
 Batch fast path: ``async for x in consumer.batches()`` yields whole ``ItemBatch`` objects (columns:
 ``seqnos``, ``keys``, ``values``...; ``deleted[i]`` 0/1) instead of one event per item, and every other
 event as usual; a batch counts as processed when the next one is requested.
@@ -24,11 +30,14 @@ from __future__ import annotations
 import asyncio
 import inspect
 import itertools
+import logging
 import os
 import time
 from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+import httpx
 
 from engine.protocol import messages as M
 from engine.protocol.client.acks import AckTracker
@@ -38,25 +47,34 @@ from engine.protocol.client.session import DEFAULT_WINDOW, ClientSession
 from engine.protocol.frames import ItemBatch
 
 from .backoff import Backoff
+from .cluster import ClusterStreams, NodeLost, read_cluster_map, split_servers
 from .connection import StreamConnection, stream_url
-from .errors import ConnectionFailed, UsageError
+from .errors import AuthFailed, ConnectionFailed, UsageError
 from .events import BarrierReached, Event, events_of
 from .http import AsyncHttpApi, default_server, default_token
 from .receive import ReceiveLoop
 from .ring import RollbackRing
 from .state import FileStateStore, MemoryStateStore, StateStore
 
-__all__ = ["Consumer", "Handler", "stream_url"]
+if TYPE_CHECKING:
+    from .cluster import _StateView
+
+__all__ = ["Consumer", "Handler", "NodeStream", "stream_url"]
 
 Handler = Callable[[Any], "Awaitable[None] | None"]
+
+log = logging.getLogger("upr.client")
 
 
 class Consumer(ReceiveLoop):
     """One WebSocket stream over a set of partitions; see the module docstring."""
 
+    #: ask ``GET /cluster`` before streaming (node streams of a cluster consumer do not)
+    _probe = True
+
     def __init__(
         self,
-        server: str | None = None,
+        server: str | Sequence[str] | None = None,
         *,
         token: str | None = None,
         name: str = "upr-client",
@@ -84,7 +102,12 @@ class Consumer(ReceiveLoop):
         on_rollback: str | RollbackPolicy = RollbackPolicy.REPAIR,
         bundle: bool = True,
     ) -> None:
-        self.server = (server or default_server()).rstrip("/")
+        self.seeds = split_servers(server or default_server())
+        if not self.seeds:
+            raise UsageError("server names no URL", field="server")
+        self.server = self.seeds[0]
+        for url in self.seeds:
+            stream_url(url)  # a bad URL is a usage error now, not at the first connect
         self.url = stream_url(self.server)
         self.token = token if token is not None else default_token()
         self.name = name
@@ -118,6 +141,15 @@ class Consumer(ReceiveLoop):
                 release()
             raise
         self.ring = ring
+        # what a node stream of a cluster needs to be this consumer on one node (clients.cluster)
+        self._options: dict[str, Any] = dict(
+            token=self.token, name=name, codec=codec, window_bytes=window_bytes, ack_ratio=ack_ratio,
+            commit_interval=commit_interval, max_reconnect_attempts=max_reconnect_attempts, backoff=backoff,
+            open_timeout=open_timeout, ping_interval=ping_interval, max_frame_bytes=max_frame_bytes,
+            correction_concurrency=correction_concurrency, max_corrections=max_corrections, commit=commit,
+            on_rollback=on_rollback, bundle=bundle, ring_size=0)
+        self._probe_cluster = self._probe
+        self._cluster: ClusterStreams | None = None
         #: "item": save the last processed item (a partial snapshot is saved as such); "snapshot":
         #: save only whole processed snapshots, for handlers that apply a snapshot at its end.
         self.commit_mode = commit
@@ -168,9 +200,37 @@ class Consumer(ReceiveLoop):
         await self.close()
 
     async def connect(self) -> None:
-        """Open the stream now (otherwise the first iteration does): errors surface here."""
-        if self._conn is None and not self._done:
+        """Open the stream now (otherwise the first iteration does): errors surface here.
+
+        With a cluster, this reads the map; the node connections open with the first iteration."""
+        if self._probe_cluster:
+            await self._discover()
+        if self._cluster is None and self._conn is None and not self._done:
             await self._open()
+
+    async def _discover(self) -> None:
+        """Is the server a cluster?  ``GET /cluster`` from the first seed that answers: a map makes
+        this a cluster consumer; 404 (or no answer: the single-node connect reports it) does not."""
+        self._probe_cluster = False
+        client = httpx.AsyncClient()
+        try:
+            view, url = await read_cluster_map(client, self.seeds, self.token, self.open_timeout)
+        except ConnectionFailed:
+            await client.aclose()
+            return
+        except BaseException:
+            await client.aclose()
+            raise
+        if view is None:
+            await client.aclose()
+            if url != self.server:  # a single node, named after others that did not answer
+                self.server, self.url = url, stream_url(url)
+                await self.http.aclose()
+                self.http = AsyncHttpApi(self.server, self.token)
+            return
+        log.info("consumer %s: %s is in a cluster (map revision %d, %d partitions): following the map",
+                 self.name, url, view.revision, view.num_partitions)
+        self._cluster = ClusterStreams(self, self.seeds, view, url, client, NodeStream)
 
     def __aiter__(self) -> AsyncIterator[Event]:
         return self._iterator("events")
@@ -189,6 +249,14 @@ class Consumer(ReceiveLoop):
         if handler is None:
             raise UsageError("run() needs a handler")
         isawaitable = inspect.isawaitable
+        if self._probe_cluster:
+            await self._discover()
+        if self._cluster is not None:  # per event: commit() must see which item is being handled
+            async for event in self._iterator("events"):
+                result = handler(event)
+                if isawaitable(result):
+                    await result
+            return
         async for x in self._iterator("batches"):
             if type(x) is not ItemBatch:
                 result = handler(x)
@@ -206,6 +274,8 @@ class Consumer(ReceiveLoop):
 
     def request_barrier(self) -> str:
         """Send a barrier cookie now and return it; a ``BarrierReached`` with it comes later."""
+        if self._cluster is not None:
+            raise UsageError("barriers are not supported when following a cluster's map yet")
         cookie = f"c{next(self._cookies)}"
         self._barriers[cookie] = asyncio.get_running_loop().create_future()
         if self._conn is not None:
@@ -244,14 +314,21 @@ class Consumer(ReceiveLoop):
 
     async def commit(self) -> None:
         """Save the processed position of every partition now (including the event being handled)."""
+        if self._cluster is not None:
+            await self._cluster.commit()
+            return
         self._apply_batch_progress(self._b_i + 1)
         self._save()
 
     def committed(self) -> dict[int, StreamOffset]:
         """Current processed position per partition (what a restart would resume from after commit)."""
+        if self._cluster is not None:
+            return self._cluster.committed()
         return self.session.committed()
 
     def position(self, partition: int) -> StreamOffset:
+        if self._cluster is not None:
+            return self._cluster.committed()[partition]
         return self.session.positions[partition].offset()
 
     def seek(self, partition: int, offset: StreamOffset) -> None:
@@ -269,6 +346,8 @@ class Consumer(ReceiveLoop):
         Nothing above ``offset`` counts as applied any more (the ring forgets it)."""
         if self._closed or self._done:
             raise UsageError("seek() after the streams ended or the consumer was closed", partition=partition)
+        if self._cluster is not None:
+            raise UsageError("seek() is not supported when following a cluster's map", partition=partition)
         action = self.session.seek(partition, offset)
         if action is SeekAction.REQUEST:
             self._seek_requests.add(partition)
@@ -287,10 +366,14 @@ class Consumer(ReceiveLoop):
 
     @property
     def rollbacks(self) -> int:
+        if self._cluster is not None:
+            return self._cluster.total("rollbacks")
         return self.session.rollbacks
 
     @property
     def resets(self) -> int:
+        if self._cluster is not None:
+            return self._cluster.total("resets")
         return self.session.resets
 
     @property
@@ -313,7 +396,10 @@ class Consumer(ReceiveLoop):
             except Exception:  # pragma: no cover - closing a broken generator
                 pass
         try:
-            if self.session.positions:
+            if self._cluster is not None:
+                await self._cluster.close()
+                await self._cluster.client.aclose()
+            elif self.session.positions:
                 self._save()
         finally:
             if self._conn is not None:
@@ -341,3 +427,36 @@ class Consumer(ReceiveLoop):
         self._gen_kind = kind
         self._gen = self._stream(per_item=kind == "events")
         return self._gen
+
+
+class NodeStream(Consumer):
+    """One node's connection of a cluster consumer (``clients.cluster``): a ``Consumer`` whose
+    session follows the map (a partition not active here comes back as ``PartitionMoved``) and
+    whose lost connection is the router's business (``NodeLost``), not a reconnect to this node."""
+
+    _probe = False
+
+    def __init__(self, conn: int, node: str, states: _StateView, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, state=states, **kwargs)
+        self.session.follow_map = True
+        self.conn_id = conn
+        self.node = node
+        self.view = states
+
+    async def _open(self) -> None:
+        try:
+            await super()._open()
+        except AuthFailed:
+            raise
+        except ConnectionFailed as exc:
+            raise NodeLost(str(exc)) from None
+
+    async def _reconnect(self, why: str) -> None:
+        self.session.connection_lost()
+        raise NodeLost(why)
+
+    async def close(self) -> None:
+        ring, self.ring = self.ring, None  # shared by every node stream: the cluster consumer closes it
+        if ring is not None:
+            ring.sync()  # the state never claims items the ring could have lost
+        await super().close()

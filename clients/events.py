@@ -13,6 +13,10 @@
     StreamEnd             a partition's stream ended (bounded stream done, or the server says why);
                           ``lowered_from`` when an ``until_now`` end was lowered after a history branch
     BarrierReached        a barrier cookie came back: every partition was seen at a consistent point
+    PartitionMoved        (cluster) a partition is no longer active on the node that streamed it; it
+                          resumes on its new active from its processed position
+    PartitionsUnavailable (cluster) the map names no node (or a down one) for these partitions; they
+                          are retried until a node serves them
 """
 from __future__ import annotations
 
@@ -26,7 +30,7 @@ from engine.protocol.client.offset import StreamOffset
 __all__ = [
     "events_of",
     "Mutation", "Deletion", "SnapshotStart", "SnapshotEnd", "Rollback", "PartitionReset", "StreamEnd",
-    "BarrierReached", "Event",
+    "BarrierReached", "PartitionMoved", "PartitionsUnavailable", "Event",
 ]
 
 
@@ -115,7 +119,24 @@ class BarrierReached:
     seqnos: dict[int, int] = field(default_factory=dict)
 
 
-Event = Union[Mutation, Deletion, SnapshotStart, SnapshotEnd, Rollback, PartitionReset, StreamEnd, BarrierReached]
+@dataclass(frozen=True, slots=True)
+class PartitionMoved:
+    partition: int
+    #: ``not_my_partition``, ``state_changed``
+    reason: str
+    #: the node that stopped serving it (None when not known)
+    node: str | None = None
+    detail: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class PartitionsUnavailable:
+    partitions: tuple[int, ...]
+    reason: str
+
+
+Event = Union[Mutation, Deletion, SnapshotStart, SnapshotEnd, Rollback, PartitionReset, StreamEnd, BarrierReached,
+              PartitionMoved, PartitionsUnavailable]
 
 
 _new = tuple.__new__

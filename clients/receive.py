@@ -27,14 +27,23 @@ from typing import TYPE_CHECKING, Any
 from websockets.exceptions import ConnectionClosed
 
 from engine.protocol import messages as M
-from engine.protocol.client.actions import Action, Deliver, Reconnect, Repair, Send, StreamEnded
+from engine.protocol.client.actions import Action, Deliver, Moved, Reconnect, Repair, Send, StreamEnded
 from engine.protocol.client.session import ClientSession
 from engine.protocol.frames import ItemBatch
 
 from .backoff import Backoff
 from .connection import ReconnectNeeded, StreamConnection
 from .errors import ConnectionFailed, ProtocolViolation
-from .events import BarrierReached, Deletion, Mutation, SnapshotEnd, SnapshotStart, StreamEnd, events_of
+from .events import (
+    BarrierReached,
+    Deletion,
+    Mutation,
+    PartitionMoved,
+    SnapshotEnd,
+    SnapshotStart,
+    StreamEnd,
+    events_of,
+)
 from .http import AsyncHttpApi
 from .repair import repair_events
 from .ring import RollbackRing
@@ -73,6 +82,8 @@ class ReceiveLoop:
     items_processed: int
     corrections: int
     _conn: StreamConnection | None
+    _probe_cluster: bool
+    _cluster: Any
     _closed: bool
     _done: bool
     _iterating: bool
@@ -89,6 +100,9 @@ class ReceiveLoop:
     _b_i: int
     _b_events: Any
     _b_cut: bool
+
+    async def _discover(self) -> None:  # Consumer's: is the server a cluster?
+        raise NotImplementedError
 
     # ------------------------------------------------------------------ connection
     async def _open(self) -> None:
@@ -196,6 +210,12 @@ class ReceiveLoop:
         session = self.session
         ring = self.ring
         try:
+            if self._probe_cluster:
+                await self._discover()
+            if self._cluster is not None:  # a cluster: one connection per node (clients.cluster)
+                async for x in self._cluster.stream(per_item):
+                    yield x
+                return
             if self._conn is None and not self._done:
                 await self._open()
             while not self._done and not self._closed:
@@ -297,6 +317,10 @@ class ReceiveLoop:
                 yield out
         elif kind is Reconnect:
             raise ReconnectNeeded(action.reason)  # type: ignore[union-attr]
+        elif kind is Moved:  # only a session following the map (clients.cluster) returns it
+            yield PartitionMoved(action.partition, action.reason, self.session.node_id,  # type: ignore[union-attr]
+                                 action.detail)  # type: ignore[union-attr]
+            self._maybe_save()
 
     async def _repair(self, action: Repair) -> AsyncIterator[Any]:
         """Carry out a rollback (or, ``unsaved``, a repair of progress found at the handshake),

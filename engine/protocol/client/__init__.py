@@ -7,6 +7,7 @@
     acks         AckTracker: the one flow-control acknowledgement policy
     actions      policies, rollback plans and the actions the session returns
     session      ClientSession: handshake, message dispatch and validation, rollback decisions
+    routing      Router: which node serves which partition of a cluster consumer, and when to read the map
     errors       the client error tree
 
 The I/O adapters (``clients.consumer``, ``spark_connector.task``) only move bytes and carry out

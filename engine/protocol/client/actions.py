@@ -27,7 +27,7 @@ from .offset import StreamOffset
 
 __all__ = [
     "StartMode", "RollbackPolicy", "SeekAction", "EndAction", "RollbackPlan", "UNSAVED_PROGRESS",
-    "Send", "Deliver", "StreamEnded", "Repair", "Reconnect", "Action",
+    "Send", "Deliver", "StreamEnded", "Repair", "Reconnect", "Moved", "Action",
 ]
 
 
@@ -127,4 +127,17 @@ class Reconnect:
     reason: str
 
 
-Action = Union[Send, Deliver, StreamEnded, Repair, Reconnect]
+@dataclass(frozen=True, slots=True)
+class Moved:
+    """The partition is not (or no longer) active on this connection's node: a session that
+    follows the partition map hands it to its new node instead of reconnecting here."""
+
+    partition: int
+    #: ``not_my_partition`` or the stream end reason (``state_changed``)
+    reason: str
+    #: the map revision the node named, when it named one
+    revision: int | None = None
+    detail: str | None = None
+
+
+Action = Union[Send, Deliver, StreamEnded, Repair, Reconnect, Moved]

@@ -38,6 +38,10 @@ Theory of operation
   reset: the caller decides; with ``"reset"`` always a reset); ``not_my_partition`` asks for a new
   handshake, and after ``MAX_NOT_MY_PARTITION`` in a row gives the partition up; ``range_error`` is
   fatal for that stream (a corrupt or foreign position must not be silently replaced).
+* **Following the partition map** (``follow_map``, a cluster consumer's session per node
+  connection): ``not_my_partition`` and a ``state_changed`` stream end return ``Moved`` instead of
+  asking for a reconnect here; the adapter takes the partition out (``release``, its checkpoint)
+  and resumes it on its new node from that checkpoint (``engine.protocol.client.routing``).
 * **Validation**: a snapshot marker, item batch or stream end for a partition without an open
   stream, a stream response for a partition never requested, or a message that only belongs to
   the handshake is a ``ProtocolViolation``; an ``error`` message is a ``ServerError``.
@@ -72,6 +76,7 @@ from .actions import (
     Action,
     Deliver,
     EndAction,
+    Moved,
     Reconnect,
     Repair,
     RollbackPlan,
@@ -86,6 +91,7 @@ from .errors import ProtocolViolation, ServerError, StreamRejected, UsageError
 from .offset import StreamOffset
 from .position import PartitionPosition
 from .ring import RingModel
+from .routing import revision_in
 
 __all__ = ["ClientSession", "StartMode", "RollbackPolicy", "RollbackPlan", "EndAction", "SeekAction",
            "UNSAVED_PROGRESS", "DEFAULT_WINDOW", "MAX_NOT_MY_PARTITION"]
@@ -116,8 +122,11 @@ class ClientSession:
         on_rollback: RollbackPolicy | str = RollbackPolicy.REPAIR,
         window_bytes: int = DEFAULT_WINDOW,
         ack_ratio: float = 0.2,
+        follow_map: bool = False,
     ) -> None:
         self.start = StartMode(start)
+        #: a partition that is not active on this node moves (``Moved``) instead of reconnecting here
+        self.follow_map = follow_map
         try:
             self.on_rollback = RollbackPolicy(on_rollback)
         except ValueError:
@@ -387,6 +396,25 @@ class ClientSession:
     def not_my_partition(self, p: int) -> None:
         self.open.discard(p)
 
+    def release(self, p: int) -> PartitionCheckpoint:
+        """Take partition ``p`` out of this session (it moved to another node's connection): its
+        checkpoint, from which the session that streams it next resumes.  Its stream must not be
+        open (it ended, or was refused)."""
+        if p in self.open:
+            raise UsageError(f"partition {p} still streams on this connection: it cannot move", partition=p)
+        pos = self.positions.pop(p)
+        self.finished.discard(p)
+        self.seeks.pop(p, None)
+        self.repairs.pop(p, None)
+        self._rolling_back.discard(p)
+        self._not_mine.pop(p, None)
+        if self.requested_partitions is not None and p in self.requested_partitions:
+            self.requested_partitions.remove(p)
+        if self.saved is not None and p in self.saved.partitions:
+            self.saved = ConsumerState({q: c for q, c in self.saved.partitions.items() if q != p},
+                                       self.saved.node_id, self.saved.partition_count)
+        return PartitionCheckpoint(pos.offset(), pos.failover_log, pos.last_complete)
+
     def range_error(self, p: int, detail: str | None) -> None:
         self.open.discard(p)
         off = self.positions[p].offset()
@@ -466,6 +494,8 @@ class ClientSession:
                                               msg.failover_log or ()))]
         if status is M.StreamStatus.NOT_MY_PARTITION:
             self.not_my_partition(p)
+            if self.follow_map:
+                return [Moved(p, M.StreamStatus.NOT_MY_PARTITION.value, revision_in(msg.detail), msg.detail or None)]
             count = self._not_mine[p] = self._not_mine.get(p, 0) + 1
             if count >= MAX_NOT_MY_PARTITION:
                 raise StreamRejected(f"partition {p} is not served by node {self.node_id} "
@@ -484,7 +514,10 @@ class ClientSession:
         if then is EndAction.REREQUEST:
             actions.append(Send(self.request_for(p)))
         elif then is EndAction.RECONNECT:
-            actions.append(Reconnect(f"partition {p} stream ended: {reason}"))
+            if self.follow_map and reason == M.StreamEndReason.STATE_CHANGED.value:
+                actions.append(Moved(p, reason))
+            else:
+                actions.append(Reconnect(f"partition {p} stream ended: {reason}"))
         return actions
 
     def _on_barrier_reached(self, msg: M.BarrierReachedMessage) -> list[Action]:

@@ -1,0 +1,380 @@
+"""A consumer of a cluster: one stream connection per node, following the partition map.
+
+``Consumer`` asks the server it was given for ``GET /cluster``; when that answers a map, the
+consumer's stream is driven from here (``ClusterStreams``).  What to open where, and when to read
+the map again, is ``engine.protocol.client.routing.Router``'s decision; each connection is a
+``NodeStream``, a ``Consumer`` bound to one node whose ``ClientSession`` follows the map (a
+partition that is not active there comes back as ``PartitionMoved`` instead of a reconnect), so
+handshakes, rollbacks, repairs, flow control and saving are exactly the single-node ones.
+
+This module only moves partitions between node streams:
+
+* **Positions do not depend on the node.**  Every node stream saves into one ``PartitionStates``
+  (one state file, per partition checkpoints, no node id); a partition that moves resumes on its
+  new node from its processed checkpoint, and the new active's failover log decides whether it
+  rolls back (the session's rollback rules, the shared ring's keys).
+* **Processed, not received.**  The node streams are read concurrently, but a node stream's next
+  event is asked for only once the application asked for the event after the one it handed over,
+  so an event counts as processed exactly as on one node.
+* **Nothing is fatal that the map can fix.**  A lost connection, a partition refused or ended
+  with ``state_changed``, a map without an active for a partition: the partition waits, the map
+  is read again (from any node that answers), and it resumes where the map says.  Errors that no
+  map fixes (a refused token, a corrupt position, a protocol violation) stop the consumer as on
+  one node.
+"""
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+import time
+from collections import deque
+from collections.abc import AsyncIterator, Iterable, Sequence
+from typing import Any
+
+import httpx
+
+from engine.protocol.client.actions import StartMode
+from engine.protocol.client.checkpoint import ConsumerState, PartitionCheckpoint
+from engine.protocol.client.offset import StreamOffset
+from engine.protocol.client.routing import (
+    Close,
+    MapFormatError,
+    MapView,
+    Open,
+    RouteAction,
+    Router,
+    Unserved,
+    revision_in,
+)
+
+from .errors import AuthFailed, ConnectionFailed
+from .events import PartitionMoved, PartitionsUnavailable
+from .state import StateStore
+
+
+__all__ = ["ClusterStreams", "NodeLost", "PartitionStates", "read_cluster_map", "split_servers"]
+
+log = logging.getLogger("upr.client")
+
+
+class NodeLost(Exception):
+    """A node stream's connection broke or would not open: its partitions follow the map."""
+
+
+def split_servers(server: str | Sequence[str]) -> list[str]:
+    """A cluster address: one URL, "URL,URL", or a list of URLs (any node will do)."""
+    parts = server.split(",") if isinstance(server, str) else list(server)
+    urls = [u.strip().rstrip("/") for u in parts if u and u.strip()]
+    return urls
+
+
+async def read_cluster_map(client: httpx.AsyncClient, urls: Iterable[str], token: str | None,
+                           timeout: float) -> tuple[MapView | None, str]:
+    """``GET /cluster`` from the first of ``urls`` that answers: (its map, its URL), or
+    (None, URL) when that node is not in a cluster (404).  ``ConnectionFailed`` naming every URL
+    tried when none answered; ``AuthFailed`` for a refused token."""
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    why = []
+    for url in urls:
+        try:
+            resp = await client.get(f"{url}/cluster", headers=headers, timeout=timeout)
+        except httpx.HTTPError as exc:
+            why.append(f"{url}: {exc or type(exc).__name__}")
+            continue
+        if resp.status_code == 404:
+            return None, url
+        if resp.status_code in (401, 403):
+            raise AuthFailed(f"{url}/cluster: HTTP {resp.status_code}: the token is missing, unknown or lacks "
+                             f"the read role", field="token")
+        if resp.status_code != 200:
+            why.append(f"{url}: HTTP {resp.status_code}")
+            continue
+        try:
+            return MapView.from_cluster_json(resp.json()), url
+        except (MapFormatError, ValueError) as exc:
+            why.append(f"{url}: {exc}")
+    raise ConnectionFailed("no node answered GET /cluster: " + "; ".join(why or ["no URL"]))
+
+
+class PartitionStates:
+    """The consumer's one state, per partition, written by every node stream (see the module
+    docstring); ``view(partitions)`` is the ``StateStore`` a node stream reads and writes."""
+
+    def __init__(self, store: StateStore, loaded: ConsumerState | None) -> None:
+        self.store = store
+        self.parts: dict[int, PartitionCheckpoint] = dict(loaded.partitions) if loaded is not None else {}
+        self.partition_count = loaded.partition_count if loaded is not None else None
+
+    def put(self, partition: int, checkpoint: PartitionCheckpoint) -> None:
+        self.parts[partition] = checkpoint
+
+    def save(self) -> None:
+        self.store.save(ConsumerState(dict(self.parts), None, self.partition_count))
+
+    def view(self, partitions: Iterable[int]) -> "_StateView":
+        return _StateView(self, set(partitions))
+
+
+class _StateView:
+    """A node stream's window on ``PartitionStates``: it reads and writes only its partitions."""
+
+    def __init__(self, states: PartitionStates, partitions: set[int]) -> None:
+        self.states = states
+        self.partitions = partitions
+
+    def load(self) -> ConsumerState | None:
+        parts = {p: c for p, c in self.states.parts.items() if p in self.partitions}
+        return ConsumerState(parts, None, self.states.partition_count)
+
+    def save(self, state: ConsumerState) -> None:
+        for p, cp in state.partitions.items():
+            if p in self.partitions:
+                self.states.parts[p] = cp
+        if state.partition_count is not None:
+            self.states.partition_count = state.partition_count
+        self.states.save()
+
+
+class ClusterStreams:
+    """Drives a ``Consumer`` over a cluster (see the module docstring)."""
+
+    def __init__(self, owner: Any, seeds: Sequence[str], first: MapView, answered: str,
+                 client: httpx.AsyncClient, node_stream: Any) -> None:
+        """``owner``: the ``clients.consumer.Consumer`` driven; ``node_stream``: the class of its
+        node streams (``clients.consumer.NodeStream``, passed in: this module never imports it)."""
+        self.owner = owner
+        self.seeds = list(seeds)
+        self.client = client
+        self._good_url = answered
+        session = owner.session
+        self.router = Router(session.requested_partitions)
+        self.states = PartitionStates(owner.state_store, session.saved)
+        if self.states.partition_count is None:
+            self.states.partition_count = first.num_partitions or None
+        self._first: MapView | None = first
+        self._node_stream = node_stream
+        self.streams: dict[int, list[Any]] = {}
+        #: partitions whose start position was resolved by some node stream (later ones resume)
+        self.opened: set[int] = set()
+        #: ``until_now`` ends frozen at a partition's first handshake, carried to its next node
+        self.ends: dict[int, int] = {}
+        self._events: deque[Any] = deque()
+        self._armed: dict[Any, asyncio.Task[Any]] = {}
+        self._reload: asyncio.Task[MapView | None] | None = None
+        self._retired = {"rollbacks": 0, "resets": 0, "corrections": 0, "items_processed": 0}
+        self._current: Any = None  # the node stream whose event the application is handling
+
+    # ------------------------------------------------------------------ queries
+    def live(self) -> list[Any]:
+        return [s for streams in self.streams.values() for s in streams]
+
+    def total(self, counter: str) -> int:
+        live = sum(getattr(s, counter) if counter in ("corrections", "items_processed")
+                   else getattr(s.session, counter) for s in self.live())
+        return self._retired[counter] + live
+
+    def committed(self) -> dict[int, StreamOffset]:
+        out = {p: cp.offset for p, cp in self.states.parts.items() if p in self.router.partitions}
+        for s in self.live():
+            out.update(s.session.committed())
+        return out
+
+    @property
+    def done(self) -> bool:
+        r = self.router
+        return r.map is not None and bool(r.partitions) and all(p in r.done for p in r.partitions)
+
+    # ------------------------------------------------------------------ commit, close
+    async def commit(self) -> None:
+        for s in self.live():
+            if s is self._current:
+                await s.commit()  # including the event being handled
+            else:
+                s._save()  # its last handed-over event was processed; a prefetched one is not
+
+    async def close(self) -> None:
+        await self._stop_waiting()
+        for conn in list(self.streams):
+            await self._close_conn(conn)
+        self.states.save()
+
+    # ------------------------------------------------------------------ the stream
+    async def stream(self, per_item: bool) -> AsyncIterator[Any]:
+        kind = "events" if per_item else "batches"
+        try:
+            if self._first is not None:
+                first, self._first = self._first, None
+                await self._apply(self.router.map_loaded(first, time.monotonic()))
+            while True:
+                while self._events:
+                    yield self._events.popleft()
+                if self.done:
+                    self.states.save()
+                    return
+                for s in self.live():
+                    if s not in self._armed:
+                        self._armed[s] = asyncio.ensure_future(s._iterator(kind).__anext__())
+                if self.router.reload_at is not None and self._reload is None:
+                    self._reload = asyncio.ensure_future(self._read_map_at(self.router.reload_at))
+                waiting: set[asyncio.Future[Any]] = set(self._armed.values())
+                if self._reload is not None:
+                    waiting.add(self._reload)
+                if not waiting:  # pragma: no cover - the router always asks for a read while waiting
+                    await asyncio.sleep(self.router.max_delay)
+                    await self._apply(self.router.map_failed(time.monotonic()))
+                    continue
+                done, _ = await asyncio.wait(waiting, return_when=asyncio.FIRST_COMPLETED)
+                self._current = None
+                if self._reload is not None and self._reload in done:
+                    task, self._reload = self._reload, None
+                    await self._map_read(task)
+                    continue
+                # the node stream that waited longest first (re-armed streams go to the end)
+                s = next(s for s, t in self._armed.items() if t in done)
+                task = self._armed.pop(s)
+                try:
+                    x = task.result()
+                except StopAsyncIteration:
+                    await self._finished(s)
+                    continue
+                except NodeLost as exc:
+                    log.warning("consumer %s: connection to node %s lost (partitions %s): %s", self.owner.name,
+                                s.node, sorted(s.view.partitions), exc)
+                    await self._apply(self.router.connection_lost(s.conn_id, time.monotonic()))
+                    continue
+                if type(x) is PartitionMoved:
+                    x = dataclasses.replace(x, node=s.node)
+                    await self._moved(s, x)
+                self._current = s
+                yield x
+                if per_item:
+                    self.owner.items_processed = self.total("items_processed")
+        finally:
+            self._current = None
+            await self._stop_waiting()
+
+    async def _stop_waiting(self) -> None:
+        tasks = list(self._armed.values())
+        if self._reload is not None:
+            tasks.append(self._reload)
+        self._armed.clear()
+        self._reload = None
+        for t in tasks:
+            t.cancel()
+        if tasks:
+            await asyncio.gather(*tasks, return_exceptions=True)
+
+    # ------------------------------------------------------------------ router actions
+    async def _apply(self, actions: list[RouteAction]) -> None:
+        for action in actions:
+            kind = type(action)
+            if kind is Open:
+                self._open(action)  # type: ignore[arg-type]
+            elif kind is Close:
+                await self._close_conn(action.conn)  # type: ignore[union-attr]
+            elif kind is Unserved:
+                log.warning("consumer %s: partitions %s have no node serving them (%s); retrying",
+                            self.owner.name, list(action.partitions), action.reason)  # type: ignore[union-attr]
+                self._events.append(PartitionsUnavailable(action.partitions, action.reason))  # type: ignore[union-attr]
+
+    def _open(self, action: Open) -> None:
+        first = [p for p in action.partitions if p not in self.opened]
+        resumed = [p for p in action.partitions if p in self.opened]
+        log.info("consumer %s: streaming partitions %s from node %s (%s), map revision %d", self.owner.name,
+                 list(action.partitions), action.node, action.url, self.router.revision)
+        streams = []
+        if first:
+            streams.append(self._new_stream(action, first, initial=True))
+        if resumed:
+            streams.append(self._new_stream(action, resumed, initial=False))
+        self.streams[action.conn] = streams
+
+    def _new_stream(self, action: Open, partitions: list[int], *, initial: bool) -> Any:
+        o = self.owner
+        options = dict(o._options)
+        session = o.session
+        if initial:
+            options.update(start=session.start, until_now=session.until_now,
+                           offsets={p: off for p, off in session.offsets.items() if p in partitions},
+                           end_seqnos={p: e for p, e in session.end_seqnos.items() if p in partitions})
+        else:
+            options.update(start=StartMode.SAVED, until_now=False, offsets=None,
+                           end_seqnos={p: e for p, e in self.ends.items() if p in partitions} or None)
+        return self._node_stream(action.conn, action.node, self.states.view(partitions), action.url,
+                                 partitions=partitions, ring=o.ring, **options)
+
+    async def _close_conn(self, conn: int) -> None:
+        for s in self.streams.pop(conn, []):
+            task = self._armed.pop(s, None)
+            if task is not None:
+                task.cancel()
+                await asyncio.gather(task, return_exceptions=True)
+            self._retire(s)
+            await s.close()  # saves its partitions' processed positions
+
+    def _retire(self, s: Any) -> None:
+        self.opened.update(s.session.positions)
+        for p, end in s.session.end_seqnos.items():
+            self.ends[p] = end
+        for name in ("rollbacks", "resets"):
+            self._retired[name] += getattr(s.session, name)
+        self._retired["corrections"] += s.corrections
+        self._retired["items_processed"] += s.items_processed
+        if s is self._current:
+            self._current = None
+
+    async def _moved(self, s: Any, event: PartitionMoved) -> None:
+        p = event.partition
+        log.info("consumer %s: partition %d left node %s (%s); following the map", self.owner.name, p, s.node,
+                 event.reason)
+        end = s.session.end_seqnos.get(p)
+        if end is not None:
+            self.ends[p] = end
+        self.opened.add(p)
+        checkpoint = s.session.release(p)
+        s.view.partitions.discard(p)
+        self.states.put(p, checkpoint)
+        if self.owner.ring is not None:
+            self.owner.ring.sync()
+        self.states.save()
+        await self._apply(self.router.partition_moved(s.conn_id, p, time.monotonic(), revision_in(event.detail)))
+
+    async def _finished(self, s: Any) -> None:
+        """A node stream's bounded streams all reached their ends."""
+        finished = [p for p in s.session.finished if p in s.view.partitions]
+        streams = self.streams.get(s.conn_id, [])
+        if s in streams:
+            streams.remove(s)
+            self._retire(s)
+            await s.close()
+        await self._apply(self.router.finished(s.conn_id, finished))
+
+    # ------------------------------------------------------------------ the map
+    async def _read_map_at(self, at: float) -> MapView | None:
+        await asyncio.sleep(max(0.0, at - time.monotonic()))
+        urls = [self._good_url]
+        view = self.router.map
+        if view is not None:
+            urls += sorted(u for u in view.urls.values() if u)
+        urls += self.seeds
+        ordered = list(dict.fromkeys(urls))
+        found, url = await read_cluster_map(self.client, ordered, self.owner.token, self.owner.open_timeout)
+        self._good_url = url
+        return found
+
+    async def _map_read(self, task: asyncio.Task[MapView | None]) -> None:
+        now = time.monotonic()
+        try:
+            view = task.result()
+        except AuthFailed:
+            raise
+        except ConnectionFailed as exc:
+            log.warning("consumer %s: cannot read the partition map: %s", self.owner.name, exc)
+            await self._apply(self.router.map_failed(now))
+            return
+        if view is None:  # that node left the cluster (or never was in one): ask the others
+            await self._apply(self.router.map_failed(now))
+            return
+        await self._apply(self.router.map_loaded(view, now))
+
