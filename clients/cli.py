@@ -4,6 +4,10 @@
 ``--server`` (default ``$UPR_SERVER`` or http://127.0.0.1:8000) and ``--token`` (default ``$UPR_TOKEN``);
 the informational ones print a human summary by default and raw JSON with ``--json``.
 
+In a cluster ``--server`` may name several nodes (``URL,URL``), tried in order until one accepts a
+connection; ``put``/``get``/``delete`` follow a ``421 misdirected-request`` to the partition's active
+node (at most 3 hops, then one error line and exit 1).
+
 ``upr tail`` prints one JSON object per change (kcat-like), always as JSON lines::
 
     {"partition":3,"seqno":17,"key":"k","op":"mutation","cas":..,"rev":..,"value":"text"}
@@ -89,9 +93,14 @@ def _batch_lines(batch: ItemBatch) -> bytes:
     return b"\n".join(lines)
 
 
-def _common(p: argparse.ArgumentParser, json_flag: bool = True) -> None:
-    p.add_argument("--server", default=None, metavar="URL",
-                   help="server base URL (default: $UPR_SERVER or http://127.0.0.1:8000)")
+def _common(p: argparse.ArgumentParser, json_flag: bool = True, *, several: bool = True) -> None:
+    if several:
+        p.add_argument("--server", default=None, metavar="URL[,URL...]",
+                       help="server base URL; in a cluster, any nodes, tried in order until one connects "
+                            "(default: $UPR_SERVER or http://127.0.0.1:8000)")
+    else:
+        p.add_argument("--server", default=None, metavar="URL",
+                       help="server base URL (default: $UPR_SERVER or http://127.0.0.1:8000)")
     p.add_argument("--token", default=None, help="bearer token (default: $UPR_TOKEN)")
     if json_flag:
         p.add_argument("--json", action="store_true", help="print JSON instead of a human summary")
@@ -317,7 +326,7 @@ def register(sub: Any) -> None:
     p = sub.add_parser("tail", help="print changes as JSON lines (like kcat -C)",
                        description="Stream changes as JSON lines: partition, seqno, key, op, cas, rev and value "
                                    "(UTF-8) or value_b64.")
-    _common(p, json_flag=False)
+    _common(p, json_flag=False, several=False)
     p.add_argument("--partitions", type=parse_partitions, default=None, metavar="LIST",
                    help="partition ids and ranges, e.g. 0,3,5-7 (default: all)")
     p.add_argument("--from", dest="start", type=_from_arg, default="beginning", metavar="WHERE",
@@ -367,7 +376,7 @@ def register(sub: Any) -> None:
     p.set_defaults(func=_guard(_cmd_delete))
 
     p = sub.add_parser("barrier", help="wait until a consistent point of every partition was streamed")
-    _common(p)
+    _common(p, several=False)
     p.add_argument("--partitions", type=parse_partitions, default=None, metavar="LIST")
     p.add_argument("--name", default="upr-barrier")
     p.add_argument("--timeout", type=float, default=30.0, help="seconds (default 30)")

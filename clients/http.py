@@ -6,6 +6,11 @@ wait, one result per operation; a refused item does not stop the others, so call
 ``results``).  Both flavours offer the same reads and writes.  Every failure becomes one typed error (``clients.errors``): unreachable server ->
 ``ConnectionFailed``, 401/403 -> ``AuthFailed``, other problems -> ``HttpError`` carrying the
 problem's status and detail, so callers never parse text.
+
+In a cluster, ``server`` may name several nodes (``URL[,URL...]``): a call goes to the first that
+accepts a connection, and a document call (``get``/``put``/``delete``) follows ``421
+misdirected-request`` answers to the active node they name, a bounded number of hops
+(``clients.routing``).
 """
 from __future__ import annotations
 
@@ -20,6 +25,7 @@ import orjson
 from engine.core.types import Document
 
 from .errors import AuthFailed, ConnectionFailed, HttpError
+from .routing import MAX_HOPS, parse_servers, redirect_target
 
 __all__ = ["DEFAULT_SERVER", "HttpApi", "AsyncHttpApi", "bulk_body", "default_server", "default_token", "doc_path"]
 
@@ -60,10 +66,26 @@ def _raise_for(resp: httpx.Response, what: str) -> None:
     raise HttpError(message, status=resp.status_code, server_code=code, field=field, partition=partition)
 
 
-def _document(key: str, resp: httpx.Response) -> Document | None:
+def _problem_body(resp: httpx.Response) -> Any:
+    try:
+        return resp.json()
+    except ValueError:
+        return None
+
+
+def _exhausted(what: str, hops: int) -> str:
+    return f"{what} (after following {hops} misdirections)" if hops else what
+
+
+def _unreachable(what: str, servers: tuple[str, ...], exc: Exception) -> ConnectionFailed:
+    where = servers[0] if len(servers) == 1 else f"any of {', '.join(servers)}"
+    return ConnectionFailed(f"{what}: cannot reach {where}: {exc or type(exc).__name__}")
+
+
+def _document(what: str, key: str, resp: httpx.Response) -> Document | None:
     if resp.status_code == 404:
         return None
-    _raise_for(resp, f"GET {key!r}")
+    _raise_for(resp, what)
     h = resp.headers
     return Document(key, int(h["x-upr-partition"]), int(h["x-upr-seqno"]), int(h["x-upr-cas"]),
                     int(h.get("x-upr-rev", 0)), False, resp.content)
@@ -97,30 +119,59 @@ def bulk_body(ops: Iterable[Mapping[str, Any]], *, ndjson: bool = False) -> tupl
 class HttpApi:
     """Blocking client (CLI, scripts).  ``with HttpApi(url, token) as api: api.get("k")``."""
 
-    def __init__(self, server: str | None = None, token: str | None = None, *, timeout: float = 10.0) -> None:
-        self.server = (server or default_server()).rstrip("/")
-        self._client = httpx.Client(base_url=self.server, headers=_headers(token), timeout=timeout)
+    def __init__(self, server: str | None = None, token: str | None = None, *, timeout: float = 10.0,
+                 max_hops: int = MAX_HOPS) -> None:
+        self.servers = parse_servers(server or default_server())
+        self.server = self.servers[0]
+        self.max_hops = max_hops
+        self._client = httpx.Client(headers=_headers(token), timeout=timeout)
 
     def _call(self, method: str, path: str, what: str, **kw: Any) -> httpx.Response:
-        try:
-            return self._client.request(method, path, **kw)
-        except httpx.TransportError as exc:
-            raise ConnectionFailed(f"{what}: cannot reach {self.server}: {exc or type(exc).__name__}") from None
+        """The first server that accepts a connection answers (later ones only when nothing was sent)."""
+        for i, server in enumerate(self.servers):
+            try:
+                resp = self._client.request(method, server + path, **kw)
+            except httpx.ConnectError as exc:
+                if i + 1 < len(self.servers):
+                    continue
+                raise _unreachable(what, self.servers, exc) from None
+            except httpx.TransportError as exc:
+                raise _unreachable(what, (server,), exc) from None
+            self.server = server
+            return resp
+        raise AssertionError("unreachable: parse_servers never returns an empty tuple")
+
+    def _routed(self, method: str, path: str, what: str, **kw: Any) -> tuple[httpx.Response, str]:
+        """``_call``, then follow 421s to the node they name, at most ``max_hops`` times."""
+        resp, server, hops = self._call(method, path, what, **kw), self.server, 0
+        while hops < self.max_hops and (target := redirect_target(resp.status_code, _problem_body(resp), server)):
+            try:
+                resp = self._client.request(method, target + path, **kw)
+            except httpx.TransportError as exc:
+                raise _unreachable(f"{what} (misdirected to {target})", (target,), exc) from None
+            server, hops = target, hops + 1
+        return resp, _exhausted(what, hops)
 
     def _json(self, method: str, path: str, **kw: Any) -> Any:
         resp = self._call(method, path, f"{method} {path}", **kw)
         _raise_for(resp, f"{method} {path}")
         return resp.json()
 
+    def _doc_json(self, method: str, key: str, **kw: Any) -> Any:
+        resp, what = self._routed(method, doc_path(key), f"{method} {key!r}", **kw)
+        _raise_for(resp, what)
+        return resp.json()
+
     def get(self, key: str) -> Document | None:
-        return _document(key, self._call("GET", doc_path(key), f"GET {key!r}"))
+        resp, what = self._routed("GET", doc_path(key), f"GET {key!r}")
+        return _document(what, key, resp)
 
     def put(self, key: str, value: bytes, *, cas: int | None = None, durability: str | None = None) -> dict[str, Any]:
-        return self._json("PUT", doc_path(key), content=value, params=_write_params(durability),
-                          headers={"Content-Type": "application/octet-stream", **_cas_header(cas)})
+        return self._doc_json("PUT", key, content=value, params=_write_params(durability),
+                              headers={"Content-Type": "application/octet-stream", **_cas_header(cas)})
 
     def delete(self, key: str, *, cas: int | None = None, durability: str | None = None) -> dict[str, Any]:
-        return self._json("DELETE", doc_path(key), params=_write_params(durability), headers=_cas_header(cas))
+        return self._doc_json("DELETE", key, params=_write_params(durability), headers=_cas_header(cas))
 
     def bulk(self, ops: Iterable[Mapping[str, Any]], *, durability: str | None = None,
              ndjson: bool = False, columns: bool = False) -> dict[str, Any]:
@@ -158,31 +209,60 @@ class HttpApi:
 class AsyncHttpApi:
     """Non-blocking client used inside the consumer's event loop."""
 
-    def __init__(self, server: str | None = None, token: str | None = None, *, timeout: float = 10.0) -> None:
-        self.server = (server or default_server()).rstrip("/")
-        self._client = httpx.AsyncClient(base_url=self.server, headers=_headers(token), timeout=timeout)
+    def __init__(self, server: str | None = None, token: str | None = None, *, timeout: float = 10.0,
+                 max_hops: int = MAX_HOPS) -> None:
+        self.servers = parse_servers(server or default_server())
+        self.server = self.servers[0]
+        self.max_hops = max_hops
+        self._client = httpx.AsyncClient(headers=_headers(token), timeout=timeout)
 
     async def _call(self, method: str, path: str, what: str, **kw: Any) -> httpx.Response:
-        try:
-            return await self._client.request(method, path, **kw)
-        except httpx.TransportError as exc:
-            raise ConnectionFailed(f"{what}: cannot reach {self.server}: {exc or type(exc).__name__}") from None
+        """See ``HttpApi._call``."""
+        for i, server in enumerate(self.servers):
+            try:
+                resp = await self._client.request(method, server + path, **kw)
+            except httpx.ConnectError as exc:
+                if i + 1 < len(self.servers):
+                    continue
+                raise _unreachable(what, self.servers, exc) from None
+            except httpx.TransportError as exc:
+                raise _unreachable(what, (server,), exc) from None
+            self.server = server
+            return resp
+        raise AssertionError("unreachable: parse_servers never returns an empty tuple")
+
+    async def _routed(self, method: str, path: str, what: str, **kw: Any) -> tuple[httpx.Response, str]:
+        """See ``HttpApi._routed``."""
+        resp, server, hops = await self._call(method, path, what, **kw), self.server, 0
+        while hops < self.max_hops and (target := redirect_target(resp.status_code, _problem_body(resp), server)):
+            try:
+                resp = await self._client.request(method, target + path, **kw)
+            except httpx.TransportError as exc:
+                raise _unreachable(f"{what} (misdirected to {target})", (target,), exc) from None
+            server, hops = target, hops + 1
+        return resp, _exhausted(what, hops)
 
     async def _json(self, method: str, path: str, **kw: Any) -> Any:
         resp = await self._call(method, path, f"{method} {path}", **kw)
         _raise_for(resp, f"{method} {path}")
         return resp.json()
 
+    async def _doc_json(self, method: str, key: str, **kw: Any) -> Any:
+        resp, what = await self._routed(method, doc_path(key), f"{method} {key!r}", **kw)
+        _raise_for(resp, what)
+        return resp.json()
+
     async def get(self, key: str) -> Document | None:
-        return _document(key, await self._call("GET", doc_path(key), f"GET {key!r}"))
+        resp, what = await self._routed("GET", doc_path(key), f"GET {key!r}")
+        return _document(what, key, resp)
 
     async def put(self, key: str, value: bytes, *, cas: int | None = None,
                   durability: str | None = None) -> dict[str, Any]:
-        return await self._json("PUT", doc_path(key), content=value, params=_write_params(durability),
-                                headers={"Content-Type": "application/octet-stream", **_cas_header(cas)})
+        return await self._doc_json("PUT", key, content=value, params=_write_params(durability),
+                                    headers={"Content-Type": "application/octet-stream", **_cas_header(cas)})
 
     async def delete(self, key: str, *, cas: int | None = None, durability: str | None = None) -> dict[str, Any]:
-        return await self._json("DELETE", doc_path(key), params=_write_params(durability), headers=_cas_header(cas))
+        return await self._doc_json("DELETE", key, params=_write_params(durability), headers=_cas_header(cas))
 
     async def bulk(self, ops: Iterable[Mapping[str, Any]], *, durability: str | None = None,
                    ndjson: bool = False, columns: bool = False) -> dict[str, Any]:

@@ -120,8 +120,8 @@ class BatchWriter:
                         raise InvalidInput(f"unknown op {kind!r}", field="op")
                     p = partition_of(raw, n)
                     part = parts[p]
-                    if part.state is not _ACTIVE:
-                        raise PartitionNotActive(f"partition {p} is {part.state.value}", partition=p)
+                    if part.state is not _ACTIVE or part.writes_stopped:
+                        raise PartitionNotActive(f"partition {p} is {_refusal(part)}", partition=p)
                     queue = part.queue
                     # the previous version: the queue index, else the persisted by-key record
                     prev = queue.index.get(raw)
@@ -185,3 +185,7 @@ class BatchWriter:
             self.writes_total += len(results) - errors
             self.write_errors_total += errors
         return results, list(batches)
+
+
+def _refusal(part: Partition) -> str:
+    return part.state.value if part.state is not _ACTIVE else "being handed over (writes stopped)"

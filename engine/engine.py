@@ -35,6 +35,7 @@ from engine.core.errors import (
     InvalidInput,
     InvalidPartition,
     KeyNotFound,
+    PartitionNotActive,
     SeqnoRangeError,
     UprError,
 )
@@ -328,6 +329,7 @@ class Engine:
             self._check_open()
             if part.state is state:
                 return
+            part.writes_stopped = False  # a handover's pause belongs to the state it paused
             change = failover_policy.StateChanged(part.state, state, part.high_seqno)
             log_ = failover_policy.apply(part.failover_log, change, self.config.failover_log_cap)
             store = self._store
@@ -399,6 +401,30 @@ class Engine:
         self._notify((partition,))
         return part.failover_log[0]
 
+    def stop_writes(self, partition: int) -> int:
+        """Graceful handover, the old active's half: active ``partition`` takes no more writes
+        (each gets ``PartitionNotActive``, a retryable refusal) but stays active, so its streams
+        keep sending what it holds; returns its high seqno, the last seqno it will ever give out
+        until ``resume_writes`` or a state change.  Under the writer lock, so no write in flight
+        gets a seqno above the one returned."""
+        part = self._part(partition)
+        with self._lock:
+            self._check_open()
+            if part.state is not PartitionState.ACTIVE:
+                raise PartitionNotActive(f"partition {partition} is {part.state.value}, not active",
+                                         partition=partition)
+            part.writes_stopped = True
+            return part.high_seqno
+
+    def resume_writes(self, partition: int) -> None:
+        """A handover was called off before the map moved: the active takes writes again."""
+        part = self._part(partition)
+        with self._lock:
+            part.writes_stopped = False
+
+    def writes_stopped(self, partition: int) -> bool:
+        return self._part(partition).writes_stopped
+
     def take_over(self, partition: int) -> None:
         """Handover: replica ``partition`` becomes active keeping its failover log as is (the old
         active streamed it everything and stopped taking writes first; no new branch)."""
@@ -442,6 +468,7 @@ class Engine:
 
         store.write(put)
         part.failover_log = log_
+        part.writes_stopped = False
         part.state = PartitionState.ACTIVE
 
     def _replica(self, partition: int) -> Partition:

@@ -32,6 +32,9 @@ class Partition:
     #: bumped when the partition is emptied (``Engine.reset_partition``), so a flush round that
     #: read the old queue before the reset writes nothing of it after
     generation: int = 0
+    #: an active copy being handed to a replica (``Engine.stop_writes``): it keeps its state, so
+    #: streams go on sending what it holds, but takes no write until the handover ends
+    writes_stopped: bool = False
 
     @property
     def high_seqno(self) -> int:

@@ -1,0 +1,50 @@
+"""Where a document request goes in a cluster: the servers a user named, and the 421s that redirect.
+
+A cluster node that is not active for a key's partition answers ``421 misdirected-request`` with
+the active node's URL in the problem body (``url``).  A client follows it, as Couchbase SDKs
+follow ``NOT_MY_VBUCKET`` with the newest map and Kafka clients follow ``NOT_LEADER``: a bounded
+number of hops (a map that moves while a request is in flight can send it on once more, but a
+loop between stale nodes must end), then a typed error naming the last answer.
+
+``--server`` may name several nodes (``URL[,URL...]``): any node will do for the first hop, so a
+client tries them in order and moves on only when a connection could not be made (nothing was
+sent, so a write is never applied twice).
+
+Pure: no sockets; ``clients.http`` does the requests.
+"""
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from engine.protocol.client.errors import UsageError
+
+__all__ = ["MAX_HOPS", "MISDIRECTED_STATUS", "parse_servers", "redirect_target"]
+
+#: 421s followed for one request before giving up.
+MAX_HOPS = 3
+MISDIRECTED_STATUS = 421
+
+
+def parse_servers(text: str) -> tuple[str, ...]:
+    """``"http://a:1, http://b:2/"`` -> ``("http://a:1", "http://b:2")``; a typed error when empty
+    or when an entry is not an http(s) URL."""
+    servers = tuple(s.strip().rstrip("/") for s in text.split(",") if s.strip())
+    if not servers:
+        raise UsageError(f"no server URL in {text!r}", field="server")
+    for server in servers:
+        if not server.startswith(("http://", "https://")):
+            raise UsageError(f"server {server!r} is not an http:// or https:// URL", field="server")
+    return servers
+
+
+def redirect_target(status: int, body: Any, current: str) -> str | None:
+    """The node a 421 answer names (its base URL), or None when the answer is no redirect to
+    follow: not a 421, no active node right now, or the same node again."""
+    if status != MISDIRECTED_STATUS or not isinstance(body, Mapping):
+        return None
+    url = body.get("url")
+    if not isinstance(url, str) or not url.startswith(("http://", "https://")):
+        return None
+    url = url.rstrip("/")
+    return None if url == current.rstrip("/") else url
