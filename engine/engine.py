@@ -444,14 +444,17 @@ class Engine:
         with self._lock:
             self._check_open()
             self._replica(partition)
-            part.generation += 1  # a flush round that read the old queue now skips it
+            # queue first, generation second: a flush round that read the old queue holds the old
+            # generation (the flusher reads it before the queue) and skips it inside its own
+            # transaction, before or after the drop below
+            part.queue.reset(0)
+            part.generation += 1
             store = self._store
 
             def drop(txn: object) -> None:
                 store.drop_partition(txn, partition)  # type: ignore[arg-type]
 
             store.write(drop)
-            part.queue.reset(0)
             part.live_items = part.persisted_live = 0
             part.purge_seqno = 0
             part.failover_log = ()

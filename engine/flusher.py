@@ -183,9 +183,12 @@ class Flusher:
             if budget <= 0:
                 more = True
                 break
+            # the generation is read before the queue: a reset between the two reads then
+            # shows as a changed generation, never as old items tagged with the new one
+            generation = part.generation
             items, upto = queue.unpersisted(budget)
             budget -= upto - queue.persisted
-            work.append((part, items, upto, part.generation))
+            work.append((part, items, upto, generation))
             if upto < queue.root.high:
                 more = True
         self._next_start = (start + 1) % n
