@@ -21,6 +21,8 @@ messages.  Pure standard library: clients raise and catch these too.
 """
 from __future__ import annotations
 
+from errno import ENOSPC as _ENOSPC
+
 
 class UprError(Exception):
     """Base of every error upr raises on purpose."""
@@ -126,7 +128,7 @@ class DiskFull(UprError):
     code = "disk_full"
     retriable = True
 
-    def __init__(self, message: str, *, errno: int, **kw: object) -> None:
+    def __init__(self, message: str, *, errno: int = _ENOSPC, **kw: object) -> None:
         super().__init__(message, **kw)  # type: ignore[arg-type]
         self.errno = errno
 
