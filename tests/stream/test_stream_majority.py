@@ -31,9 +31,9 @@ from tests.support.wsclient import Mirror
 
 
 @contextlib.asynccontextmanager
-async def served(data_dir: Path) -> AsyncIterator[tuple[str, Any]]:
+async def served(data_dir: Path, **settings_: Any) -> AsyncIterator[tuple[str, Any]]:
     """The app on a real socket in this event loop; yields its URL and the app."""
-    settings = Settings.model_validate({"data_dir": data_dir, "partitions": PARTITIONS})
+    settings = Settings.model_validate({"data_dir": data_dir, "partitions": PARTITIONS, **settings_})
     app = create_app(settings, tokens=TokenTable())
     server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning", lifespan="on"))
     task = asyncio.ensure_future(server.serve())
@@ -143,4 +143,37 @@ async def test_without_a_provider_majority_streams_as_memory(tmp_path: Path, vis
         engine = app.state.runner.engine
         assert {int(p): s for p, s in got[-1]["seqnos"].items()} == {p: engine.high_seqno(p) for p in range(PARTITIONS)}
         assert len(mirror.docs) == 40
+        await stream.close()
+
+
+async def test_readings_pinned_for_a_majority_that_does_not_come_are_released(tmp_path: Path) -> None:
+    """Replicas gone: the pinned readings (a write-queue root, an LMDB read transaction) are let
+    go after the stream drop limit, as a stalled consumer's would be, and nothing is sent."""
+    async with served(tmp_path / "data", stream_drop_after_s=0.4) as (url, app):
+        streams = app.state.stream_server
+        streams.set_ceiling_provider(Visibility.MAJORITY, lambda p: 0)
+        async with httpx.AsyncClient(base_url=url, timeout=30) as client:
+            r = await client.post("/docs/_bulk", json=[{"op": "set", "key": f"k{i}", "value": i} for i in range(40)])
+            assert r.status_code == 200
+        stream = await open_stream(url, name="stuck", visibility="majority")
+        await stream.stream(range(PARTITIONS), Mirror())
+        (conn,) = list(streams.streams)
+
+        async def pinned() -> int:
+            return sum(1 for c in conn.cursors.values() if c.holding)
+
+        for _ in range(500):
+            if await pinned():
+                break
+            await asyncio.sleep(0.01)
+        assert await pinned(), "no reading was pinned for the ceiling"
+        for _ in range(500):
+            if not await pinned():
+                break
+            await asyncio.sleep(0.01)
+        assert not await pinned(), "pinned readings outlived the drop limit"
+        with pytest.raises((TimeoutError, asyncio.TimeoutError)):
+            while True:
+                msg = await stream.recv(timeout=0.3)
+                assert not isinstance(msg, F.ItemBatch) or not len(msg), "items above the majority"
         await stream.close()
