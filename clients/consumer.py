@@ -24,6 +24,10 @@ per node for the partitions it is active for and follows the map as partitions m
 Batch fast path: ``async for x in consumer.batches()`` yields whole ``ItemBatch`` objects (columns:
 ``seqnos``, ``keys``, ``values``...; ``deleted[i]`` 0/1) instead of one event per item, and every other
 event as usual; a batch counts as processed when the next one is requested.
+
+``visibility="persisted"`` (or ``"majority"`` on a cluster) asks the server for only what cannot
+be taken back: no rollback after an unclean restart (or a failover), at the cost of waiting for
+the flush (or the replicas); the default ``"memory"`` gets every write at once.
 """
 from __future__ import annotations
 
@@ -101,6 +105,7 @@ class Consumer(ReceiveLoop):
         handler: Handler | None = None,
         on_rollback: str | RollbackPolicy = RollbackPolicy.REPAIR,
         bundle: bool = True,
+        visibility: str = "memory",
     ) -> None:
         self.seeds = split_servers(server or default_server())
         if not self.seeds:
@@ -116,6 +121,12 @@ class Consumer(ReceiveLoop):
         #: accept bundle frames (several server messages in one WebSocket message): fewer
         #: messages for the server to send, the same messages for this loop to process
         self.bundle = bundle
+        try:
+            #: which writes the server may send (hello ``visibility``; see the module docstring)
+            self.visibility = M.Visibility(visibility)
+        except ValueError:
+            raise UsageError(f"visibility must be one of {', '.join(M.Visibility)}, got {visibility!r}",
+                             field="visibility") from None
         if commit not in ("item", "snapshot"):
             raise UsageError(f"commit must be 'item' or 'snapshot', got {commit!r}", field="commit")
         if isinstance(state, (str, os.PathLike)):

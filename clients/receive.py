@@ -71,6 +71,7 @@ class ReceiveLoop:
     token: str | None
     codec: M.Codec
     bundle: bool
+    visibility: M.Visibility
     commit_mode: str
     commit_interval: float
     max_reconnect_attempts: int | None
@@ -110,7 +111,7 @@ class ReceiveLoop:
                                            max_frame_bytes=self.max_frame_bytes, ping_interval=self.ping_interval)
         session = self.session
         try:
-            await conn.send(session.hello(self.name, self.codec, bundle=self.bundle))
+            await conn.send(session.hello(self.name, self.codec, bundle=self.bundle, visibility=self.visibility))
             first, nbytes = await conn.first(self.open_timeout)
             actions = session.receive_handshake(first, nbytes)
             # requests go out at once; repairs of unsaved progress run in the stream loop (they

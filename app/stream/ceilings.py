@@ -23,6 +23,7 @@ consumers all stream ``memory`` pays nothing for this.
 from __future__ import annotations
 
 import asyncio
+import logging
 import threading
 from collections.abc import Callable, Mapping
 from typing import Any, Protocol
@@ -30,6 +31,8 @@ from typing import Any, Protocol
 from engine.protocol.messages import Visibility
 
 __all__ = ["CeilingProvider", "CeilingSubscriber", "VisibleCeilings"]
+
+log = logging.getLogger("upr.stream")
 
 #: a partition's visible ceiling now (cheap: it is read on the event loop)
 CeilingProvider = Callable[[int], int]
@@ -92,7 +95,11 @@ class VisibleCeilings:
             dirty, self._dirty = frozenset(self._dirty), set()
             self._scheduled = False
         for subscriber in tuple(self._subscribers):
-            subscriber.ceiling_advanced(dirty)
+            try:
+                subscriber.ceiling_advanced(dirty)
+            except Exception:  # one connection's fault (e.g. its provider) must not starve the others
+                log.exception("visible ceiling of partition(s) %s: a stream failed to take it",
+                              ", ".join(map(str, sorted(dirty))))
 
     def subscribe(self, subscriber: CeilingSubscriber) -> None:
         self._subscribers.add(subscriber)

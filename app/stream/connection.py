@@ -421,6 +421,8 @@ class StreamConnection(PassSender):
         period = self.limits.drop_after_s / 4
         while True:
             await asyncio.sleep(period)
+            if self._ceiling_of is not None:
+                await self._release_stale_held()
             since = self._waiting_since()
             if since is None or time.monotonic() - since < self.limits.drop_after_s:
                 continue
@@ -436,6 +438,20 @@ class StreamConnection(PassSender):
             log.info("stream %s (%s): consumer stalled for %.1f s, released the snapshots of partition(s) %s "
                      "(re-read from disk when it moves again)", self.name or "?", self.remote,
                      time.monotonic() - since, ", ".join(f"{c.partition}@{c.last_seqno}" for c in dropped))
+
+    async def _release_stale_held(self) -> None:
+        """A capped stream pins the reading whose parts wait for the ceiling; one that waited
+        ``drop_after_s`` (replicas gone, a stalled flusher) is released, as a stalled consumer's
+        would be, and read afresh once the ceiling moves."""
+        limit = time.monotonic() - self.limits.drop_after_s
+        stale = [c for c in self.cursors.values()
+                 if c.held_since is not None and c.held_since < limit and c is not self._visiting_cursor]
+        if stale:
+            released = await self._on_reader(_release_held, stale)
+            if released:
+                log.info("stream %s (%s): released the readings of partition(s) %s, held %.1f s for the "
+                         "visible ceiling", self.name or "?", self.remote,
+                         ", ".join(str(c.partition) for c in released), self.limits.drop_after_s)
 
     # ------------------------------------------------------------------ registry handle
     def to_status(self) -> ConnectionStatus:
@@ -468,6 +484,11 @@ def _partition_infos(engine: Any, partitions: tuple[int, ...]) -> dict[int, M.Pa
 def _drop_cursors(cursors: list[PartitionCursor]) -> list[PartitionCursor]:
     """Reader thread: release each cursor's snapshot; the ones that held one."""
     return [cursor for cursor in cursors if cursor.drop()]
+
+
+def _release_held(cursors: list[PartitionCursor]) -> list[PartitionCursor]:
+    """Reader thread: release each cursor's reading pinned for the ceiling; the ones released."""
+    return [cursor for cursor in cursors if cursor.release_held()]
 
 
 def _close_cursors(cursors: list[PartitionCursor]) -> None:

@@ -25,12 +25,19 @@ snapshot's start and extends its end (``engine.protocol.client.position``).
 
 A capped consumer (hello ``visibility`` persisted or majority; ``ceiling_of`` given): right
 after taking a snapshot the cursor reads the partition's visible ceiling and sends only the
-parts the protocol's ``visible_parts`` allows (whole parts at or below it); the rest of the
-reading is released unsent, and ``ceiling`` / ``held_back_to`` tell the session what happened
-(``ServerSession.end_visit``).  Reading the ceiling *after* the snapshot matters for
-``persisted``: the flusher writes the persisted seqno with the data, so the ceiling is then at
-least the disk part's end and the disk part always goes.  Tail-cache entries replay only up to
-the ceiling.  Uncapped cursors skip all of it (one ``None`` check per ``produce`` call).
+parts the protocol's ``visible_parts`` allows (whole parts at or below it), and ``ceiling`` /
+``held_back_to`` tell the session what happened (``ServerSession.end_visit``).  Reading the
+ceiling *after* the snapshot matters for ``persisted``: the flusher writes the persisted seqno
+with the data, so the ceiling is then at least the disk part's end and the disk part always
+goes.  The parts held back stay *pinned* (``held_since``) and go on a later visit once the
+ceiling has reached them, as they were read.  WHY keep them rather than read again: under
+continuous writes every new reading ends above the ceiling again (a ``majority`` ceiling trails
+the high seqno by the replicas' round trip, and a local flush may run ahead of it), so a stream
+that re-read each time might never get a reading whose parts all fit.  A pin is bounded like a
+stalled consumer's: the connection releases readings held longer than ``drop_after_s``
+(``release_held``), and the next visit reads afresh.  A continuation (one marker over every
+part) cannot be sent in pieces, so its held parts are released at once.  Tail-cache entries
+replay only up to the ceiling.  Uncapped cursors skip all of it.
 
 What the cursor does *not* decide: positions, bounded-stream ends, barriers and flow control
 belong to the protocol session (``engine.protocol.session.ServerSession``), and which parts of a
@@ -139,6 +146,10 @@ class PartitionCursor:
         #: parts above the ceiling were held back (both None: uncapped, or no reading taken)
         self.ceiling: int | None = None
         self.held_back_to: int | None = None
+        #: capped streams: parts of the pinned reading above the ceiling, their plans, and since when
+        self._held: deque[Any] = deque()
+        self._held_plans: deque[PartPlan] = deque()
+        self.held_since: float | None = None
 
     @property
     def holding(self) -> bool:
@@ -164,7 +175,20 @@ class PartitionCursor:
         are taken at the same position, and the first of them to read further stores the entries."""
         p = self.partition
         used = 0
-        if self._snapshot is None:
+        if self._held and ceiling_of is not None and self._batches is None and not self._parts:
+            # a reading pinned on an earlier visit: the parts the ceiling has now reached go on
+            self.ceiling = ceiling = ceiling_of(p)
+            while self._held and self._held[0].end <= ceiling:
+                self._parts.append(self._held.popleft())
+                self._plans.append(self._held_plans.popleft())
+            # This visit began after the reading was taken, and a barrier cookie counts on a
+            # visit's reading being taken after it began: so the visit reports as its reading's
+            # end the high seqno now, and counts for cookies only once that is delivered too.
+            high = max(high_of(p) if high_of is not None else 0, self.high_seqno)
+            self.held_back_to = high if self._held or high > self.high_seqno else None
+            if not self._parts:
+                return True
+        elif self._snapshot is None:
             if cache is not None and high_of is not None and not self.open_snapshot and self.tailing:
                 replay_to = ceiling_of(p) if ceiling_of is not None else None
                 while used < budget:
@@ -190,6 +214,7 @@ class PartitionCursor:
                 return True
             parts = snap.parts
             self._continuing = self.open_snapshot
+            held: list[Any] = []
             if ceiling_of is not None:
                 # after the snapshot, so a persisted ceiling covers its disk part (see above)
                 self.ceiling = ceiling = ceiling_of(p)
@@ -198,22 +223,32 @@ class PartitionCursor:
                 n = visible_parts(ranges, ceiling, self.open_end if self._continuing else None)
                 if n < len(parts):
                     self.held_back_to = snap.high_seqno
+                    if not self._continuing:  # pinned until the ceiling reaches them (see above)
+                        held = parts[n:]
                     parts = parts[:n]
-                    if not parts:
+                    if not parts and not held:
                         _close(snap)
                         return True
             self._snapshot = snap
-            self._parts = deque(parts)
             self.captured_at = time.monotonic()
             # which parts open a snapshot and which batches are `last`: the protocol's rule
             # (a re-read after a drop mid-snapshot is one continuation snapshot)
-            self._plans = deque(plan_reading([(part.start, part.end) for part in parts],
-                                             self.last_seqno if self._continuing else None))
+            plans = plan_reading([(part.start, part.end) for part in parts + held],
+                                 self.last_seqno if self._continuing else None)
+            self._parts = deque(parts)
+            self._plans = deque(plans[:len(parts)])
+            if held:
+                self._held = deque(held)
+                self._held_plans = deque(plans[len(parts):])
+                self.held_since = self.captured_at
+                if not parts:
+                    return True
         marker_at = -1
         while used < budget:
             if self._batches is None:
                 if not self._parts:
-                    self._release()
+                    if not self._held:
+                        self._release()
                     return True
                 part = self._parts.popleft()
                 self._plan = self._plans.popleft()
@@ -257,7 +292,8 @@ class PartitionCursor:
                     self.last_seqno = max(self.last_seqno, self._part.end)
                 self._part = None
         if self._batches is None and not self._parts:
-            self._release()
+            if not self._held:
+                self._release()
             return True
         return False
 
@@ -274,6 +310,14 @@ class PartitionCursor:
         """Release everything (connection or stream closed)."""
         self._release()
 
+    def release_held(self) -> bool:
+        """Release a reading pinned for parts above the ceiling (held too long); the next
+        visit reads afresh.  Not a cursor drop: nothing of it was sent.  True if released."""
+        if self.held_since is None or self._batches is not None or self._parts:
+            return False
+        self._release()
+        return True
+
     def _release(self) -> None:
         if self._batches is not None:
             _close_iter(self._batches)
@@ -281,6 +325,10 @@ class PartitionCursor:
         self._lookahead = None
         self._part = None
         self._parts = deque()
+        if self.held_since is not None:
+            self._held = deque()
+            self._held_plans = deque()
+            self.held_since = None
         snap, self._snapshot = self._snapshot, None
         if snap is not None:
             _close(snap)

@@ -56,6 +56,14 @@ for each one with news it sends `snapshot` and item batches (binary frames or JS
 `cycle_complete` at the end of each pass.  `barrier` cookies come back once every stream was
 visited after the cookie arrived, with the per-partition positions: a consistent cut.
 
+Visibility: `hello` `visibility` chooses which writes the connection's streams deliver: `memory`
+(default, every write once queued), `persisted` (never above the partition's persisted seqno, so
+an unclean restart never makes the consumer roll back) or `majority` (never above what a majority
+of the partition's copies hold, so a failover never does; on a node without a cluster it streams
+as `memory`).  Snapshots are sent whole and only once their end is visible, so a marker never
+promises a seqno the consumer will not get, and a `barrier` cookie comes back only once
+everything written before it is delivered, hence visible: it waits for the flush or the replicas.
+
 Bundles: a client that sends `hello` with `bundle: true` may receive several of these messages
 (e.g. a pass's snapshot markers and item batches) in one binary `bundle` message, in the order
 they would otherwise have been sent; it counts as one frame of its full size for flow control.

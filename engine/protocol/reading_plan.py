@@ -32,7 +32,7 @@ def visible_parts(parts: Sequence[tuple[int, int]], ceiling: int | None, open_en
     rewritten above the ceiling, and the consumer would hold, as "complete up to the ceiling",
     a state that never existed (and that a failover back to the ceiling could never repair: the
     missing version sits below the consumer's position).  So the parts whose end is at or below
-    the ceiling go, and the first part above it and every later one are held back (read again on
+    the ceiling go, and the first part above it and every later one are held back (sent on
     a later visit, once the ceiling has passed them).  ``open_end``: the end of a snapshot left
     open by a dropped cursor; a continuation may only extend it, so unless the visible parts
     reach it, none goes.  ``ceiling`` None: no cap (``memory``)."""

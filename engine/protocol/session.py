@@ -532,9 +532,11 @@ class ServerSession:
             self.flow.on_sent(nbytes)
 
     def _due(self, stream: Stream) -> bool:
+        if stream.ceiling is None:  # not capped
+            return stream.visiting is None and (stream.dirty or self._barrier.needs_visit(stream.partition))
         if stream.visiting is not None:
             return False
-        if stream.dirty and (stream.ceiling is None or stream.ceiling >= max(stream.position + 1, stream.wake_at)):
+        if stream.dirty and stream.ceiling >= max(stream.position + 1, stream.wake_at):
             return True
         return self._barrier.needs_visit(stream.partition)
 
@@ -631,7 +633,8 @@ class ServerSession:
                 stream.wake_at = held_back_to
                 stream.held += ((visit.token, held_back_to),)
             else:
-                stream.held = ()  # this visit's token is newer than every held one
+                if stream.held:
+                    stream.held = ()  # this visit's token is newer than every held one
                 self._barrier.end_visit(visit.partition, visit.token)
                 out += self._release_barriers()
         out += self._maybe_finish_pass()

@@ -203,3 +203,43 @@ async def test_after_a_sigkill_the_persisted_consumer_resumes_without_rollback_a
         await fast.close()
     finally:
         srv.kill()
+
+
+async def test_the_client_library_asks_for_persisted_visibility(slow_flush_server: ServerProcess) -> None:
+    from clients import BarrierReached, Consumer, Mutation
+    from clients.errors import UsageError
+    from clients.state import MemoryStateStore
+
+    url = slow_flush_server.url
+    with pytest.raises(UsageError):
+        Consumer(url, name="x", visibility="eventually", state=MemoryStateStore())
+    write_docs(url, {k: b"durable" for k in keys_in(set(range(PARTITIONS)), 40, prefix="d")}, durability="persist")
+    got: dict[str, bytes] = {}
+    barriers: asyncio.Queue[BarrierReached] = asyncio.Queue()
+
+    async with Consumer(url, name="safe-client", start="beginning", state=MemoryStateStore(),
+                        visibility="persisted") as consumer:
+
+        async def consume() -> None:
+            async for event in consumer:
+                if isinstance(event, Mutation):
+                    got[event.key] = event.value
+                elif isinstance(event, BarrierReached):
+                    barriers.put_nowait(event)
+
+        consumer.request_barrier()  # sent once the reader connects
+        reader = asyncio.ensure_future(consume())
+        try:
+            first = await asyncio.wait_for(barriers.get(), 30)
+            assert first.seqnos == persisted_seqnos(url)
+            volatile = {k: b"volatile" for k in keys_in(set(range(PARTITIONS)), 40, prefix="v")}
+            write_docs(url, volatile)
+            consumer.request_barrier()
+            await asyncio.sleep(0.5)
+            assert barriers.empty() and not set(volatile) & set(got)  # not persisted: not delivered
+            persisted = await asyncio.to_thread(flush, url)
+            reached = await asyncio.wait_for(barriers.get(), 30)
+            assert reached.seqnos == persisted
+            assert all(got[k] == b"volatile" for k in volatile)
+        finally:
+            reader.cancel()

@@ -56,7 +56,9 @@ def produce(cursor: PartitionCursor, engine: Engine, **kw: Any) -> list[Any]:
     return rows
 
 
-def test_a_capped_cursor_sends_the_persisted_part_and_holds_the_memory_part(engine: Engine) -> None:
+def test_a_capped_cursor_sends_the_persisted_part_and_pins_the_memory_part_until_the_ceiling_reaches_it(
+    engine: Engine,
+) -> None:
     keys = keys_of(engine, 0, 5, "k")
     for key in keys:
         put(engine, key)
@@ -65,11 +67,39 @@ def test_a_capped_cursor_sends_the_persisted_part_and_holds_the_memory_part(engi
     cursor = PartitionCursor(0, 0, 0)
     # the disk part is the state at the persisted seqno: the rewrite of seqno 2 is not on disk yet
     assert produce(cursor, engine) == [("marker", 1, 5, "disk"), ("batch", [1, 2, 3, 4, 5], True)]
-    assert (cursor.ceiling, cursor.held_back_to, cursor.last_seqno, cursor.holding) == (5, 6, 5, False)
+    assert (cursor.ceiling, cursor.held_back_to, cursor.last_seqno, cursor.holding) == (5, 6, 5, True)
+    assert produce(cursor, engine) == []  # a later visit, ceiling unchanged: still pinned
+    assert (cursor.held_back_to, cursor.holding) == (6, True)
 
     engine.flush_now()
-    assert produce(cursor, engine) == [("marker", 6, 6, "disk"), ("batch", [6], True)]
-    assert (cursor.ceiling, cursor.held_back_to) == (6, None)
+    assert produce(cursor, engine, high_of=engine.high_seqno) == [("marker", 6, 6, "memory"), ("batch", [6], True)]
+    assert (cursor.ceiling, cursor.held_back_to, cursor.holding) == (6, None, False)
+
+
+def test_a_pinned_reading_sent_later_reports_what_was_written_since_as_held(engine: Engine) -> None:
+    keys = keys_of(engine, 0, 3, "k")
+    put(engine, keys[0])
+    cursor = PartitionCursor(0, 0, 0)
+    assert produce(cursor, engine) == []
+    assert (cursor.held_back_to, cursor.holding) == (1, True)
+    engine.flush_now()
+    put(engine, keys[1])  # seqno 2: after the pinned reading, maybe before a cookie
+    # the pinned reading goes, but this visit's reading (for cookies) ends at the high seqno now
+    assert produce(cursor, engine, high_of=engine.high_seqno) == [("marker", 1, 1, "memory"), ("batch", [1], True)]
+    assert (cursor.held_back_to, cursor.holding) == (2, False)
+
+
+def test_a_pinned_reading_released_after_too_long_is_read_afresh(engine: Engine) -> None:
+    keys = keys_of(engine, 0, 3, "k")
+    put(engine, keys[0])
+    cursor = PartitionCursor(0, 0, 0)
+    produce(cursor, engine)
+    assert cursor.held_since is not None and cursor.release_held()
+    assert (cursor.holding, cursor.held_since, cursor.drops) == (False, None, 0)
+    assert not cursor.release_held()
+    put(engine, keys[1])
+    engine.flush_now()
+    assert produce(cursor, engine) == [("marker", 1, 2, "disk"), ("batch", [1, 2], True)]
 
 
 def test_nothing_persisted_past_the_position_sends_nothing(engine: Engine) -> None:
@@ -141,3 +171,30 @@ async def test_node_reported_advances_wake_subscribers_and_providers_are_per_vis
     await asyncio.get_running_loop().run_in_executor(None, ceilings.advanced, 0)  # from any thread
     assert await asyncio.wait_for(got.get(), 10) == frozenset({0})
     ceilings.close()
+
+
+def test_a_trailing_ceiling_still_gets_the_pinned_reading_while_newer_readings_would_not_fit(
+    engine: Engine,
+) -> None:
+    """A majority trailing the local flush: every fresh reading's disk part ends above it, so only
+    a reading kept until the ceiling reaches it ever goes (re-reading would starve the stream)."""
+    keys = keys_of(engine, 0, 20, "k")
+    ceiling = {0: 0}
+    for key in keys[:5]:
+        put(engine, key)
+    engine.flush_now()  # persisted 5, the majority at 3
+    ceiling[0] = 3
+    cursor = PartitionCursor(0, 0, 0)
+    out: list[Any] = []
+    assert cursor.produce(engine.snapshot, encode_binary_columns, 1 << 30, out, None, "", engine.high_seqno,
+                          ceiling.get)
+    assert out == [] and cursor.held_back_to == 5
+    for key in keys[5:10]:
+        put(engine, key)
+    engine.flush_now()  # persisted 10; the majority reaches 5, the end of the pinned reading
+    ceiling[0] = 5
+    assert cursor.produce(engine.snapshot, encode_binary_columns, 1 << 30, out, None, "", engine.high_seqno,
+                          ceiling.get)
+    markers = [(m.start, m.end) for m in out if isinstance(m, Marker)]
+    assert markers == [(1, 5)] and cursor.last_seqno == 5
+    assert cursor.held_back_to == 10  # written since the pinned reading: the next visit's business

@@ -171,11 +171,12 @@ class ClientSession:
                                  partition=p, field="end_seqnos")
 
     # ------------------------------------------------------------------ handshake
-    def hello(self, name: str, codec: M.Codec | str = M.Codec.BINARY, *, bundle: bool = False) -> M.Hello:
+    def hello(self, name: str, codec: M.Codec | str = M.Codec.BINARY, *, bundle: bool = False,
+              visibility: M.Visibility | str = M.Visibility.MEMORY) -> M.Hello:
         """The ``hello`` that opens every connection (the first and each reconnect)."""
         partitions = self.requested_partitions
         return M.Hello(name, tuple(sorted(partitions)) if partitions is not None else None, M.Codec(codec),
-                       self.window_bytes, bundle=bundle)
+                       self.window_bytes, bundle=bundle, visibility=M.Visibility(visibility))
 
     def receive_handshake(self, msg: Any, nbytes: int = 0) -> list[Action]:
         """The server's answer to ``hello``: the stream requests to send (``Send``), after the
