@@ -24,8 +24,17 @@ The rules, in the order DCP applies them (``../shared/notes/dcp.md`` §1a), each
 6. If ``start == snap_end`` the consumer has the whole snapshot: treat ``snap_start`` as
    ``start``.
 7. Roll back to ``upper`` if ``upper < snap_start`` (``DIVERGED``: the consumer went past the
-   branch point), else to ``snap_start`` (``PARTIAL_SNAPSHOT``: a deduplicated snapshot is only
-   consistent once complete, so a partly received one cannot be trusted past the branch point).
+   branch point), else to ``snap_start - 1`` (``PARTIAL_SNAPSHOT``: a deduplicated snapshot is
+   only consistent once complete, so a partly received one cannot be trusted past the branch
+   point).
+
+   Rule 7 deliberately differs from DCP by one: DCP rolls back to ``snap_start`` itself.  Here
+   a snapshot marker starts at the first seqno it covers, so the consumer's last consistent
+   state is ``snap_start - 1``, the end of its last whole snapshot.  At ``snap_start`` it may
+   lack the item of that seqno: deduplication drops it from the snapshot when the same key
+   changes again later in it (write ``c`` at 1, persist, write ``a``, ``b``, ``c`` again, receive
+   ``a`` and ``b``, crash back to 1: rolled back to 1 the consumer would never get ``c``).
+   Rolling back one seqno further costs at most the items of one snapshot.
 
 The consumer then undoes everything above the rollback seqno and re-requests with
 ``start = snap_start = snap_end = rollback_seqno``; the server re-runs the check, which may roll
@@ -224,10 +233,12 @@ def _needs_rollback(
             f"consumer is ahead of the branch point: it has seqnos up to {start} but shares "
             f"history only up to {where}; roll back to {upper}",
         )
+    before = max(snap_start - 1, 0)
     return MustRollBack(
-        snap_start,
+        before,
         RollbackReason.PARTIAL_SNAPSHOT,
         f"consumer is mid-snapshot {req.snap_start}..{req.snap_end} (has up to {start}) and the "
-        f"snapshot crosses {where}; a partial snapshot cannot be trusted, roll back to its start {snap_start}",
+        f"snapshot crosses {where}; a partial snapshot cannot be trusted, roll back to {before}, "
+        "the end of the last whole snapshot before it",
     )
 
