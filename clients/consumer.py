@@ -177,6 +177,7 @@ class Consumer(ReceiveLoop):
         #: session actions waiting for the stream loop (repairs found at the handshake)
         self._pending: deque[Any] = deque()
         self._gen: AsyncIterator[Any] | None = None
+        self._barrier_drives = False
         self._gen_kind: str | None = None
         self._iterating = False
         self._closed = False
@@ -305,11 +306,15 @@ class Consumer(ReceiveLoop):
             await self.connect()
         cookie = self.request_barrier()
         fut = self._barriers[cookie]
-        if self._iterating:
+        if self._iterating and not self._barrier_drives:
             return await asyncio.wait_for(asyncio.shield(fut), timeout)
         if self.handler is None:
             raise UsageError("barrier() with nobody consuming: iterate the consumer in another task, "
                              "or pass handler= so that barrier() can drive the stream")
+
+        # from now on barrier() drives: the iteration it leaves suspended between calls is its own,
+        # not another task's to wait for
+        self._barrier_drives = True
 
         async def pump() -> BarrierReached:
             async for event in self:

@@ -163,6 +163,15 @@ async def test_small_window_slow_handler_acks_every_byte_and_finishes(server):
     assert consumer.acks.acked_total > 1500 * 300
 
 
+async def test_barrier_driven_by_a_handler_can_be_called_again(server):
+    seen: list[object] = []
+    async with Consumer(server.url, start="now", ring_size=0, handler=seen.append) as consumer:
+        for round_ in range(3):
+            bulk(server.url, sets(f"h{round_}-", 3))
+            await consumer.barrier(timeout=20)  # the second call hung: the first left the iteration open
+    assert {e.key for e in seen if isinstance(e, Mutation)} == {f"h{r}-{i}" for r in range(3) for i in range(3)}
+
+
 def test_sync_consumer(server):
     bulk(server.url, sets("s", 25))
     docs: dict[str, bytes] = {}
