@@ -49,7 +49,9 @@ from engine.protocol.client.routing import (
 )
 
 from .errors import AuthFailed, ConnectionFailed
-from .events import PartitionMoved, PartitionsUnavailable
+from engine.protocol import messages as M
+
+from .events import BarrierReached, PartitionMoved, PartitionsUnavailable
 from .state import StateStore
 
 
@@ -164,6 +166,10 @@ class ClusterStreams:
         self._reload: asyncio.Task[MapView | None] | None = None
         self._retired = {"rollbacks": 0, "resets": 0, "corrections": 0, "items_processed": 0}
         self._current: Any = None  # the node stream whose event the application is handling
+        #: pending barrier cookies: node stream -> the seqnos it returned (see ``request_barrier``)
+        self.barriers: dict[str, dict[Any, dict[int, int]]] = {}
+        #: cookies sent on each node stream
+        self._sent: dict[Any, set[str]] = {}
 
     # ------------------------------------------------------------------ queries
     def live(self) -> list[Any]:
@@ -184,6 +190,58 @@ class ClusterStreams:
     def done(self) -> bool:
         r = self.router
         return r.map is not None and bool(r.partitions) and all(p in r.done for p in r.partitions)
+
+    # ------------------------------------------------------------------ barriers
+    def request_barrier(self, cookie: str) -> None:
+        """A cluster barrier: ``cookie`` goes on every node connection (and on every connection
+        that opens while it is pending, for partitions that moved); it completes once every node
+        stream holding partitions returned it and no wanted partition waits for a node.  Each node's
+        barrier covers every write acknowledged there before the cookie arrived, so the merged
+        vector is a cut of the whole cluster covering every write acknowledged before the request."""
+        self.barriers[cookie] = {}
+        self._send_barriers()
+
+    def _send_barriers(self) -> bool:
+        """Send pending cookies on node streams that are open; True if some stream is not open yet."""
+        unopened = False
+        for s in self.live():
+            if s._conn is None:
+                unopened = True  # its handshake is not done: send after it (stream requests first)
+                continue
+            sent = self._sent.setdefault(s, set())
+            for cookie in self.barriers:
+                if cookie not in sent:
+                    sent.add(cookie)
+                    asyncio.ensure_future(s._send_quiet(M.Barrier(cookie)))
+        return unopened
+
+    def _barrier_returned(self, s: Any, event: BarrierReached) -> BarrierReached | None:
+        returned = self.barriers.get(event.cookie)
+        if returned is None:
+            return None
+        returned[s] = {p: q for p, q in event.seqnos.items() if p in s.view.partitions}
+        return self._completed(event.cookie)
+
+    def _completed(self, cookie: str) -> BarrierReached | None:
+        returned = self.barriers[cookie]
+        if self.router.map is None or self.router.waiting():
+            return None
+        holders = [s for s in self.live() if s.view.partitions]
+        if not all(s in returned for s in holders):
+            return None
+        del self.barriers[cookie]
+        seqnos: dict[int, int] = {}
+        for s in holders:
+            seqnos.update(returned[s])
+        return BarrierReached(cookie, dict(sorted(seqnos.items())))
+
+    def _reached(self) -> BarrierReached | None:
+        """A pending barrier that completed because streams closed or partitions moved."""
+        for cookie in list(self.barriers):
+            reached = self._completed(cookie)
+            if reached is not None:
+                return reached
+        return None
 
     # ------------------------------------------------------------------ commit, close
     async def commit(self) -> None:
@@ -209,6 +267,12 @@ class ClusterStreams:
             while True:
                 while self._events:
                     yield self._events.popleft()
+                if self.barriers:
+                    reached = self._reached()
+                    if reached is not None:
+                        yield reached
+                        self.owner._barrier_done(reached)
+                        continue
                 if self.done:
                     self.states.save()
                     return
@@ -220,12 +284,18 @@ class ClusterStreams:
                 waiting: set[asyncio.Future[Any]] = set(self._armed.values())
                 if self._reload is not None:
                     waiting.add(self._reload)
+                if self.barriers and self._send_barriers():
+                    # a node stream still opening gets the cookies once its handshake is done
+                    waiting.add(asyncio.ensure_future(asyncio.sleep(0.02)))
                 if not waiting:  # pragma: no cover - the router always asks for a read while waiting
                     await asyncio.sleep(self.router.max_delay)
                     await self._apply(self.router.map_failed(time.monotonic()))
                     continue
                 done, _ = await asyncio.wait(waiting, return_when=asyncio.FIRST_COMPLETED)
                 self._current = None
+                if not any(t in done for t in self._armed.values()) and (self._reload is None
+                                                                         or self._reload not in done):
+                    continue  # the barrier timer
                 if self._reload is not None and self._reload in done:
                     task, self._reload = self._reload, None
                     await self._map_read(task)
@@ -246,6 +316,14 @@ class ClusterStreams:
                 if type(x) is PartitionMoved:
                     x = dataclasses.replace(x, node=s.node)
                     await self._moved(s, x)
+                elif type(x) is BarrierReached:
+                    reached = self._barrier_returned(s, x)
+                    if reached is None:
+                        continue  # one node's part of a cluster barrier (or not ours)
+                    self._current = s
+                    yield reached
+                    self.owner._barrier_done(reached)
+                    continue
                 self._current = s
                 yield x
                 if per_item:
@@ -311,6 +389,7 @@ class ClusterStreams:
                 task.cancel()
                 await asyncio.gather(task, return_exceptions=True)
             self._retire(s)
+            self._sent.pop(s, None)
             await s.close()  # saves its partitions' processed positions
 
     def _retire(self, s: Any) -> None:
@@ -347,6 +426,7 @@ class ClusterStreams:
         if s in streams:
             streams.remove(s)
             self._retire(s)
+            self._sent.pop(s, None)
             await s.close()
         await self._apply(self.router.finished(s.conn_id, finished))
 

@@ -274,13 +274,19 @@ class Consumer(ReceiveLoop):
 
     def request_barrier(self) -> str:
         """Send a barrier cookie now and return it; a ``BarrierReached`` with it comes later."""
-        if self._cluster is not None:
-            raise UsageError("barriers are not supported when following a cluster's map yet")
         cookie = f"c{next(self._cookies)}"
         self._barriers[cookie] = asyncio.get_running_loop().create_future()
-        if self._conn is not None:
+        if self._cluster is not None:
+            self._cluster.request_barrier(cookie)
+        elif self._conn is not None:
             asyncio.ensure_future(self._send_quiet(M.Barrier(cookie)))
         return cookie
+
+    def _barrier_done(self, event: BarrierReached) -> None:
+        """A cluster barrier's merged event was processed (``clients.cluster``)."""
+        fut = self._barriers.pop(event.cookie, None)
+        if fut is not None and not fut.done():
+            fut.set_result(event)
 
     async def barrier(self, timeout: float | None = None) -> BarrierReached:
         """Return once the consumer has *processed* a consistent point of every partition.

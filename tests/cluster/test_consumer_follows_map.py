@@ -257,3 +257,81 @@ async def _scenario(cluster: Cluster, view: dict[str, Any], tmp_path: Path) -> d
         consuming.cancel()
         await asyncio.gather(writing, consuming, return_exceptions=True)
         await consumer.close()
+
+
+class Writers:
+    """One writer per node, each setting keys of the partitions that node is active for; records
+    the highest acknowledged seqno per partition."""
+
+    def __init__(self, view: dict[str, Any], keys: dict[int, list[str]]) -> None:
+        self.view, self.keys = view, keys
+        self.stop = asyncio.Event()
+        self.acked: dict[int, int] = {}
+
+    async def run(self, node: str) -> None:
+        url = next(n["url"] for n in self.view["nodes"] if n["name"] == node)
+        mine = [e["partition"] for e in self.view["map"]["partitions"] if e["active"] == node]
+        async with httpx.AsyncClient() as client:
+            n = 0
+            while not self.stop.is_set():
+                ops = [{"op": "set", "key": self.keys[p][n % KEYS_PER_PARTITION], "value": f"{node}-{n}"} for p in mine]
+                r = await client.post(f"{url}/docs/_bulk", params={"durability": "memory"}, json=ops, timeout=10)
+                assert r.status_code == 200, r.text[:300]
+                for result in r.json()["results"]:
+                    assert result["status"] == 200, result
+                    p = result["partition"]
+                    self.acked[p] = max(self.acked.get(p, 0), result["seqno"])
+                n += 1
+                await asyncio.sleep(0.005)
+
+
+def test_cluster_barrier_covers_every_write_acknowledged_before_it(tmp_path: Path, etcd: EtcdProcess) -> None:
+    cluster = Cluster(tmp_path, etcd.url, partitions=PARTS, replicas=1, initial_nodes=3,
+                      prefix=f"/upr/{uuid.uuid4().hex[:8]}")
+    try:
+        for name in ("n1", "n2", "n3"):
+            cluster.start(name)
+        view = first_map(cluster, "n1")
+        asyncio.run(_barriers(cluster, view))
+    finally:
+        cluster.stop_all()
+
+
+async def _barriers(cluster: Cluster, view: dict[str, Any]) -> None:
+    urls = [cluster.nodes[n].url for n in ("n1", "n2", "n3")]
+    writers = Writers(view, keys_by_partition())
+    processed: dict[int, int] = defaultdict(int)
+    consumer = Consumer(urls, name="barrier-check", start="beginning", open_timeout=5)
+
+    async def consume() -> None:
+        async for event in consumer:
+            if type(event) is Mutation:
+                processed[event.partition] = max(processed[event.partition], event.seqno)
+
+    writing = [asyncio.create_task(writers.run(n)) for n in ("n1", "n2", "n3")]
+    consuming = asyncio.create_task(consume())
+    try:
+        await asyncio.sleep(0.5)
+        for round_ in range(8):
+            before = dict(writers.acked)  # acknowledged before the barrier is requested
+            reached = await consumer.barrier(timeout=60)
+            seen = dict(processed)
+            assert set(reached.seqnos) == set(range(PARTS)), reached.seqnos
+            late = {p: (s, reached.seqnos[p], seen.get(p)) for p, s in before.items()
+                    if reached.seqnos[p] < s or seen.get(p, 0) < s}
+            assert not late, (round_, late)  # partition: (acked, barrier seqno, processed)
+            await asyncio.sleep(0.1)
+        # `upr barrier --server URL,URL,URL --json`: the merged vector of a fresh consumer
+        before = dict(writers.acked)
+        r = await asyncio.to_thread(upr, "barrier", "--server", ",".join(urls), "--json", "--timeout", "60",
+                                    timeout=120)
+        assert r.returncode == 0, r.stderr.decode()[-2000:]
+        seqnos = {int(p): s for p, s in json.loads(r.stdout)["seqnos"].items()}
+        assert set(seqnos) == set(range(PARTS))
+        assert all(seqnos[p] >= s for p, s in before.items()), (seqnos, before)
+        assert consuming.done() is False and all(not w.done() for w in writing)
+    finally:
+        writers.stop.set()
+        consuming.cancel()
+        await asyncio.gather(*writing, consuming, return_exceptions=True)
+        await consumer.close()
