@@ -101,18 +101,55 @@ async def read_cluster_map(client: httpx.AsyncClient, urls: Iterable[str], token
 
 class PartitionStates:
     """The consumer's one state, per partition, written by every node stream (see the module
-    docstring); ``view(partitions)`` is the ``StateStore`` a node stream reads and writes."""
+    docstring); ``view(partitions)`` is the ``StateStore`` a node stream reads and writes.
 
-    def __init__(self, store: StateStore, loaded: ConsumerState | None) -> None:
+    Writes to the store are coalesced to one per ``interval`` (after syncing the shared ring, so
+    the state never claims items the ring could have lost): each write fsyncs on the event loop,
+    and several node streams saving on their own would multiply those stalls.  The store only
+    lags, never runs ahead of what was processed, so a crash resumes earlier, never later."""
+
+    def __init__(self, store: StateStore, loaded: ConsumerState | None, ring: Any = None,
+                 interval: float = 1.0) -> None:
         self.store = store
+        self.ring = ring
+        self.interval = interval
         self.parts: dict[int, PartitionCheckpoint] = dict(loaded.partitions) if loaded is not None else {}
         self.partition_count = loaded.partition_count if loaded is not None else None
+        self._last_write = 0.0
+        self._dirty = False
+        self._timer: asyncio.TimerHandle | None = None
 
     def put(self, partition: int, checkpoint: PartitionCheckpoint) -> None:
         self.parts[partition] = checkpoint
+        self.changed()
+
+    def changed(self) -> None:
+        """Some checkpoint moved: write now if the last write is ``interval`` old, else soon."""
+        self._dirty = True
+        wait = self.interval - (time.monotonic() - self._last_write)
+        if wait <= 0:
+            self.save()
+        elif self._timer is None:
+            self._timer = asyncio.get_running_loop().call_later(wait, self._due)
+
+    def _due(self) -> None:
+        self._timer = None
+        if self._dirty:
+            try:
+                self.save()
+            except Exception:  # the next write retries; a timer callback has nobody to raise to
+                log.exception("saving the consumer's positions failed")
 
     def save(self) -> None:
+        """Write now (after syncing the ring)."""
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        if self.ring is not None:
+            self.ring.sync()
         self.store.save(ConsumerState(dict(self.parts), None, self.partition_count))
+        self._last_write = time.monotonic()
+        self._dirty = False
 
     def view(self, partitions: Iterable[int]) -> "_StateView":
         return _StateView(self, set(partitions))
@@ -135,7 +172,7 @@ class _StateView:
                 self.states.parts[p] = cp
         if state.partition_count is not None:
             self.states.partition_count = state.partition_count
-        self.states.save()
+        self.states.changed()
 
 
 class ClusterStreams:
@@ -151,7 +188,7 @@ class ClusterStreams:
         self._good_url = answered
         session = owner.session
         self.router = Router(session.requested_partitions)
-        self.states = PartitionStates(owner.state_store, session.saved)
+        self.states = PartitionStates(owner.state_store, session.saved, owner.ring, owner.commit_interval)
         if self.states.partition_count is None:
             self.states.partition_count = first.num_partitions or None
         self._first: MapView | None = first
@@ -414,9 +451,6 @@ class ClusterStreams:
         checkpoint = s.session.release(p)
         s.view.partitions.discard(p)
         self.states.put(p, checkpoint)
-        if self.owner.ring is not None:
-            self.owner.ring.sync()
-        self.states.save()
         await self._apply(self.router.partition_moved(s.conn_id, p, time.monotonic(), revision_in(event.detail)))
 
     async def _finished(self, s: Any) -> None:

@@ -461,8 +461,12 @@ class NodeStream(Consumer):
         self.session.connection_lost()
         raise NodeLost(why)
 
+    def _save(self) -> None:
+        # into the shared per-partition state, which syncs the shared ring before it writes
+        self.state_store.save(self.session.state(whole_snapshots=self.commit_mode == "snapshot"))
+        self._last_save = time.monotonic()
+        self._dirty = False
+
     async def close(self) -> None:
-        ring, self.ring = self.ring, None  # shared by every node stream: the cluster consumer closes it
-        if ring is not None:
-            ring.sync()  # the state never claims items the ring could have lost
+        self.ring = None  # shared by every node stream: the cluster consumer closes it
         await super().close()

@@ -64,6 +64,7 @@ class Writer:
         self.acked = 0
         self.refused = 0
         self.acked_at: dict[int, list[float]] = defaultdict(list)
+        self.acked_seqnos: dict[tuple[int, int], float] = {}
 
     async def run(self) -> None:
         async with httpx.AsyncClient() as client:
@@ -96,6 +97,7 @@ class Writer:
                         if result["status"] == 200:
                             self.acked += 1
                             self.acked_at[result["partition"]].append(time.monotonic())
+                            self.acked_seqnos[(result["partition"], result["seqno"])] = time.monotonic()
                         else:
                             self.refused += 1
                             stale = True
@@ -111,6 +113,7 @@ class Follower:
     def __init__(self) -> None:
         self.data: dict[int, dict[str, bytes]] = defaultdict(dict)
         self.delivered: dict[int, list[float]] = defaultdict(list)
+        self.delivered_seqnos: dict[tuple[int, int], float] = {}
         self.moves: list[PartitionMoved] = []
         self.unavailable: list[PartitionsUnavailable] = []
         self.rollbacks = 0
@@ -121,6 +124,7 @@ class Follower:
             self.data[event.partition][event.key] = event.value
             if not event.correction:
                 self.delivered[event.partition].append(time.monotonic())
+                self.delivered_seqnos.setdefault((event.partition, event.seqno), time.monotonic())
         elif kind is Deletion:
             self.data[event.partition].pop(event.key, None)
         elif kind is PartitionReset:
@@ -220,6 +224,18 @@ async def _scenario(cluster: Cluster, view: dict[str, Any], tmp_path: Path) -> d
               + ", ".join(f"p{p}={g * 1000:.0f}ms" for p, g in sorted(gaps.items()))
               + f"; max {max(gaps.values()) * 1000:.0f} ms; the writer's own longest gap between acknowledged "
               f"writes of those partitions: {max(longest_gap(writer.acked_at[p], killed_at, stopped_at) for p in healthy) * 1000:.0f} ms")
+
+        latency = [follower.delivered_seqnos[k] - t for k, t in writer.acked_seqnos.items()
+                   if k[0] in healthy and killed_at < t < stopped_at and k in follower.delivered_seqnos]
+        latency.sort()
+        import os
+        if os.environ.get("DIAG"):
+            worst = sorted(((follower.delivered_seqnos[k] - t, t - killed_at, k) for k, t in writer.acked_seqnos.items()
+                            if k[0] in healthy and killed_at < t < stopped_at and k in follower.delivered_seqnos))[-15:]
+            print("worst", [(round(a, 3), round(b, 3), k) for a, b, k in worst])
+        print(f"healthy partitions, acknowledgement to delivery over {len(latency)} writes: "
+              f"p50 {latency[len(latency) // 2] * 1000:.1f} ms, p99 {latency[int(len(latency) * 0.99)] * 1000:.1f} ms, "
+              f"max {latency[-1] * 1000:.1f} ms")
 
         # drain: the consumer's processed position reaches every active's high seqno
         final = await in_thread(cluster.view, "n2")
