@@ -228,11 +228,6 @@ async def _scenario(cluster: Cluster, view: dict[str, Any], tmp_path: Path) -> d
         latency = [follower.delivered_seqnos[k] - t for k, t in writer.acked_seqnos.items()
                    if k[0] in healthy and killed_at < t < stopped_at and k in follower.delivered_seqnos]
         latency.sort()
-        import os
-        if os.environ.get("DIAG"):
-            worst = sorted(((follower.delivered_seqnos[k] - t, t - killed_at, k) for k, t in writer.acked_seqnos.items()
-                            if k[0] in healthy and killed_at < t < stopped_at and k in follower.delivered_seqnos))[-15:]
-            print("worst", [(round(a, 3), round(b, 3), k) for a, b, k in worst])
         print(f"healthy partitions, acknowledgement to delivery over {len(latency)} writes: "
               f"p50 {latency[len(latency) // 2] * 1000:.1f} ms, p99 {latency[int(len(latency) * 0.99)] * 1000:.1f} ms, "
               f"max {latency[-1] * 1000:.1f} ms")
