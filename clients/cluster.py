@@ -330,6 +330,8 @@ class ClusterStreams:
                     continue
                 done, _ = await asyncio.wait(waiting, return_when=asyncio.FIRST_COMPLETED)
                 self._current = None
+                if self.owner._closed:  # close() from another task: stop, as on one node
+                    return
                 if not any(t in done for t in self._armed.values()) and (self._reload is None
                                                                          or self._reload not in done):
                     continue  # the barrier timer
@@ -340,6 +342,8 @@ class ClusterStreams:
                 # the node stream that waited longest first (re-armed streams go to the end)
                 s = next(s for s, t in self._armed.items() if t in done)
                 task = self._armed.pop(s)
+                if task.cancelled():
+                    continue
                 try:
                     x = task.result()
                 except StopAsyncIteration:
@@ -363,8 +367,7 @@ class ClusterStreams:
                     continue
                 self._current = s
                 yield x
-                if per_item:
-                    self.owner.items_processed = self.total("items_processed")
+                self.owner.items_processed = self.total("items_processed")
         finally:
             self._current = None
             await self._stop_waiting()

@@ -341,6 +341,8 @@ async def _barriers(cluster: Cluster, view: dict[str, Any]) -> None:
         assert set(seqnos) == set(range(PARTS))
         assert all(seqnos[p] >= s for p, s in before.items()), (seqnos, before)
         assert consuming.done() is False and all(not w.done() for w in writing)
+        await consumer.close()  # from another task than the one iterating: the iteration ends
+        await asyncio.wait_for(consuming, 10)
     finally:
         writers.stop.set()
         consuming.cancel()
