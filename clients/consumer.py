@@ -161,7 +161,7 @@ class Consumer(ReceiveLoop):
         self.max_frame_bytes = max_frame_bytes
         self.correction_concurrency = correction_concurrency
         self.handler = handler
-        self.http = AsyncHttpApi(self.server, self.token)
+        self._http: AsyncHttpApi | None = None
         self._conn: StreamConnection | None = None
         #: session actions waiting for the stream loop (repairs found at the handshake)
         self._pending: deque[Any] = deque()
@@ -190,6 +190,15 @@ class Consumer(ReceiveLoop):
         self.reconnects = 0
         self.items_processed = 0
         self.corrections = 0
+
+    @property
+    def http(self) -> AsyncHttpApi:
+        """The HTTP client for repairs, made when first needed: building one loads the TLS trust
+        store, which blocks the event loop for tens of milliseconds (more on a busy machine), and a
+        cluster consumer builds a node stream for every partition move."""
+        if self._http is None:
+            self._http = AsyncHttpApi(self.server, self.token)
+        return self._http
 
     # ------------------------------------------------------------------ public API
     async def __aenter__(self) -> "Consumer":
@@ -225,8 +234,9 @@ class Consumer(ReceiveLoop):
             await client.aclose()
             if url != self.server:  # a single node, named after others that did not answer
                 self.server, self.url = url, stream_url(url)
-                await self.http.aclose()
-                self.http = AsyncHttpApi(self.server, self.token)
+                if self._http is not None:
+                    await self._http.aclose()
+                    self._http = None
             return
         log.info("consumer %s: %s is in a cluster (map revision %d, %d partitions): following the map",
                  self.name, url, view.revision, view.num_partitions)
@@ -416,7 +426,8 @@ class Consumer(ReceiveLoop):
             close_store = getattr(self.state_store, "close", None)
             if close_store is not None:
                 close_store()
-            await self.http.aclose()
+            if self._http is not None:
+                await self._http.aclose()
             for fut in self._barriers.values():
                 if not fut.done():
                     fut.set_exception(ConnectionFailed("consumer closed before the barrier came back"))
