@@ -71,32 +71,71 @@ def split_servers(server: str | Sequence[str]) -> list[str]:
     return urls
 
 
+#: after the first node answered the map, how long the others may still answer with a newer one
+MAP_GRACE_S = 0.05
+
+
 async def read_cluster_map(client: httpx.AsyncClient, urls: Iterable[str], token: str | None,
                            timeout: float) -> tuple[MapView | None, str]:
-    """``GET /cluster`` from the first of ``urls`` that answers: (its map, its URL), or
-    (None, URL) when that node is not in a cluster (404).  ``ConnectionFailed`` naming every URL
-    tried when none answered; ``AuthFailed`` for a refused token."""
+    """``GET /cluster`` from every URL at once: (the newest map answered, the URL that answered
+    it), or (None, URL) when no node answered a map and that one is not in a cluster (404).
+
+    At once, because a hung node (paused, overloaded) accepts connections and answers nothing:
+    asking one node after the other would wait out its timeout before asking the next.  The
+    first map is kept once the others had ``MAP_GRACE_S`` more to answer, the newest revision
+    winning (a node that has not caught up with etcd answers an older one).
+    ``ConnectionFailed`` naming every URL when none answered; ``AuthFailed`` for a refused token."""
     headers = {"Authorization": f"Bearer {token}"} if token else {}
-    why = []
-    for url in urls:
+
+    async def one(url: str) -> tuple[str, Any]:
         try:
             resp = await client.get(f"{url}/cluster", headers=headers, timeout=timeout)
         except httpx.HTTPError as exc:
-            why.append(f"{url}: {exc or type(exc).__name__}")
-            continue
+            return "error", f"{url}: {exc or type(exc).__name__}"
         if resp.status_code == 404:
-            return None, url
+            return "single", url
         if resp.status_code in (401, 403):
             raise AuthFailed(f"{url}/cluster: HTTP {resp.status_code}: the token is missing, unknown or lacks "
                              f"the read role", field="token")
         if resp.status_code != 200:
-            why.append(f"{url}: HTTP {resp.status_code}")
-            continue
+            return "error", f"{url}: HTTP {resp.status_code}"
         try:
-            return MapView.from_cluster_json(resp.json()), url
+            return "map", (MapView.from_cluster_json(resp.json()), url)
         except (MapFormatError, ValueError) as exc:
-            why.append(f"{url}: {exc}")
-    raise ConnectionFailed("no node answered GET /cluster: " + "; ".join(why or ["no URL"]))
+            return "error", f"{url}: {exc}"
+
+    pending = {asyncio.ensure_future(one(url)) for url in dict.fromkeys(urls)}
+    loop = asyncio.get_running_loop()
+    maps: list[tuple[MapView, str]] = []
+    singles: list[str] = []
+    why: list[str] = []
+    grace_until: float | None = None
+    try:
+        while pending:
+            wait = None if grace_until is None else max(0.0, grace_until - loop.time())
+            done, pending = await asyncio.wait(pending, timeout=wait, return_when=asyncio.FIRST_COMPLETED)
+            if not done:
+                break  # the grace is over: the maps at hand will do
+            for task in done:
+                kind, value = task.result()
+                if kind == "map":
+                    maps.append(value)
+                    if grace_until is None:
+                        grace_until = loop.time() + MAP_GRACE_S
+                elif kind == "single":
+                    singles.append(value)
+                else:
+                    why.append(value)
+    finally:
+        for task in pending:
+            task.cancel()
+        if pending:
+            await asyncio.gather(*pending, return_exceptions=True)
+    if maps:
+        return max(maps, key=lambda found: found[0].revision)
+    if singles:
+        return None, singles[0]
+    raise ConnectionFailed("no node answered GET /cluster: " + "; ".join(sorted(why) or ["no URL"]))
 
 
 class PartitionStates:
@@ -179,7 +218,7 @@ class ClusterStreams:
     """Drives a ``Consumer`` over a cluster (see the module docstring)."""
 
     def __init__(self, owner: Any, seeds: Sequence[str], first: MapView, answered: str,
-                 client: httpx.AsyncClient, node_stream: Any) -> None:
+                 client: httpx.AsyncClient, node_stream: Any, map_refresh_s: float = 2.5) -> None:
         """``owner``: the ``clients.consumer.Consumer`` driven; ``node_stream``: the class of its
         node streams (``clients.consumer.NodeStream``, passed in: this module never imports it)."""
         self.owner = owner
@@ -207,6 +246,14 @@ class ClusterStreams:
         self.barriers: dict[str, dict[Any, dict[int, int]]] = {}
         #: cookies sent on each node stream
         self._sent: dict[Any, set[str]] = {}
+        #: node streams closing in the background (see ``_close_conn``)
+        self._closing: set[asyncio.Future[None]] = set()
+        #: the map is read this often even when nothing happened: a hung node says nothing (the
+        #: Couchbase SDKs poll their cluster config every 2.5 s by default for the same reason)
+        self.map_refresh_s = map_refresh_s
+        self._last_map_read = time.monotonic()
+        self._reload_target = 0.0
+        self._reading = False
 
     # ------------------------------------------------------------------ queries
     def live(self) -> list[Any]:
@@ -292,6 +339,8 @@ class ClusterStreams:
         await self._stop_waiting()
         for conn in list(self.streams):
             await self._close_conn(conn)
+        if self._closing:
+            await asyncio.gather(*self._closing, return_exceptions=True)
         self.states.save()
 
     # ------------------------------------------------------------------ the stream
@@ -316,18 +365,22 @@ class ClusterStreams:
                 for s in self.live():
                     if s not in self._armed:
                         self._armed[s] = asyncio.ensure_future(s._iterator(kind).__anext__())
-                if self.router.reload_at is not None and self._reload is None:
-                    self._reload = asyncio.ensure_future(self._read_map_at(self.router.reload_at))
+                at = self.router.reload_at
+                if at is None:  # nothing pending: still look now and then (a hung node says nothing)
+                    at = self._last_map_read + self.map_refresh_s
+                if self._reload is not None and at < self._reload_target and not self._reading:
+                    self._reload.cancel()  # the router wants the map sooner than the sleeping read
+                    await asyncio.gather(self._reload, return_exceptions=True)
+                    self._reload = None
+                if self._reload is None:
+                    self._reload_target = at
+                    self._reload = asyncio.ensure_future(self._read_map_at(at))
                 waiting: set[asyncio.Future[Any]] = set(self._armed.values())
                 if self._reload is not None:
                     waiting.add(self._reload)
                 if self.barriers and self._send_barriers():
                     # a node stream still opening gets the cookies once its handshake is done
                     waiting.add(asyncio.ensure_future(asyncio.sleep(0.02)))
-                if not waiting:  # pragma: no cover - the router always asks for a read while waiting
-                    await asyncio.sleep(self.router.max_delay)
-                    await self._apply(self.router.map_failed(time.monotonic()))
-                    continue
                 done, _ = await asyncio.wait(waiting, return_when=asyncio.FIRST_COMPLETED)
                 self._current = None
                 if self.owner._closed:  # close() from another task: stop, as on one node
@@ -378,6 +431,7 @@ class ClusterStreams:
             tasks.append(self._reload)
         self._armed.clear()
         self._reload = None
+        self._reading = False
         for t in tasks:
             t.cancel()
         if tasks:
@@ -430,7 +484,20 @@ class ClusterStreams:
                 await asyncio.gather(task, return_exceptions=True)
             self._retire(s)
             self._sent.pop(s, None)
-            await s.close()  # saves its partitions' processed positions
+            if s.session.positions:
+                s._save()  # its partitions' processed positions, before they open elsewhere
+            s.view.partitions.clear()  # nothing it saves later is its business any more
+            # The socket closes in the background: closing waits for the peer's answer, and a
+            # hung node would stall every other partition's stream for the close timeout.
+            closing = asyncio.ensure_future(self._close_quietly(s))
+            self._closing.add(closing)
+            closing.add_done_callback(self._closing.discard)
+
+    async def _close_quietly(self, s: Any) -> None:
+        try:
+            await s.close()
+        except Exception as exc:  # the partitions moved on; a failing close only needs a line
+            log.info("consumer %s: closing the connection to node %s: %s", self.owner.name, s.node, exc)
 
     def _retire(self, s: Any) -> None:
         self.opened.update(s.session.positions)
@@ -470,6 +537,7 @@ class ClusterStreams:
     # ------------------------------------------------------------------ the map
     async def _read_map_at(self, at: float) -> MapView | None:
         await asyncio.sleep(max(0.0, at - time.monotonic()))
+        self._reading = True
         urls = [self._good_url]
         view = self.router.map
         if view is not None:
@@ -481,7 +549,8 @@ class ClusterStreams:
         return found
 
     async def _map_read(self, task: asyncio.Task[MapView | None]) -> None:
-        now = time.monotonic()
+        self._reading = False
+        now = self._last_map_read = time.monotonic()
         try:
             view = task.result()
         except AuthFailed:

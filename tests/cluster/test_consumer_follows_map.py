@@ -2,15 +2,17 @@
 
 A consumer given all three URLs tails every partition while a writer writes to every partition
 (following the map, 421 or a dead node makes it read the map again).  One node is SIGKILLed and
-later restarted: the partitions whose active was not killed keep delivering (the longest gap of
-each is printed, never asserted: timing depends on the machine), the moved ones resume on their
-new actives, and once the writer stopped and the consumer drained to every active's high seqno,
-its key -> value state per partition equals the cluster's (every key written, read from its
-partition's active)."""
+later restarted (or SIGSTOPped past its lease and resumed): the partitions whose active was not
+hit keep delivering (the longest gap of each and the acknowledgement-to-delivery latency are
+printed, never asserted: timing depends on the machine), the moved ones resume on their new
+actives, and once the writer stopped and the consumer drained to every active's high seqno, its
+key -> value state per partition equals the cluster's (every key written, read from its
+partition's active).  A cluster barrier covers every write acknowledged before it."""
 from __future__ import annotations
 
 import asyncio
 import json
+import signal
 import time
 import uuid
 from collections import defaultdict
@@ -83,14 +85,18 @@ class Writer:
                     if entry["active"] in urls:
                         by_node[entry["active"]].append({"op": "set", "key": key, "value": f"r{n}"})
                 stale = len(by_node) < len({e["active"] for e in view["map"]["partitions"]})
-                for node, ops in by_node.items():
+
+                async def post(url: str, ops: list[dict[str, str]]) -> httpx.Response | None:
                     try:
-                        r = await client.post(f"{urls[node]}/docs/_bulk", params={"durability": "memory"}, json=ops,
-                                              timeout=10)
+                        return await client.post(f"{url}/docs/_bulk", params={"durability": "memory"}, json=ops,
+                                                 timeout=3)
                     except httpx.HTTPError:
-                        stale = True
-                        continue
-                    if r.status_code != 200:
+                        return None
+
+                # every node at once: a hung node must not hold back the writes of the others
+                answers = await asyncio.gather(*(post(urls[node], ops) for node, ops in by_node.items()))
+                for r in answers:
+                    if r is None or r.status_code != 200:
                         stale = True
                         continue
                     for result in r.json()["results"]:
@@ -147,7 +153,11 @@ async def in_thread(fn: Any, *args: Any, **kw: Any) -> Any:
     return await asyncio.to_thread(fn, *args, **kw)
 
 
-def test_consumer_follows_the_map_through_a_sigkill_and_a_restart(tmp_path: Path, etcd: EtcdProcess) -> None:
+@pytest.mark.parametrize("fault", ["sigkill", "sigstop"])
+def test_consumer_follows_the_map_through_a_node_fault(tmp_path: Path, etcd: EtcdProcess, fault: str) -> None:
+    """``sigkill``: n1 is killed and later restarted.  ``sigstop``: n2 is paused past its lease
+    (its connections stay open and silent: the consumer learns the move from the map it reads
+    now and then, and leaves the hung connection behind), then resumed."""
     cluster = Cluster(tmp_path, etcd.url, partitions=PARTS, replicas=1, initial_nodes=3,
                       prefix=f"/upr/{uuid.uuid4().hex[:8]}")
     try:
@@ -155,7 +165,9 @@ def test_consumer_follows_the_map_through_a_sigkill_and_a_restart(tmp_path: Path
             cluster.start(name)
         view = first_map(cluster, "n1")
         first_urls = [cluster.nodes[n].url for n in ("n1", "n2", "n3")]
-        theirs = asyncio.run(_scenario(cluster, view, tmp_path))
+        theirs = asyncio.run(_scenario(cluster, view, tmp_path, fault))
+        if fault != "sigkill":
+            return
         # `upr tail --server URL,URL,URL` follows the map too; the first URL is the killed node's old one
         r = upr("tail", "--server", ",".join(first_urls), "--from", "beginning", "--until", "now", timeout=120)
         assert r.returncode == 0, r.stderr.decode()[-2000:]
@@ -171,7 +183,7 @@ def test_consumer_follows_the_map_through_a_sigkill_and_a_restart(tmp_path: Path
         cluster.stop_all()
 
 
-async def _scenario(cluster: Cluster, view: dict[str, Any], tmp_path: Path) -> dict[int, dict[str, bytes]]:
+async def _scenario(cluster: Cluster, view: dict[str, Any], tmp_path: Path, fault: str) -> dict[int, dict[str, bytes]]:
     urls = [cluster.nodes[n].url for n in ("n1", "n2", "n3")]
     keys = keys_by_partition()
     writer = Writer(urls, keys)
@@ -197,29 +209,38 @@ async def _scenario(cluster: Cluster, view: dict[str, Any], tmp_path: Path) -> d
 
         await wait_for(lambda: all(follower.delivered[p] for p in range(PARTS)), "items from every partition")
         assert consumer._cluster is not None  # it follows the map (three nodes, one connection each)
-        victim = "n1"
+        victim, witness = ("n1", "n2") if fault == "sigkill" else ("n2", "n1")
         owned = [e["partition"] for e in view["map"]["partitions"] if e["active"] == victim]
         healthy = [p for p in range(PARTS) if p not in owned]
         assert owned and healthy
         killed_at = time.monotonic()
-        cluster.nodes[victim].kill()
-        await in_thread(until, lambda: all(cluster.view("n2")["map"]["partitions"][p]["active"] not in (None, victim)
-                                           for p in owned), 120, "the failover of the killed node's partitions")
-        failed_over_at = time.monotonic()
-        router = consumer._cluster.router
-        await wait_for(lambda: all(router.node_of(p) not in (None, victim)
-                                   and any(t > failed_over_at for t in follower.delivered[p]) for p in owned),
-                       "the killed node's partitions delivering from their new actives", timeout=120)
-        await in_thread(cluster.start, victim)
+        if fault == "sigkill":
+            cluster.nodes[victim].kill()
+        else:
+            cluster.nodes[victim].proc.send_signal(signal.SIGSTOP)
+        try:
+            await in_thread(until, lambda: all(cluster.view(witness)["map"]["partitions"][p]["active"]
+                                               not in (None, victim) for p in owned),
+                            120, "the failover of the victim's partitions")
+            failed_over_at = time.monotonic()
+            router = consumer._cluster.router
+            await wait_for(lambda: all(router.node_of(p) not in (None, victim)
+                                       and any(t > failed_over_at for t in follower.delivered[p]) for p in owned),
+                           "the victim's partitions delivering from their new actives", timeout=120)
+        finally:
+            if fault == "sigstop":
+                cluster.nodes[victim].proc.send_signal(signal.SIGCONT)
+        if fault == "sigkill":
+            await in_thread(cluster.start, victim)
         await in_thread(until, lambda: any(n["name"] == victim and n["state"] == "up"
-                                           for n in cluster.view("n2")["nodes"]), 60, "the restarted node up")
+                                           for n in cluster.view(witness)["nodes"]), 60, "the victim up again")
         await asyncio.sleep(2)  # writes and deliveries go on with the node back as a replica
         stopped_at = time.monotonic()
         writer.stop.set()
         await writing
 
         gaps = {p: follower.longest_gap(p, killed_at, stopped_at) for p in healthy}
-        print(f"\nlongest delivery gap per healthy partition from the SIGKILL to the end of writes "
+        print(f"\n{fault}: longest delivery gap per healthy partition from the fault to the end of writes "
               f"({stopped_at - killed_at:.1f}s, {writer.acked} writes acknowledged, {writer.refused} refused): "
               + ", ".join(f"p{p}={g * 1000:.0f}ms" for p, g in sorted(gaps.items()))
               + f"; max {max(gaps.values()) * 1000:.0f} ms; the writer's own longest gap between acknowledged "
@@ -228,12 +249,12 @@ async def _scenario(cluster: Cluster, view: dict[str, Any], tmp_path: Path) -> d
         latency = [follower.delivered_seqnos[k] - t for k, t in writer.acked_seqnos.items()
                    if k[0] in healthy and killed_at < t < stopped_at and k in follower.delivered_seqnos]
         latency.sort()
-        print(f"healthy partitions, acknowledgement to delivery over {len(latency)} writes: "
+        print(f"{fault}: healthy partitions, acknowledgement to delivery over {len(latency)} writes: "
               f"p50 {latency[len(latency) // 2] * 1000:.1f} ms, p99 {latency[int(len(latency) * 0.99)] * 1000:.1f} ms, "
               f"max {latency[-1] * 1000:.1f} ms")
 
         # drain: the consumer's processed position reaches every active's high seqno
-        final = await in_thread(cluster.view, "n2")
+        final = await in_thread(cluster.view, witness)
         node_urls = {n["name"]: n["url"] for n in final["nodes"] if n["url"]}
 
         def highs() -> dict[int, int]:
