@@ -49,7 +49,9 @@ from engine.protocol.client.routing import (
 )
 
 from .errors import AuthFailed, ConnectionFailed
-from .events import PartitionMoved, PartitionsUnavailable
+from engine.protocol import messages as M
+
+from .events import BarrierReached, PartitionMoved, PartitionsUnavailable
 from .state import StateStore
 
 
@@ -69,48 +71,124 @@ def split_servers(server: str | Sequence[str]) -> list[str]:
     return urls
 
 
+#: after the first node answered the map, how long the others may still answer with a newer one
+MAP_GRACE_S = 0.05
+
+
 async def read_cluster_map(client: httpx.AsyncClient, urls: Iterable[str], token: str | None,
                            timeout: float) -> tuple[MapView | None, str]:
-    """``GET /cluster`` from the first of ``urls`` that answers: (its map, its URL), or
-    (None, URL) when that node is not in a cluster (404).  ``ConnectionFailed`` naming every URL
-    tried when none answered; ``AuthFailed`` for a refused token."""
+    """``GET /cluster`` from every URL at once: (the newest map answered, the URL that answered
+    it), or (None, URL) when no node answered a map and that one is not in a cluster (404).
+
+    At once, because a hung node (paused, overloaded) accepts connections and answers nothing:
+    asking one node after the other would wait out its timeout before asking the next.  The
+    first map is kept once the others had ``MAP_GRACE_S`` more to answer, the newest revision
+    winning (a node that has not caught up with etcd answers an older one).
+    ``ConnectionFailed`` naming every URL when none answered; ``AuthFailed`` for a refused token."""
     headers = {"Authorization": f"Bearer {token}"} if token else {}
-    why = []
-    for url in urls:
+
+    async def one(url: str) -> tuple[str, Any]:
         try:
             resp = await client.get(f"{url}/cluster", headers=headers, timeout=timeout)
         except httpx.HTTPError as exc:
-            why.append(f"{url}: {exc or type(exc).__name__}")
-            continue
+            return "error", f"{url}: {exc or type(exc).__name__}"
         if resp.status_code == 404:
-            return None, url
+            return "single", url
         if resp.status_code in (401, 403):
             raise AuthFailed(f"{url}/cluster: HTTP {resp.status_code}: the token is missing, unknown or lacks "
                              f"the read role", field="token")
         if resp.status_code != 200:
-            why.append(f"{url}: HTTP {resp.status_code}")
-            continue
+            return "error", f"{url}: HTTP {resp.status_code}"
         try:
-            return MapView.from_cluster_json(resp.json()), url
+            return "map", (MapView.from_cluster_json(resp.json()), url)
         except (MapFormatError, ValueError) as exc:
-            why.append(f"{url}: {exc}")
-    raise ConnectionFailed("no node answered GET /cluster: " + "; ".join(why or ["no URL"]))
+            return "error", f"{url}: {exc}"
+
+    pending = {asyncio.ensure_future(one(url)) for url in dict.fromkeys(urls)}
+    loop = asyncio.get_running_loop()
+    maps: list[tuple[MapView, str]] = []
+    singles: list[str] = []
+    why: list[str] = []
+    grace_until: float | None = None
+    try:
+        while pending:
+            wait = None if grace_until is None else max(0.0, grace_until - loop.time())
+            done, pending = await asyncio.wait(pending, timeout=wait, return_when=asyncio.FIRST_COMPLETED)
+            if not done:
+                break  # the grace is over: the maps at hand will do
+            for task in done:
+                kind, value = task.result()
+                if kind == "map":
+                    maps.append(value)
+                    if grace_until is None:
+                        grace_until = loop.time() + MAP_GRACE_S
+                elif kind == "single":
+                    singles.append(value)
+                else:
+                    why.append(value)
+    finally:
+        for task in pending:
+            task.cancel()
+        if pending:
+            await asyncio.gather(*pending, return_exceptions=True)
+    if maps:
+        return max(maps, key=lambda found: found[0].revision)
+    if singles:
+        return None, singles[0]
+    raise ConnectionFailed("no node answered GET /cluster: " + "; ".join(sorted(why) or ["no URL"]))
 
 
 class PartitionStates:
     """The consumer's one state, per partition, written by every node stream (see the module
-    docstring); ``view(partitions)`` is the ``StateStore`` a node stream reads and writes."""
+    docstring); ``view(partitions)`` is the ``StateStore`` a node stream reads and writes.
 
-    def __init__(self, store: StateStore, loaded: ConsumerState | None) -> None:
+    Writes to the store are coalesced to one per ``interval`` (after syncing the shared ring, so
+    the state never claims items the ring could have lost): each write fsyncs on the event loop,
+    and several node streams saving on their own would multiply those stalls.  The store only
+    lags, never runs ahead of what was processed, so a crash resumes earlier, never later."""
+
+    def __init__(self, store: StateStore, loaded: ConsumerState | None, ring: Any = None,
+                 interval: float = 1.0) -> None:
         self.store = store
+        self.ring = ring
+        self.interval = interval
         self.parts: dict[int, PartitionCheckpoint] = dict(loaded.partitions) if loaded is not None else {}
         self.partition_count = loaded.partition_count if loaded is not None else None
+        self._last_write = 0.0
+        self._dirty = False
+        self._timer: asyncio.TimerHandle | None = None
 
     def put(self, partition: int, checkpoint: PartitionCheckpoint) -> None:
         self.parts[partition] = checkpoint
+        self.changed()
+
+    def changed(self) -> None:
+        """Some checkpoint moved: write now if the last write is ``interval`` old, else soon."""
+        self._dirty = True
+        wait = self.interval - (time.monotonic() - self._last_write)
+        if wait <= 0:
+            self.save()
+        elif self._timer is None:
+            self._timer = asyncio.get_running_loop().call_later(wait, self._due)
+
+    def _due(self) -> None:
+        self._timer = None
+        if self._dirty:
+            try:
+                self.save()
+            except Exception:  # the next write retries; a timer callback has nobody to raise to
+                log.exception("saving the consumer's positions failed")
 
     def save(self) -> None:
+        """Write now (after syncing the ring)."""
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        if self.ring is not None:
+            self.ring.sync()
         self.store.save(ConsumerState(dict(self.parts), None, self.partition_count))
+        self._last_write = time.monotonic()
+        self._dirty = False
 
     def view(self, partitions: Iterable[int]) -> "_StateView":
         return _StateView(self, set(partitions))
@@ -133,14 +211,14 @@ class _StateView:
                 self.states.parts[p] = cp
         if state.partition_count is not None:
             self.states.partition_count = state.partition_count
-        self.states.save()
+        self.states.changed()
 
 
 class ClusterStreams:
     """Drives a ``Consumer`` over a cluster (see the module docstring)."""
 
     def __init__(self, owner: Any, seeds: Sequence[str], first: MapView, answered: str,
-                 client: httpx.AsyncClient, node_stream: Any) -> None:
+                 client: httpx.AsyncClient, node_stream: Any, map_refresh_s: float = 2.5) -> None:
         """``owner``: the ``clients.consumer.Consumer`` driven; ``node_stream``: the class of its
         node streams (``clients.consumer.NodeStream``, passed in: this module never imports it)."""
         self.owner = owner
@@ -149,7 +227,7 @@ class ClusterStreams:
         self._good_url = answered
         session = owner.session
         self.router = Router(session.requested_partitions)
-        self.states = PartitionStates(owner.state_store, session.saved)
+        self.states = PartitionStates(owner.state_store, session.saved, owner.ring, owner.commit_interval)
         if self.states.partition_count is None:
             self.states.partition_count = first.num_partitions or None
         self._first: MapView | None = first
@@ -164,6 +242,18 @@ class ClusterStreams:
         self._reload: asyncio.Task[MapView | None] | None = None
         self._retired = {"rollbacks": 0, "resets": 0, "corrections": 0, "items_processed": 0}
         self._current: Any = None  # the node stream whose event the application is handling
+        #: pending barrier cookies: node stream -> the seqnos it returned (see ``request_barrier``)
+        self.barriers: dict[str, dict[Any, dict[int, int]]] = {}
+        #: cookies sent on each node stream
+        self._sent: dict[Any, set[str]] = {}
+        #: node streams closing in the background (see ``_close_conn``)
+        self._closing: set[asyncio.Future[None]] = set()
+        #: the map is read this often even when nothing happened: a hung node says nothing (the
+        #: Couchbase SDKs poll their cluster config every 2.5 s by default for the same reason)
+        self.map_refresh_s = map_refresh_s
+        self._last_map_read = time.monotonic()
+        self._reload_target = 0.0
+        self._reading = False
 
     # ------------------------------------------------------------------ queries
     def live(self) -> list[Any]:
@@ -185,6 +275,58 @@ class ClusterStreams:
         r = self.router
         return r.map is not None and bool(r.partitions) and all(p in r.done for p in r.partitions)
 
+    # ------------------------------------------------------------------ barriers
+    def request_barrier(self, cookie: str) -> None:
+        """A cluster barrier: ``cookie`` goes on every node connection (and on every connection
+        that opens while it is pending, for partitions that moved); it completes once every node
+        stream holding partitions returned it and no wanted partition waits for a node.  Each node's
+        barrier covers every write acknowledged there before the cookie arrived, so the merged
+        vector is a cut of the whole cluster covering every write acknowledged before the request."""
+        self.barriers[cookie] = {}
+        self._send_barriers()
+
+    def _send_barriers(self) -> bool:
+        """Send pending cookies on node streams that are open; True if some stream is not open yet."""
+        unopened = False
+        for s in self.live():
+            if s._conn is None:
+                unopened = True  # its handshake is not done: send after it (stream requests first)
+                continue
+            sent = self._sent.setdefault(s, set())
+            for cookie in self.barriers:
+                if cookie not in sent:
+                    sent.add(cookie)
+                    asyncio.ensure_future(s._send_quiet(M.Barrier(cookie)))
+        return unopened
+
+    def _barrier_returned(self, s: Any, event: BarrierReached) -> BarrierReached | None:
+        returned = self.barriers.get(event.cookie)
+        if returned is None:
+            return None
+        returned[s] = {p: q for p, q in event.seqnos.items() if p in s.view.partitions}
+        return self._completed(event.cookie)
+
+    def _completed(self, cookie: str) -> BarrierReached | None:
+        returned = self.barriers[cookie]
+        if self.router.map is None or self.router.waiting():
+            return None
+        holders = [s for s in self.live() if s.view.partitions]
+        if not all(s in returned for s in holders):
+            return None
+        del self.barriers[cookie]
+        seqnos: dict[int, int] = {}
+        for s in holders:
+            seqnos.update(returned[s])
+        return BarrierReached(cookie, dict(sorted(seqnos.items())))
+
+    def _reached(self) -> BarrierReached | None:
+        """A pending barrier that completed because streams closed or partitions moved."""
+        for cookie in list(self.barriers):
+            reached = self._completed(cookie)
+            if reached is not None:
+                return reached
+        return None
+
     # ------------------------------------------------------------------ commit, close
     async def commit(self) -> None:
         for s in self.live():
@@ -197,6 +339,8 @@ class ClusterStreams:
         await self._stop_waiting()
         for conn in list(self.streams):
             await self._close_conn(conn)
+        if self._closing:
+            await asyncio.gather(*self._closing, return_exceptions=True)
         self.states.save()
 
     # ------------------------------------------------------------------ the stream
@@ -209,23 +353,41 @@ class ClusterStreams:
             while True:
                 while self._events:
                     yield self._events.popleft()
+                if self.barriers:
+                    reached = self._reached()
+                    if reached is not None:
+                        yield reached
+                        self.owner._barrier_done(reached)
+                        continue
                 if self.done:
                     self.states.save()
                     return
                 for s in self.live():
                     if s not in self._armed:
                         self._armed[s] = asyncio.ensure_future(s._iterator(kind).__anext__())
-                if self.router.reload_at is not None and self._reload is None:
-                    self._reload = asyncio.ensure_future(self._read_map_at(self.router.reload_at))
+                at = self.router.reload_at
+                if at is None:  # nothing pending: still look now and then (a hung node says nothing)
+                    at = self._last_map_read + self.map_refresh_s
+                if self._reload is not None and at < self._reload_target and not self._reading:
+                    self._reload.cancel()  # the router wants the map sooner than the sleeping read
+                    await asyncio.gather(self._reload, return_exceptions=True)
+                    self._reload = None
+                if self._reload is None:
+                    self._reload_target = at
+                    self._reload = asyncio.ensure_future(self._read_map_at(at))
                 waiting: set[asyncio.Future[Any]] = set(self._armed.values())
                 if self._reload is not None:
                     waiting.add(self._reload)
-                if not waiting:  # pragma: no cover - the router always asks for a read while waiting
-                    await asyncio.sleep(self.router.max_delay)
-                    await self._apply(self.router.map_failed(time.monotonic()))
-                    continue
+                if self.barriers and self._send_barriers():
+                    # a node stream still opening gets the cookies once its handshake is done
+                    waiting.add(asyncio.ensure_future(asyncio.sleep(0.02)))
                 done, _ = await asyncio.wait(waiting, return_when=asyncio.FIRST_COMPLETED)
                 self._current = None
+                if self.owner._closed:  # close() from another task: stop, as on one node
+                    return
+                if not any(t in done for t in self._armed.values()) and (self._reload is None
+                                                                         or self._reload not in done):
+                    continue  # the barrier timer
                 if self._reload is not None and self._reload in done:
                     task, self._reload = self._reload, None
                     await self._map_read(task)
@@ -233,6 +395,8 @@ class ClusterStreams:
                 # the node stream that waited longest first (re-armed streams go to the end)
                 s = next(s for s, t in self._armed.items() if t in done)
                 task = self._armed.pop(s)
+                if task.cancelled():
+                    continue
                 try:
                     x = task.result()
                 except StopAsyncIteration:
@@ -246,10 +410,17 @@ class ClusterStreams:
                 if type(x) is PartitionMoved:
                     x = dataclasses.replace(x, node=s.node)
                     await self._moved(s, x)
+                elif type(x) is BarrierReached:
+                    reached = self._barrier_returned(s, x)
+                    if reached is None:
+                        continue  # one node's part of a cluster barrier (or not ours)
+                    self._current = s
+                    yield reached
+                    self.owner._barrier_done(reached)
+                    continue
                 self._current = s
                 yield x
-                if per_item:
-                    self.owner.items_processed = self.total("items_processed")
+                self.owner.items_processed = self.total("items_processed")
         finally:
             self._current = None
             await self._stop_waiting()
@@ -260,6 +431,7 @@ class ClusterStreams:
             tasks.append(self._reload)
         self._armed.clear()
         self._reload = None
+        self._reading = False
         for t in tasks:
             t.cancel()
         if tasks:
@@ -293,6 +465,9 @@ class ClusterStreams:
     def _new_stream(self, action: Open, partitions: list[int], *, initial: bool) -> Any:
         o = self.owner
         options = dict(o._options)
+        visibility = getattr(o, "visibility", None)  # the hello option, where the consumer has one
+        if visibility is not None:
+            options["visibility"] = getattr(visibility, "value", visibility)
         session = o.session
         if initial:
             options.update(start=session.start, until_now=session.until_now,
@@ -311,7 +486,21 @@ class ClusterStreams:
                 task.cancel()
                 await asyncio.gather(task, return_exceptions=True)
             self._retire(s)
-            await s.close()  # saves its partitions' processed positions
+            self._sent.pop(s, None)
+            if s.session.positions:
+                s._save()  # its partitions' processed positions, before they open elsewhere
+            s.view.partitions.clear()  # nothing it saves later is its business any more
+            # The socket closes in the background: closing waits for the peer's answer, and a
+            # hung node would stall every other partition's stream for the close timeout.
+            closing = asyncio.ensure_future(self._close_quietly(s))
+            self._closing.add(closing)
+            closing.add_done_callback(self._closing.discard)
+
+    async def _close_quietly(self, s: Any) -> None:
+        try:
+            await s.close()
+        except Exception as exc:  # the partitions moved on; a failing close only needs a line
+            log.info("consumer %s: closing the connection to node %s: %s", self.owner.name, s.node, exc)
 
     def _retire(self, s: Any) -> None:
         self.opened.update(s.session.positions)
@@ -335,9 +524,6 @@ class ClusterStreams:
         checkpoint = s.session.release(p)
         s.view.partitions.discard(p)
         self.states.put(p, checkpoint)
-        if self.owner.ring is not None:
-            self.owner.ring.sync()
-        self.states.save()
         await self._apply(self.router.partition_moved(s.conn_id, p, time.monotonic(), revision_in(event.detail)))
 
     async def _finished(self, s: Any) -> None:
@@ -347,12 +533,14 @@ class ClusterStreams:
         if s in streams:
             streams.remove(s)
             self._retire(s)
+            self._sent.pop(s, None)
             await s.close()
         await self._apply(self.router.finished(s.conn_id, finished))
 
     # ------------------------------------------------------------------ the map
     async def _read_map_at(self, at: float) -> MapView | None:
         await asyncio.sleep(max(0.0, at - time.monotonic()))
+        self._reading = True
         urls = [self._good_url]
         view = self.router.map
         if view is not None:
@@ -364,7 +552,8 @@ class ClusterStreams:
         return found
 
     async def _map_read(self, task: asyncio.Task[MapView | None]) -> None:
-        now = time.monotonic()
+        self._reading = False
+        now = self._last_map_read = time.monotonic()
         try:
             view = task.result()
         except AuthFailed:

@@ -172,7 +172,7 @@ class Consumer(ReceiveLoop):
         self.max_frame_bytes = max_frame_bytes
         self.correction_concurrency = correction_concurrency
         self.handler = handler
-        self.http = AsyncHttpApi(self.server, self.token)
+        self._http: AsyncHttpApi | None = None
         self._conn: StreamConnection | None = None
         #: session actions waiting for the stream loop (repairs found at the handshake)
         self._pending: deque[Any] = deque()
@@ -202,6 +202,15 @@ class Consumer(ReceiveLoop):
         self.reconnects = 0
         self.items_processed = 0
         self.corrections = 0
+
+    @property
+    def http(self) -> AsyncHttpApi:
+        """The HTTP client for repairs, made when first needed: building one loads the TLS trust
+        store, which blocks the event loop for tens of milliseconds (more on a busy machine), and a
+        cluster consumer builds a node stream for every partition move."""
+        if self._http is None:
+            self._http = AsyncHttpApi(self.server, self.token)
+        return self._http
 
     # ------------------------------------------------------------------ public API
     async def __aenter__(self) -> "Consumer":
@@ -237,8 +246,9 @@ class Consumer(ReceiveLoop):
             await client.aclose()
             if url != self.server:  # a single node, named after others that did not answer
                 self.server, self.url = url, stream_url(url)
-                await self.http.aclose()
-                self.http = AsyncHttpApi(self.server, self.token)
+                if self._http is not None:
+                    await self._http.aclose()
+                    self._http = None
             return
         log.info("consumer %s: %s is in a cluster (map revision %d, %d partitions): following the map",
                  self.name, url, view.revision, view.num_partitions)
@@ -286,13 +296,19 @@ class Consumer(ReceiveLoop):
 
     def request_barrier(self) -> str:
         """Send a barrier cookie now and return it; a ``BarrierReached`` with it comes later."""
-        if self._cluster is not None:
-            raise UsageError("barriers are not supported when following a cluster's map yet")
         cookie = f"c{next(self._cookies)}"
         self._barriers[cookie] = asyncio.get_running_loop().create_future()
-        if self._conn is not None:
+        if self._cluster is not None:
+            self._cluster.request_barrier(cookie)
+        elif self._conn is not None:
             asyncio.ensure_future(self._send_quiet(M.Barrier(cookie)))
         return cookie
+
+    def _barrier_done(self, event: BarrierReached) -> None:
+        """A cluster barrier's merged event was processed (``clients.cluster``)."""
+        fut = self._barriers.pop(event.cookie, None)
+        if fut is not None and not fut.done():
+            fut.set_result(event)
 
     async def barrier(self, timeout: float | None = None) -> BarrierReached:
         """Return once the consumer has *processed* a consistent point of every partition.
@@ -426,7 +442,8 @@ class Consumer(ReceiveLoop):
             close_store = getattr(self.state_store, "close", None)
             if close_store is not None:
                 close_store()
-            await self.http.aclose()
+            if self._http is not None:
+                await self._http.aclose()
             for fut in self._barriers.values():
                 if not fut.done():
                     fut.set_exception(ConnectionFailed("consumer closed before the barrier came back"))
@@ -471,8 +488,12 @@ class NodeStream(Consumer):
         self.session.connection_lost()
         raise NodeLost(why)
 
+    def _save(self) -> None:
+        # into the shared per-partition state, which syncs the shared ring before it writes
+        self.state_store.save(self.session.state(whole_snapshots=self.commit_mode == "snapshot"))
+        self._last_save = time.monotonic()
+        self._dirty = False
+
     async def close(self) -> None:
-        ring, self.ring = self.ring, None  # shared by every node stream: the cluster consumer closes it
-        if ring is not None:
-            ring.sync()  # the state never claims items the ring could have lost
+        self.ring = None  # shared by every node stream: the cluster consumer closes it
         await super().close()

@@ -64,7 +64,9 @@ class ReceiveLoop:
     session: ClientSession
     ring: RollbackRing | None
     state_store: StateStore
-    http: AsyncHttpApi
+    @property
+    def http(self) -> AsyncHttpApi:  # Consumer's, made when first needed
+        raise NotImplementedError
     backoff: Backoff
     name: str
     url: str

@@ -198,6 +198,14 @@ def test_revision_seen_reloads_only_for_newer_revisions() -> None:
     assert r.revision_seen(4, 1.1) == []
 
 
+def test_a_map_without_partitions_yet_is_read_again_later() -> None:
+    r = Router([1], initial_delay=0.1)
+    assert r.map_loaded(view(0, {}), 0) == [Reload(0.1)]
+    assert r.map is None and r.waiting() == (1,)
+    assert r.map_loaded(view(0, {}), 0.11) == [Reload(0.2)]
+    assert opens(r.map_loaded(view(1, ["a", "b"]), 0.32)) == {"b": (1,)}
+
+
 def test_finished_partitions_are_never_placed_again() -> None:
     r = Router()
     r.map_loaded(view(1, ["a", "a", "b"]), 0)

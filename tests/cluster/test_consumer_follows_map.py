@@ -2,14 +2,17 @@
 
 A consumer given all three URLs tails every partition while a writer writes to every partition
 (following the map, 421 or a dead node makes it read the map again).  One node is SIGKILLed and
-later restarted: the partitions whose active was not killed keep delivering (the longest gap of
-each is printed, never asserted: timing depends on the machine), the moved ones resume on their
-new actives, and once the writer stopped and the consumer drained to every active's high seqno,
-its key -> value state per partition equals the cluster's (every key written, read from its
-partition's active)."""
+later restarted (or SIGSTOPped past its lease and resumed): the partitions whose active was not
+hit keep delivering (the longest gap of each and the acknowledgement-to-delivery latency are
+printed, never asserted: timing depends on the machine), the moved ones resume on their new
+actives, and once the writer stopped and the consumer drained to every active's high seqno, its
+key -> value state per partition equals the cluster's (every key written, read from its
+partition's active).  A cluster barrier covers every write acknowledged before it."""
 from __future__ import annotations
 
 import asyncio
+import json
+import signal
 import time
 import uuid
 from collections import defaultdict
@@ -22,6 +25,7 @@ import pytest
 from clients import Consumer, Deletion, Mutation, PartitionReset
 from clients.events import PartitionMoved, PartitionsUnavailable
 from tests.cluster.etcd_server import EtcdProcess
+from tests.client.test_tail_cli import upr
 from tests.cluster.nodes import Cluster, first_map, partition_of, until
 
 pytestmark = pytest.mark.slow
@@ -62,6 +66,7 @@ class Writer:
         self.acked = 0
         self.refused = 0
         self.acked_at: dict[int, list[float]] = defaultdict(list)
+        self.acked_seqnos: dict[tuple[int, int], float] = {}
 
     async def run(self) -> None:
         async with httpx.AsyncClient() as client:
@@ -80,20 +85,25 @@ class Writer:
                     if entry["active"] in urls:
                         by_node[entry["active"]].append({"op": "set", "key": key, "value": f"r{n}"})
                 stale = len(by_node) < len({e["active"] for e in view["map"]["partitions"]})
-                for node, ops in by_node.items():
+
+                async def post(url: str, ops: list[dict[str, str]]) -> httpx.Response | None:
                     try:
-                        r = await client.post(f"{urls[node]}/docs/_bulk", params={"durability": "memory"}, json=ops,
-                                              timeout=10)
+                        return await client.post(f"{url}/docs/_bulk", params={"durability": "memory"}, json=ops,
+                                                 timeout=3)
                     except httpx.HTTPError:
-                        stale = True
-                        continue
-                    if r.status_code != 200:
+                        return None
+
+                # every node at once: a hung node must not hold back the writes of the others
+                answers = await asyncio.gather(*(post(urls[node], ops) for node, ops in by_node.items()))
+                for r in answers:
+                    if r is None or r.status_code != 200:
                         stale = True
                         continue
                     for result in r.json()["results"]:
                         if result["status"] == 200:
                             self.acked += 1
                             self.acked_at[result["partition"]].append(time.monotonic())
+                            self.acked_seqnos[(result["partition"], result["seqno"])] = time.monotonic()
                         else:
                             self.refused += 1
                             stale = True
@@ -109,6 +119,7 @@ class Follower:
     def __init__(self) -> None:
         self.data: dict[int, dict[str, bytes]] = defaultdict(dict)
         self.delivered: dict[int, list[float]] = defaultdict(list)
+        self.delivered_seqnos: dict[tuple[int, int], float] = {}
         self.moves: list[PartitionMoved] = []
         self.unavailable: list[PartitionsUnavailable] = []
         self.rollbacks = 0
@@ -119,6 +130,7 @@ class Follower:
             self.data[event.partition][event.key] = event.value
             if not event.correction:
                 self.delivered[event.partition].append(time.monotonic())
+                self.delivered_seqnos.setdefault((event.partition, event.seqno), time.monotonic())
         elif kind is Deletion:
             self.data[event.partition].pop(event.key, None)
         elif kind is PartitionReset:
@@ -141,19 +153,37 @@ async def in_thread(fn: Any, *args: Any, **kw: Any) -> Any:
     return await asyncio.to_thread(fn, *args, **kw)
 
 
-def test_consumer_follows_the_map_through_a_sigkill_and_a_restart(tmp_path: Path, etcd: EtcdProcess) -> None:
+@pytest.mark.parametrize("fault", ["sigkill", "sigstop"])
+def test_consumer_follows_the_map_through_a_node_fault(tmp_path: Path, etcd: EtcdProcess, fault: str) -> None:
+    """``sigkill``: n1 is killed and later restarted.  ``sigstop``: n2 is paused past its lease
+    (its connections stay open and silent: the consumer learns the move from the map it reads
+    now and then, and leaves the hung connection behind), then resumed."""
     cluster = Cluster(tmp_path, etcd.url, partitions=PARTS, replicas=1, initial_nodes=3,
                       prefix=f"/upr/{uuid.uuid4().hex[:8]}")
     try:
         for name in ("n1", "n2", "n3"):
             cluster.start(name)
         view = first_map(cluster, "n1")
-        asyncio.run(_scenario(cluster, view, tmp_path))
+        first_urls = [cluster.nodes[n].url for n in ("n1", "n2", "n3")]
+        theirs = asyncio.run(_scenario(cluster, view, tmp_path, fault))
+        if fault != "sigkill":
+            return
+        # `upr tail --server URL,URL,URL` follows the map too; the first URL is the killed node's old one
+        r = upr("tail", "--server", ",".join(first_urls), "--from", "beginning", "--until", "now", timeout=120)
+        assert r.returncode == 0, r.stderr.decode()[-2000:]
+        tailed: dict[int, dict[str, bytes]] = defaultdict(dict)
+        for line in r.stdout.splitlines():
+            obj = json.loads(line)
+            if obj["op"] == "mutation":
+                tailed[obj["partition"]][obj["key"]] = obj["value"].encode()
+            elif obj["op"] == "deletion":
+                tailed[obj["partition"]].pop(obj["key"], None)
+        assert {p: d for p, d in tailed.items() if d} == {p: d for p, d in theirs.items() if d}
     finally:
         cluster.stop_all()
 
 
-async def _scenario(cluster: Cluster, view: dict[str, Any], tmp_path: Path) -> None:
+async def _scenario(cluster: Cluster, view: dict[str, Any], tmp_path: Path, fault: str) -> dict[int, dict[str, bytes]]:
     urls = [cluster.nodes[n].url for n in ("n1", "n2", "n3")]
     keys = keys_by_partition()
     writer = Writer(urls, keys)
@@ -179,33 +209,52 @@ async def _scenario(cluster: Cluster, view: dict[str, Any], tmp_path: Path) -> N
 
         await wait_for(lambda: all(follower.delivered[p] for p in range(PARTS)), "items from every partition")
         assert consumer._cluster is not None  # it follows the map (three nodes, one connection each)
-        victim = "n1"
+        victim, witness = ("n1", "n2") if fault == "sigkill" else ("n2", "n1")
         owned = [e["partition"] for e in view["map"]["partitions"] if e["active"] == victim]
         healthy = [p for p in range(PARTS) if p not in owned]
         assert owned and healthy
         killed_at = time.monotonic()
-        cluster.nodes[victim].kill()
-        await wait_for(lambda: all(any(t > killed_at for t in follower.delivered[p]) for p in owned),
-                       "the killed node's partitions delivering from their new actives", timeout=120)
-        after = await in_thread(cluster.view, "n2")
-        assert all(after["map"]["partitions"][p]["active"] != victim for p in owned)
-        await in_thread(cluster.start, victim)
+        if fault == "sigkill":
+            cluster.nodes[victim].kill()
+        else:
+            cluster.nodes[victim].proc.send_signal(signal.SIGSTOP)
+        try:
+            await in_thread(until, lambda: all(cluster.view(witness)["map"]["partitions"][p]["active"]
+                                               not in (None, victim) for p in owned),
+                            120, "the failover of the victim's partitions")
+            failed_over_at = time.monotonic()
+            router = consumer._cluster.router
+            await wait_for(lambda: all(router.node_of(p) not in (None, victim)
+                                       and any(t > failed_over_at for t in follower.delivered[p]) for p in owned),
+                           "the victim's partitions delivering from their new actives", timeout=120)
+        finally:
+            if fault == "sigstop":
+                cluster.nodes[victim].proc.send_signal(signal.SIGCONT)
+        if fault == "sigkill":
+            await in_thread(cluster.start, victim)
         await in_thread(until, lambda: any(n["name"] == victim and n["state"] == "up"
-                                           for n in cluster.view("n2")["nodes"]), 60, "the restarted node up")
+                                           for n in cluster.view(witness)["nodes"]), 60, "the victim up again")
         await asyncio.sleep(2)  # writes and deliveries go on with the node back as a replica
         stopped_at = time.monotonic()
         writer.stop.set()
         await writing
 
         gaps = {p: follower.longest_gap(p, killed_at, stopped_at) for p in healthy}
-        print(f"\nlongest delivery gap per healthy partition from the SIGKILL to the end of writes "
+        print(f"\n{fault}: longest delivery gap per healthy partition from the fault to the end of writes "
               f"({stopped_at - killed_at:.1f}s, {writer.acked} writes acknowledged, {writer.refused} refused): "
               + ", ".join(f"p{p}={g * 1000:.0f}ms" for p, g in sorted(gaps.items()))
               + f"; max {max(gaps.values()) * 1000:.0f} ms; the writer's own longest gap between acknowledged "
               f"writes of those partitions: {max(longest_gap(writer.acked_at[p], killed_at, stopped_at) for p in healthy) * 1000:.0f} ms")
 
+        latency = [follower.delivered_seqnos[k] - t for k, t in writer.acked_seqnos.items()
+                   if k[0] in healthy and killed_at < t < stopped_at and k in follower.delivered_seqnos]
+        latency.sort()
+        print(f"{fault}: healthy partitions, acknowledgement to delivery over {len(latency)} writes: "
+              f"p50 {latency[len(latency) // 2] * 1000:.1f} ms, p99 {latency[int(len(latency) * 0.99)] * 1000:.1f} ms, "
+              f"max {latency[-1] * 1000:.1f} ms")
+
         # drain: the consumer's processed position reaches every active's high seqno
-        final = await in_thread(cluster.view, "n2")
+        final = await in_thread(cluster.view, witness)
         node_urls = {n["name"]: n["url"] for n in final["nodes"] if n["url"]}
 
         def highs() -> dict[int, int]:
@@ -234,9 +283,89 @@ async def _scenario(cluster: Cluster, view: dict[str, Any], tmp_path: Path) -> N
         theirs = await in_thread(cluster_state)
         for p in range(PARTS):
             assert follower.data[p] == theirs[p], (p, "moved" if p in owned else "healthy")
-        assert consumer.rollbacks >= 0  # rollbacks (if a promotion took writes back) were repaired
+        return theirs
     finally:
         writer.stop.set()
         consuming.cancel()
         await asyncio.gather(writing, consuming, return_exceptions=True)
+        await consumer.close()
+
+
+class Writers:
+    """One writer per node, each setting keys of the partitions that node is active for; records
+    the highest acknowledged seqno per partition."""
+
+    def __init__(self, view: dict[str, Any], keys: dict[int, list[str]]) -> None:
+        self.view, self.keys = view, keys
+        self.stop = asyncio.Event()
+        self.acked: dict[int, int] = {}
+
+    async def run(self, node: str) -> None:
+        url = next(n["url"] for n in self.view["nodes"] if n["name"] == node)
+        mine = [e["partition"] for e in self.view["map"]["partitions"] if e["active"] == node]
+        async with httpx.AsyncClient() as client:
+            n = 0
+            while not self.stop.is_set():
+                ops = [{"op": "set", "key": self.keys[p][n % KEYS_PER_PARTITION], "value": f"{node}-{n}"} for p in mine]
+                r = await client.post(f"{url}/docs/_bulk", params={"durability": "memory"}, json=ops, timeout=10)
+                assert r.status_code == 200, r.text[:300]
+                for result in r.json()["results"]:
+                    assert result["status"] == 200, result
+                    p = result["partition"]
+                    self.acked[p] = max(self.acked.get(p, 0), result["seqno"])
+                n += 1
+                await asyncio.sleep(0.005)
+
+
+def test_cluster_barrier_covers_every_write_acknowledged_before_it(tmp_path: Path, etcd: EtcdProcess) -> None:
+    cluster = Cluster(tmp_path, etcd.url, partitions=PARTS, replicas=1, initial_nodes=3,
+                      prefix=f"/upr/{uuid.uuid4().hex[:8]}")
+    try:
+        for name in ("n1", "n2", "n3"):
+            cluster.start(name)
+        view = first_map(cluster, "n1")
+        asyncio.run(_barriers(cluster, view))
+    finally:
+        cluster.stop_all()
+
+
+async def _barriers(cluster: Cluster, view: dict[str, Any]) -> None:
+    urls = [cluster.nodes[n].url for n in ("n1", "n2", "n3")]
+    writers = Writers(view, keys_by_partition())
+    processed: dict[int, int] = defaultdict(int)
+    consumer = Consumer(urls, name="barrier-check", start="beginning", open_timeout=5)
+
+    async def consume() -> None:
+        async for event in consumer:
+            if type(event) is Mutation:
+                processed[event.partition] = max(processed[event.partition], event.seqno)
+
+    writing = [asyncio.create_task(writers.run(n)) for n in ("n1", "n2", "n3")]
+    consuming = asyncio.create_task(consume())
+    try:
+        await asyncio.sleep(0.5)
+        for round_ in range(8):
+            before = dict(writers.acked)  # acknowledged before the barrier is requested
+            reached = await consumer.barrier(timeout=60)
+            seen = dict(processed)
+            assert set(reached.seqnos) == set(range(PARTS)), reached.seqnos
+            late = {p: (s, reached.seqnos[p], seen.get(p)) for p, s in before.items()
+                    if reached.seqnos[p] < s or seen.get(p, 0) < s}
+            assert not late, (round_, late)  # partition: (acked, barrier seqno, processed)
+            await asyncio.sleep(0.1)
+        # `upr barrier --server URL,URL,URL --json`: the merged vector of a fresh consumer
+        before = dict(writers.acked)
+        r = await asyncio.to_thread(upr, "barrier", "--server", ",".join(urls), "--json", "--timeout", "60",
+                                    timeout=120)
+        assert r.returncode == 0, r.stderr.decode()[-2000:]
+        seqnos = {int(p): s for p, s in json.loads(r.stdout)["seqnos"].items()}
+        assert set(seqnos) == set(range(PARTS))
+        assert all(seqnos[p] >= s for p, s in before.items()), (seqnos, before)
+        assert consuming.done() is False and all(not w.done() for w in writing)
+        await consumer.close()  # from another task than the one iterating: the iteration ends
+        await asyncio.wait_for(consuming, 10)
+    finally:
+        writers.stop.set()
+        consuming.cancel()
+        await asyncio.gather(*writing, consuming, return_exceptions=True)
         await consumer.close()

@@ -204,6 +204,11 @@ class Router:
     # ------------------------------------------------------------------ events
     def map_loaded(self, view: MapView, now: float) -> list[RouteAction]:
         """A map was read; returns what to open, close, report and when to read it again."""
+        if not view.actives:  # a cluster that has not placed its partitions yet: read again later
+            if self.reload_at is not None and self.reload_at <= now:
+                self.reload_at = None
+            self._reload_failures += 1
+            return self._reload(now, self._delay(self._reload_failures))
         if self.wanted is not None:
             bad = [p for p in self.wanted if p not in view.actives]
             if bad:
