@@ -465,9 +465,6 @@ class ClusterStreams:
     def _new_stream(self, action: Open, partitions: list[int], *, initial: bool) -> Any:
         o = self.owner
         options = dict(o._options)
-        visibility = getattr(o, "visibility", None)  # the hello option, where the consumer has one
-        if visibility is not None:
-            options["visibility"] = getattr(visibility, "value", visibility)
         session = o.session
         if initial:
             options.update(start=session.start, until_now=session.until_now,

@@ -158,7 +158,7 @@ class Consumer(ReceiveLoop):
             commit_interval=commit_interval, max_reconnect_attempts=max_reconnect_attempts, backoff=backoff,
             open_timeout=open_timeout, ping_interval=ping_interval, max_frame_bytes=max_frame_bytes,
             correction_concurrency=correction_concurrency, max_corrections=max_corrections, commit=commit,
-            on_rollback=on_rollback, bundle=bundle, ring_size=0)
+            on_rollback=on_rollback, bundle=bundle, ring_size=0, visibility=self.visibility.value)
         self._probe_cluster = self._probe
         self._cluster: ClusterStreams | None = None
         #: "item": save the last processed item (a partial snapshot is saved as such); "snapshot":
