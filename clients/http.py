@@ -196,6 +196,18 @@ class HttpApi:
         """``GET /cluster``: nodes, the partition map with replica progress, the orchestrator."""
         return self._json("GET", "/cluster")
 
+    def start_failover(self, node: str, *, force: bool = False) -> dict[str, Any]:
+        """``POST /cluster/failover``: ask for a graceful failover of ``node``; its first status."""
+        return self._json("POST", "/cluster/failover", json={"node": node, "force": force})
+
+    def failover_status(self, node: str) -> dict[str, Any]:
+        """``GET /cluster/failover/{node}``: the request, the partitions still active, handovers in flight."""
+        return self._json("GET", f"/cluster/failover/{quote(node, safe='')}")
+
+    def withdraw_failover(self, node: str) -> dict[str, Any]:
+        """``DELETE /cluster/failover/{node}``: partitions not yet handed over take writes again."""
+        return self._json("DELETE", f"/cluster/failover/{quote(node, safe='')}")
+
     def close(self) -> None:
         self._client.close()
 

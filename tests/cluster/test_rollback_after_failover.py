@@ -56,8 +56,8 @@ async def tail_until(consumer: Consumer, docs: dict[str, tuple[int, bytes]], par
         elif isinstance(ev, Deletion):
             docs.pop(ev.key, None)
         if isinstance(ev, (Mutation, Deletion)) and ev.seqno >= high and not ev.correction:
+            await consumer.commit()  # while handling it: the last event counts as processed
             break
-    await consumer.commit()
 
 
 async def scan(url: str, partition: int) -> dict[str, tuple[int, bytes]]:
