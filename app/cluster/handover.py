@@ -156,10 +156,13 @@ class HandoverParticipant:
     async def follow(self, current: PartitionMap) -> None:
         """Stop writes where a record makes this node a source (and say at which seqno); take
         them again where a paused partition has no record any more and the map still names
-        this node active (the handover was called off)."""
+        this node active (the handover was called off); delete the records of takeovers done."""
         engine = self.engine
         for p, stored in sorted(self.records.items()):
             h = stored.handover
+            if h.target == self.node and current.active_of(p) == self.node and engine.state(p) is PartitionState.ACTIVE:
+                await self.taken_over(p)  # taken over earlier, but deleting the record failed then
+                continue
             if h.source != self.node or h.fenced_at is not None or current.active_of(p) != self.node:
                 continue
             if engine.state(p) is not PartitionState.ACTIVE:

@@ -23,7 +23,7 @@ from clients.errors import HttpError
 from clients.http import HttpApi
 from engine.protocol.client.session import UNSAVED_PROGRESS
 from tests.cluster.etcd_server import EtcdProcess
-from tests.cluster.nodes import Cluster, first_map, settled, until
+from tests.cluster.nodes import Cluster, first_map, partition_of, settled, until
 
 pytestmark = pytest.mark.slow
 
@@ -54,6 +54,16 @@ class Writer(threading.Thread):
                     return
                 self.acked[key] = (result["partition"], result["seqno"], f"v-{i}".encode())
                 i += 1
+
+
+def _quietly(check: Any) -> Any:
+    """``check()``, with a retryable refusal (the pause not yet lifted) counting as not yet."""
+    try:
+        return check()
+    except HttpError as exc:
+        if exc.status == 503:
+            return False
+        raise
 
 
 def logs(url: str) -> dict[int, list[tuple[int, int]]]:
@@ -137,6 +147,20 @@ def test_graceful_failover_moves_every_active_partition_without_losing_a_write(
         assert cli.main(["cluster", "failover", "zz", "--server", n2]) == 1
         err = capsys.readouterr().err
         assert err.count("\n") == 1 and "unknown node 'zz'" in err
+
+        # out of time: the request is withdrawn and what n2 still holds takes writes on it again
+        assert cli.main(["cluster", "failover", "n2", "--server", n2, "--timeout", "0"]) == 1
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and "did not finish within 0s" in err, err
+
+        def n2_takes_writes() -> bool:
+            current = cluster.view("n2")
+            mine = [e["partition"] for e in current["map"]["partitions"] if e["active"] == "n2"]
+            keys = {p: next(f"t-{i}" for i in range(10_000) if partition_of(f"t-{i}", PARTS) == p) for p in mine}
+            with HttpApi(cluster.nodes["n2"].url) as api:
+                return all(api.put(key, b"again")["partition"] == p for p, key in keys.items())
+
+        until(lambda: _quietly(n2_takes_writes), what="n2's partitions taking writes again")
     finally:
         if writer is not None:
             writer.stop.set()
