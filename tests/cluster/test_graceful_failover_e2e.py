@@ -46,7 +46,9 @@ class Writer(threading.Thread):
                 try:
                     result = api.put(key, f"v-{i}".encode(), durability="memory")
                 except HttpError as exc:
-                    if exc.status == 503:  # the handover's pause: retryable, nothing was written
+                    # nothing was written: the handover's pause (503), or nodes still disagreeing
+                    # about a map that just changed after the client's hops (421)
+                    if exc.status in (503, 421):
                         self.retries += 1
                         time.sleep(0.02)
                         continue
