@@ -167,3 +167,22 @@ def test_graceful_failover_moves_every_active_partition_without_losing_a_write(
         if writer is not None:
             writer.stop.set()
         cluster.stop_all()
+
+
+def test_a_failover_with_nowhere_to_go_is_refused_in_one_line(tmp_path: Path, etcd: EtcdProcess,
+                                                             capsys: pytest.CaptureFixture[str]) -> None:
+    cluster = Cluster(tmp_path, etcd.url, partitions=4, replicas=1, initial_nodes=1,
+                      prefix=f"/upr/{uuid.uuid4().hex[:8]}")
+    try:
+        cluster.start("n1")
+        first_map(cluster, "n1")  # a lone node: every partition active on it, no replica anywhere
+        url = cluster.nodes["n1"].url
+        assert cli.main(["cluster", "failover", "n1", "--server", url, "--timeout", "60"]) == 1
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1, err
+        assert "graceful failover of n1 refused: partition 0: the partition has no replica" in err
+        with HttpApi(url) as api:  # withdrawn, and nothing was paused
+            assert api.failover_status("n1")["request"] is None
+            assert api.put("still-writable", b"v")["seqno"] >= 1
+    finally:
+        cluster.stop_all()
