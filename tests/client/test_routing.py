@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 
 from clients.errors import UsageError
-from clients.routing import parse_servers, redirect_target, revisit_delay
+from clients.routing import parse_servers, redirect_target
 
 
 @pytest.mark.parametrize(("text", "servers"), [
@@ -38,8 +38,3 @@ HERE = "http://127.0.0.1:1"
 ])
 def test_redirect_targets(status: int, body: object, target: str | None) -> None:
     assert redirect_target(status, body, HERE) == target
-
-
-def test_revisits_wait_longer_each_hop_and_at_most_a_second() -> None:
-    delays = [revisit_delay(h) for h in range(6)]
-    assert delays == sorted(delays) and delays[0] > 0 and max(delays) == 1.0
