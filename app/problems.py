@@ -221,7 +221,11 @@ def install(app: FastAPI) -> None:
     async def on_engine(request: Request, exc: E.UprError) -> Response:
         cluster = getattr(request.app.state, "cluster", None)
         if cluster is not None and isinstance(exc, E.PartitionNotActive) and exc.partition is not None:
-            return misdirected(exc.partition, cluster.misdirected(exc.partition)).response(request.url.path)
+            where = cluster.misdirected(exc.partition)
+            # the map names this very node (a graceful handover paused the partition's writes):
+            # no other node to send the client to, so a retryable 503 rather than a 421 to itself
+            if where.get("active") != cluster.name:
+                return misdirected(exc.partition, where).response(request.url.path)
         return Problem.from_engine(exc).response(request.url.path)
 
     async def on_auth(request: Request, exc: AuthError) -> Response:

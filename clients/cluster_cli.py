@@ -1,4 +1,5 @@
-"""``upr cluster status``: the cluster's nodes and partition map, as a table or ``--json``.
+"""``upr cluster status``: the cluster's nodes and partition map, as a table or ``--json``
+(``upr cluster failover`` lives in ``clients.cluster_failover``).
 
 A replica's lag is known on the node active for its partition (it holds the high seqno), so the
 command asks every node that is up and takes each partition's lag from its active's answer; a
@@ -79,3 +80,7 @@ def register(sub: Any) -> None:
     p.add_argument("--token", default=None, help="bearer token (default: $UPR_TOKEN)")
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
     p.set_defaults(func=_cmd_status)
+
+    from .cluster_failover import register as register_failover
+
+    register_failover(commands)

@@ -14,7 +14,9 @@ misdirected-request`` answers to the active node they name, a bounded number of 
 """
 from __future__ import annotations
 
+import asyncio
 import os
+import time
 from collections.abc import Iterable, Mapping
 from typing import Any
 from urllib.parse import quote
@@ -25,7 +27,7 @@ import orjson
 from engine.core.types import Document
 
 from .errors import AuthFailed, ConnectionFailed, HttpError
-from .routing import MAX_HOPS, parse_servers, redirect_target
+from .routing import MAX_HOPS, parse_servers, redirect_target, revisit_delay
 
 __all__ = ["DEFAULT_SERVER", "HttpApi", "AsyncHttpApi", "bulk_body", "default_server", "default_token", "doc_path"]
 
@@ -144,7 +146,11 @@ class HttpApi:
     def _routed(self, method: str, path: str, what: str, **kw: Any) -> tuple[httpx.Response, str]:
         """``_call``, then follow 421s to the node they name, at most ``max_hops`` times."""
         resp, server, hops = self._call(method, path, what, **kw), self.server, 0
+        visited = {server}
         while hops < self.max_hops and (target := redirect_target(resp.status_code, _problem_body(resp), server)):
+            if target in visited:  # two nodes disagree while a map change spreads: give it a moment
+                time.sleep(revisit_delay(hops))
+            visited.add(target)
             try:
                 resp = self._client.request(method, target + path, **kw)
             except httpx.TransportError as exc:
@@ -196,6 +202,18 @@ class HttpApi:
         """``GET /cluster``: nodes, the partition map with replica progress, the orchestrator."""
         return self._json("GET", "/cluster")
 
+    def start_failover(self, node: str, *, force: bool = False) -> dict[str, Any]:
+        """``POST /cluster/failover``: ask for a graceful failover of ``node``; its first status."""
+        return self._json("POST", "/cluster/failover", json={"node": node, "force": force})
+
+    def failover_status(self, node: str) -> dict[str, Any]:
+        """``GET /cluster/failover/{node}``: the request, the partitions still active, handovers in flight."""
+        return self._json("GET", f"/cluster/failover/{quote(node, safe='')}")
+
+    def withdraw_failover(self, node: str) -> dict[str, Any]:
+        """``DELETE /cluster/failover/{node}``: partitions not yet handed over take writes again."""
+        return self._json("DELETE", f"/cluster/failover/{quote(node, safe='')}")
+
     def close(self) -> None:
         self._client.close()
 
@@ -234,7 +252,11 @@ class AsyncHttpApi:
     async def _routed(self, method: str, path: str, what: str, **kw: Any) -> tuple[httpx.Response, str]:
         """See ``HttpApi._routed``."""
         resp, server, hops = await self._call(method, path, what, **kw), self.server, 0
+        visited = {server}
         while hops < self.max_hops and (target := redirect_target(resp.status_code, _problem_body(resp), server)):
+            if target in visited:
+                await asyncio.sleep(revisit_delay(hops))
+            visited.add(target)
             try:
                 resp = await self._client.request(method, target + path, **kw)
             except httpx.TransportError as exc:

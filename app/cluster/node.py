@@ -34,6 +34,7 @@ from typing import Any
 from app.cluster.election import Election
 from app.cluster.errors import ClusterError, DuplicateNode
 from app.cluster.etcd import EtcdClient, EtcdError
+from app.cluster.handover import HandoverParticipant
 from app.cluster.layout import Layout
 from app.cluster.mapstore import MapStore
 from app.cluster.membership import ClusterSettings, Membership, join_settings
@@ -101,6 +102,8 @@ class ClusterNode:
         self._orchestrator_task: asyncio.Task[None] | None = None
         self._tasks: list[asyncio.Task[Any]] = []
         self._apply_lock = asyncio.Lock()
+        #: graceful failover: where this node stops writes or takes over (``app.cluster.handover``)
+        self.handover = HandoverParticipant(self.etcd, self.layout, engine, self.name)
         self._changed = asyncio.Event()
 
     def _lease(self) -> int:
@@ -217,6 +220,7 @@ class ClusterNode:
         progress_kvs, _ = await self.etcd.get_prefix(self.layout.progress)
         current, _mod = await self.maps.load(self.config.partitions)
         holder = await self.etcd.get(self.layout.orchestrator)
+        await self.handover.load()
         self.nodes = {self.layout.node_name(kv.key): json.loads(kv.value)["url"] for kv in node_kvs}
         progress = {}
         for kv in progress_kvs:
@@ -238,7 +242,12 @@ class ClusterNode:
                 if self.fenced:  # stalled past the lease meanwhile: nothing becomes active now
                     break
                 p = change.partition
-                if change.change is Change.PROMOTE:
+                if change.change is Change.PROMOTE and self.handover.takes_over(p):
+                    await asyncio.to_thread(engine.take_over, p)
+                    log.warning("node %s: partition %d taken over as active (map revision %d), failover log kept",
+                                self.name, p, self.map.revision)
+                    await self.handover.taken_over(p)
+                elif change.change is Change.PROMOTE:
                     entry = await asyncio.to_thread(engine.promote, p)
                     log.warning("node %s: partition %d promoted to active (map revision %d): new history branch "
                                 "%d at seqno %d", self.name, p, self.map.revision, entry.uuid, entry.seqno)
@@ -250,6 +259,8 @@ class ClusterNode:
                     await asyncio.to_thread(engine.set_state, p, PartitionState.DEAD)
                 if self.fenced and engine.state(p) is PartitionState.ACTIVE:  # fenced while it ran
                     await asyncio.to_thread(engine.set_state, p, PartitionState.DEAD)
+            if not self.fenced:
+                await self.handover.follow(self.map)
             sources = {}
             for p, placement in enumerate(self.map.placements):
                 if self.name in placement.replicas and placement.active in self.nodes:

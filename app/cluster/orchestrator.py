@@ -22,6 +22,7 @@ from collections.abc import Callable
 
 from app.cluster.election import Election
 from app.cluster.etcd import EtcdClient, EtcdError
+from app.cluster.handover import HandoverDriver
 from app.cluster.layout import Layout
 from app.cluster.mapstore import MapStore
 from app.cluster.membership import ClusterSettings
@@ -47,6 +48,8 @@ class Orchestrator:
         #: node -> when a cycle first saw it in the map without a live lease
         self.gone_since: dict[str, float] = {}
         self._reported: set[tuple[int, str]] = set()
+        #: graceful failovers, advanced in cycles where the step itself changed no map
+        self.handover = HandoverDriver(etcd, layout, self.maps, election.guard)
 
     async def run(self) -> None:
         """Campaign, then run cycles until cancelled.  etcd being away only delays both."""
@@ -109,6 +112,8 @@ class Orchestrator:
             if (gone.partition, gone.reason) not in self._reported:
                 log.error("partition %d is unavailable: %s", gone.partition, gone.reason)
                 self._reported.add((gone.partition, gone.reason))
+        if decision.new_map is None:
+            await self.handover.cycle(view, mod_revision)
         if self.on_decision is not None:
             self.on_decision(decision)
         return decision

@@ -1,0 +1,109 @@
+"""Graceful failover's adapters against a real etcd and a real engine: the orchestrator's driver
+stores refusals, creates records, switches the map under its election guard and calls off what
+was withdrawn; a source node stops writes for its records and takes them again when a record
+goes.  The data plane (streams, takeover) is covered end to end in test_graceful_failover_e2e."""
+from __future__ import annotations
+
+import json
+import uuid
+from pathlib import Path
+
+import pytest
+
+from app.cluster.election import Election
+from app.cluster.etcd import EtcdClient
+from app.cluster.handover import HandoverDriver, HandoverParticipant, HandoverStore
+from app.cluster.layout import Layout
+from app.cluster.mapstore import MapStore
+from engine.cluster.handover import Handover, HandoverRequest
+from engine.cluster.orchestration import ClusterView
+from engine.cluster.partition_map import PartitionMap, Placement
+from engine.cluster.promotion import ReplicaProgress
+from engine.config import EngineConfig
+from engine.core.errors import PartitionNotActive
+from engine.core.types import Op, PartitionState, WriteOp
+from engine.engine import Engine
+from tests.cluster.etcd_server import EtcdProcess
+
+MAP = PartitionMap(1, (Placement("a", ("b",)), Placement("b", ("a",)), Placement("a", ("c",))))
+LIVE = frozenset({"a", "b", "c"})
+
+
+@pytest.fixture
+async def client(etcd: EtcdProcess):
+    c = EtcdClient([etcd.url])
+    yield c
+    await c.aclose()
+
+
+async def orchestrator(client: EtcdClient, layout: Layout) -> tuple[HandoverDriver, MapStore]:
+    """A driver holding the orchestrator key (its guard), and the map at revision 1."""
+    lease, _ttl = await client.grant(30)
+    election = Election(client, layout, "b", lease)
+    await election.campaign()
+    maps = MapStore(client, layout)
+    assert await maps.publish(MAP, 0)
+    return HandoverDriver(client, layout, maps, election.guard), maps
+
+
+async def test_the_driver_refuses_starts_switches_and_calls_off(client: EtcdClient) -> None:
+    layout = Layout(f"/upr/{uuid.uuid4().hex[:8]}")
+    driver, maps = await orchestrator(client, layout)
+    store = HandoverStore(client, layout)
+
+    async def cycle(progress: dict) -> PartitionMap:
+        current, mod = await maps.load(3)
+        await driver.cycle(ClusterView(current, LIVE, 1, progress), mod)
+        return (await maps.load(3))[0]
+
+    behind = {(0, "b"): ReplicaProgress(10, True), (2, "c"): ReplicaProgress(4, False)}
+    await store.ask(HandoverRequest("a"))
+    await cycle(behind)
+    refused = (await store.requests())["a"]
+    assert refused.refused is not None and "partition 2: no replica is in sync" in refused.refused
+    assert await store.records() == {}
+
+    await store.ask(HandoverRequest("a"))  # asked again once c caught up
+    in_sync = {(0, "b"): ReplicaProgress(10, True), (2, "c"): ReplicaProgress(7, True)}
+    assert await cycle(in_sync) == MAP
+    records = await store.records()
+    assert {p: s.handover for p, s in records.items()} == {0: Handover(0, "a", "b"), 2: Handover(2, "a", "c")}
+
+    for p, seqno in ((0, 10), (2, 9)):  # what the source does once its writes stopped
+        assert await store.update(records[p], records[p].handover.fenced(seqno))
+    switched = await cycle(in_sync)  # b holds 10 of 10, c only 7 of 9
+    assert switched.revision == 2 and switched.placements[0] == Placement("b", ("a",))
+    assert switched.placements[2] == MAP.placements[2]
+
+    await store.withdraw("a")  # 2 is called off (not switched yet); 0 is past undoing
+    assert await cycle(in_sync) == switched
+    assert set(await store.records()) == {0}
+
+    await client.delete(layout.orchestrator)  # no longer the orchestrator: its writes are refused
+    await store.ask(HandoverRequest("a"))
+    assert await cycle(in_sync) == switched
+    assert set(await store.records()) == {0}
+
+
+async def test_a_source_stops_writes_for_its_records_and_takes_them_again_when_called_off(
+        client: EtcdClient, tmp_path: Path) -> None:
+    layout = Layout(f"/upr/{uuid.uuid4().hex[:8]}")
+    store = HandoverStore(client, layout)
+    with Engine.open(EngineConfig(data_dir=tmp_path, partitions=3)) as engine:
+        for p in range(3):
+            engine.set_state(p, PartitionState.ACTIVE if MAP.active_of(p) == "a" else PartitionState.REPLICA)
+        key = next(f"k{i}" for i in range(1000) if engine.partition_of(f"k{i}") == 0)
+        seqno = engine.write(WriteOp(Op.MUTATION, key, b"v")).seqno
+        node = HandoverParticipant(client, layout, engine, "a")
+        await client.put(store.record_key(0), json.dumps(Handover(0, "a", "b").to_json()).encode())
+        await node.load()
+        await node.follow(MAP)
+        assert engine.writes_stopped(0) and not engine.writes_stopped(2)
+        assert (await store.records())[0].handover.fenced_at == seqno
+        with pytest.raises(PartitionNotActive):
+            engine.write(WriteOp(Op.MUTATION, key, b"lost?"))
+        await client.delete(store.record_key(0))  # called off
+        await node.load()
+        await node.follow(MAP)
+        assert not engine.writes_stopped(0)
+        assert engine.write(WriteOp(Op.MUTATION, key, b"again")).seqno == seqno + 1
