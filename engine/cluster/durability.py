@@ -85,6 +85,24 @@ class DurabilityTracker:
         copies = 1 + len(self._active(partition).replicas)
         return self.copies_holding(partition, seqno, persist) >= majority_of(copies)
 
+    def majority_seqno(self, partition: int, persisted: bool) -> int:
+        """The highest seqno of ``partition`` held (persisted if ``persisted``) by a majority of its
+        current copies: what no failover can take back, the bound of ``visibility: majority``.
+
+        The copies' figures sorted from the highest: the majority's weakest member is the
+        ``majority_of(copies)``-th; a replica that never acked counts as holding nothing."""
+        active = self._active(partition)
+        held = [active.persisted if persisted else active.received]
+        for node in active.replicas:
+            ack = self.acks.get(node, partition)
+            held.append(0 if ack is None else ack.persisted if persisted else ack.received)
+        held.sort(reverse=True)
+        return held[majority_of(len(held)) - 1]
+
+    def replicas_of(self, partition: int) -> frozenset[str]:
+        """The replicas of ``partition`` that count, as the current map names them."""
+        return self._active(partition).replicas
+
     def wait(self, partition: int, seqno: int, persist: bool, deadline: float) -> Waiter:
         """Register a write; ``satisfied`` returns it once it is durable (it may be already)."""
         waiter = Waiter(next(self._tokens), partition, seqno, persist, deadline)
