@@ -84,6 +84,8 @@ def create_app(
             from app.cluster.node import ClusterNode
 
             node = ClusterNode(engine, settings.node_config())
+            # before the node starts: a replica may stream from us as soon as we are in the map
+            app.state.stream_server.replica_acks = node.durable
             await node.start()
             app.state.cluster = node
             app.state.stream_server.owner_of = node.misdirected

@@ -28,6 +28,7 @@ import logging
 from dataclasses import dataclass
 from typing import Any
 
+from app.cluster.durable import DurableWrites
 from app.cluster.election import Election
 from app.cluster.errors import ClusterError, DuplicateNode
 from app.cluster.etcd import EtcdClient, EtcdError
@@ -94,6 +95,8 @@ class ClusterNode:
         self.replication = ReplicationStreams(engine, self.name, self.etcd, self.layout, self._lease,
                                               max_down_s=2.0 * config.lease_ttl_s + 1.0,
                                               is_live=lambda node: node in self.nodes)
+        #: durable writes of the partitions this node is active for, fed by its replicas' acks
+        self.durable = DurableWrites(engine, self.name, is_live=lambda node: node in self.nodes)
         self._orchestrator_task: asyncio.Task[None] | None = None
         self._tasks: list[asyncio.Task[Any]] = []
         self._apply_lock = asyncio.Lock()
@@ -143,6 +146,7 @@ class ClusterNode:
     async def _fence_and_rejoin(self) -> None:
         async with self._apply_lock:  # after a map being followed right now, before anything else
             retired = await self._retire_all()
+            self.durable.retire_all("this node lost its cluster lease (fenced)")
         log.error("node %s lost its lease: %d active partition(s) stopped taking writes; rejoining", self.name, retired)
         self.replication.update({})
         if self._orchestrator_task is not None:
@@ -228,6 +232,7 @@ class ClusterNode:
                     await asyncio.to_thread(engine.set_state, p, PartitionState.REPLICA)
                 else:
                     await asyncio.to_thread(engine.set_state, p, PartitionState.DEAD)
+            self.durable.follow_map(self.map)
             sources = {}
             for p, placement in enumerate(self.map.placements):
                 if self.name in placement.replicas and placement.active in self.nodes:
@@ -245,7 +250,9 @@ class ClusterNode:
         """``GET /cluster``: nodes, the map with each replica's progress, the orchestrator.
 
         A replica's ``lag`` (seqnos behind its active) is known on the active's node, which
-        holds the high seqno; elsewhere it is null."""
+        holds the high seqno and the replica's acks (``seqno_ack``: received and persisted);
+        elsewhere it is null.  Without an ack on the current stream the lag comes from the
+        progress the replica publishes in etcd."""
         names = sorted(set(self.nodes) | self.map.nodes())
         nodes = [{"name": n, "state": "up" if n in self.nodes else "down", "url": self.nodes.get(n)} for n in names]
         partitions = []
@@ -254,11 +261,19 @@ class ClusterNode:
             replicas = []
             for r in placement.replicas:
                 prog = self.progress.get((p, r))
-                lag = None
-                if prog is not None and placement.active == self.name:
-                    lag = max(engine.high_seqno(p) - prog.seqno, 0)
+                lag = ack = None
+                if placement.active == self.name:
+                    ack = self.durable.replica_ack(r, p)
+                    if ack is not None:
+                        lag = max(engine.high_seqno(p) - ack.received, 0)
+                    elif prog is not None:
+                        lag = max(engine.high_seqno(p) - prog.seqno, 0)
+                acked = {"received_seqno": None, "persisted_seqno": None, "persist_lag": None}
+                if ack is not None:
+                    acked = {"received_seqno": ack.received, "persisted_seqno": ack.persisted,
+                             "persist_lag": max(engine.high_seqno(p) - ack.persisted, 0)}
                 replicas.append({"node": r, "seqno": prog.seqno if prog else None,
-                                 "in_sync": bool(prog and prog.in_sync), "lag": lag})
+                                 "in_sync": bool(prog and prog.in_sync), "lag": lag, **acked})
             partitions.append({"partition": p, "active": placement.active, "replicas": replicas})
         return {"node": self.name, "fenced": self.fenced, "orchestrator": self.orchestrator, "nodes": nodes,
                 "map": {"revision": self.map.revision, "partitions": partitions}}

@@ -38,7 +38,7 @@ import time
 from collections import deque
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from starlette.websockets import WebSocketDisconnect
 
@@ -53,7 +53,16 @@ from engine.protocol.session import Close, LookupPartitions, LookupStream, Serve
 
 log = logging.getLogger("upr.stream")
 
-__all__ = ["StreamConnection", "StreamLimits"]
+__all__ = ["ReplicaAckSink", "StreamConnection", "StreamLimits"]
+
+
+class ReplicaAckSink(Protocol):
+    """Where a replication connection's ``seqno_ack``s go (``app.cluster.durable.DurableWrites``):
+    handed the session after each message received, and told when the connection ends."""
+
+    def acked(self, conn: object, session: ServerSession) -> None: ...
+
+    def closed(self, conn: object, session: ServerSession) -> None: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -117,9 +126,11 @@ class StreamConnection(PassSender):
         on_delivery: Callable[[float], None] = lambda seconds: None,
         on_cursor_drop: Callable[[], None] = lambda: None,
         owner_of: Callable[[int], dict[str, Any]] | None = None,
+        replica_acks: ReplicaAckSink | None = None,
     ) -> None:
         self.ws = ws
         self._owner_of = owner_of
+        self._replica_acks = replica_acks
         self.engine = engine
         self._read = read
         self.hub = hub
@@ -214,6 +225,8 @@ class StreamConnection(PassSender):
         finally:
             self._stopped = True
             self.hub.unsubscribe(self)
+            if self._replica_acks is not None:
+                self._replica_acks.closed(self, self.session)
             hello_deadline.cancel()
             watchdog.cancel()
             for task in (sender, reader):
@@ -285,6 +298,8 @@ class StreamConnection(PassSender):
             text = message.get("text")
             outs = session.receive_text(text) if text is not None else session.receive_binary(message["bytes"])
             await self._resolve(outs)
+            if self._replica_acks is not None:
+                self._replica_acks.acked(self, session)
             self._wake.set()  # an ack may have opened the window
             if self._close is not None:
                 return

@@ -19,7 +19,7 @@ import asyncio
 from collections.abc import Callable
 from typing import Any
 
-from app.stream.connection import StreamConnection, StreamLimits
+from app.stream.connection import ReplicaAckSink, StreamConnection, StreamLimits
 from app.stream.hub import ChangeHub
 from app.stream.jobs import JobBatcher
 from app.stream.slots import ConnectionSlots
@@ -42,6 +42,8 @@ class StreamServer:
         self._stream_metrics = stream_metrics
         #: in a cluster, who serves a partition (``ClusterNode.misdirected``): named in not_my_partition
         self.owner_of: Callable[[int], dict[str, Any]] | None = None
+        #: in a cluster, where replication connections' acks go (``app.cluster.durable.DurableWrites``)
+        self.replica_acks: ReplicaAckSink | None = None
 
     async def serve(self, ws: Any) -> None:
         """Accept ``ws`` and run its connection until it is over (the caller holds its slot)."""
@@ -61,6 +63,7 @@ class StreamServer:
             on_delivery=extra.delivery.observe,
             on_cursor_drop=extra.cursor_drops.inc,
             owner_of=self.owner_of,
+            replica_acks=self.replica_acks,
         )
         self.streams.register(conn)
         try:
