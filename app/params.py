@@ -32,8 +32,9 @@ DURABILITY_PARAM: dict[str, Any] = {
                    "a majority of the partition's copies (active and replicas of the current map) hold it in memory; "
                    "persist_majority: once a majority have persisted it, the active among them.  A majority write "
                    "not confirmed within `durability_timeout_ms` gets 504 `durability-ambiguous` (it may have been "
-                   "applied); one for a partition with too few live copies to form a majority gets 503 "
-                   "`durability-impossible` (not applied).  On a single node (no --cluster) a majority is the "
+                   "applied); a single-document write for a partition with too few live copies to form a majority "
+                   "gets 503 `durability-impossible` (not applied; a bulk batch, written before its partitions are "
+                   "known, gets 504 at once).  On a single node (no --cluster) a majority is the "
                    "node itself: majority = memory, persist_majority = persist",
     "schema": {"type": "string", "enum": [d.value for d in Durability], "default": "memory"},
 }

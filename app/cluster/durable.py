@@ -181,7 +181,9 @@ class DurableWrites:
         """Return once a majority of each partition's copies hold its target seqno (persisted if
         ``persist``: the caller has waited for the active's own persist first, since Couchbase's
         persistToMajority counts the active only once it persisted); raise ``DurabilityAmbiguous``
-        after ``timeout_s`` or when the node stops being active for a partition."""
+        after ``timeout_s``, when the node stops being active for a partition, or at once when too
+        few of a partition's copies are live to form a majority (a bulk batch, whose partitions
+        are known only once written)."""
         level = "persist_majority" if persist else "majority"
         loop = asyncio.get_running_loop()
         deadline = time.monotonic() + timeout_s
@@ -189,6 +191,11 @@ class DurableWrites:
         for p, seqno in sorted(targets.items()):
             if p not in self._active:
                 raise DurabilityAmbiguous(p, seqno, self.node, level, "this node is not active for the partition")
+            try:
+                self.check_possible(p)
+            except DurabilityImpossible as exc:  # written already: no longer "not applied", but no use waiting
+                raise DurabilityAmbiguous(p, seqno, self.node, level,
+                                          f"only {exc.live} of its {exc.copies} copies are live") from None
             self._own_progress(p)
             waiter = self.tracker.wait(p, seqno, persist, deadline)
             future: asyncio.Future[None] = loop.create_future()

@@ -198,3 +198,11 @@ def test_a_write_is_impossible_when_too_few_copies_are_live(engine: Engine, repl
             durable.check_possible(P)
         assert info.value.partition == P and "not applied" in str(info.value)
     durable.check_possible(5)  # not ours: left to the write's own routing (421)
+
+
+async def test_a_write_already_made_where_no_majority_is_live_is_ambiguous_at_once(engine: Engine) -> None:
+    durable = DurableWrites(engine, "n1", is_live=live_nodes())
+    durable.follow_map(map_of((P, "n1", ("n2",))))
+    with pytest.raises(DurabilityAmbiguous) as info:
+        await durable.wait({P: write(engine, P)}, False, 30.0)
+    assert "only 1 of its 2 copies are live" in info.value.reason and durable.waiting == 0
