@@ -5,19 +5,23 @@ with the replica paused (SIGSTOP) a majority write is answered ``durability-ambi
 timeout passes, and it was applied on the active."""
 from __future__ import annotations
 
+import json
 import signal
 import uuid
 from pathlib import Path
 
 import httpx
+import pytest
+
+from app import cli
 
 from tests.cluster.etcd_server import EtcdProcess
 from tests.cluster.nodes import Cluster, first_map, partition_of, replicas_caught_up, until
 from tests.support.problems import problem
 
 
-def test_majority_writes_wait_for_the_replica_and_are_ambiguous_while_it_is_paused(tmp_path: Path,
-                                                                                    etcd: EtcdProcess) -> None:
+def test_majority_writes_wait_for_the_replica_and_are_ambiguous_while_it_is_paused(
+        tmp_path: Path, etcd: EtcdProcess, capsys: pytest.CaptureFixture[str]) -> None:
     # a lease far longer than the pause: the paused replica stays in the map and counts as live
     cluster = Cluster(tmp_path, etcd.url, partitions=8, replicas=1, initial_nodes=2, lease_ttl_s=30,
                       prefix=f"/upr/{uuid.uuid4().hex[:8]}")
@@ -70,5 +74,8 @@ def test_majority_writes_wait_for_the_replica_and_are_ambiguous_while_it_is_paus
         until(lambda: replica_of_p()["received_seqno"] > ambiguous, what="the replica acknowledging again")
         w = httpx.put(f"{n1.url}/docs/{key}", params={"durability": "majority"}, content=b"six", timeout=60)
         assert w.status_code == 200, w.text
+        capsys.readouterr()
+        assert cli.main(["put", key, "seven", "--durability", "persist_majority", "--server", n1.url, "--json"]) == 0
+        assert json.loads(capsys.readouterr().out)["durability"] == "persist_majority"
     finally:
         cluster.stop_all()

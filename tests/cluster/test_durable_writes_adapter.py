@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from app.cluster.durable import DurabilityAmbiguous, DurabilityImpossible, DurableWrites
+from app.cluster.durable import DurabilityAmbiguous, DurabilityImpossible, DurableWrites, problem_of
 from engine.cluster.partition_map import PartitionMap, Placement
 from engine.config import EngineConfig
 from engine.core.types import Op, PartitionState, WriteOp
@@ -206,3 +206,15 @@ async def test_a_write_already_made_where_no_majority_is_live_is_ambiguous_at_on
     with pytest.raises(DurabilityAmbiguous) as info:
         await durable.wait({P: write(engine, P)}, False, 30.0)
     assert "only 1 of its 2 copies are live" in info.value.reason and durable.waiting == 0
+
+
+def test_the_problem_documents_say_whether_the_write_was_applied_and_where() -> None:
+    ambiguous = problem_of(DurabilityAmbiguous(3, 42, "n1", "majority", "1 of 2 copies hold it")).body()
+    assert ambiguous["status"] == 504 and ambiguous["type"].endswith("/durability-ambiguous")
+    assert {k: ambiguous[k] for k in ("partition", "seqno", "node", "applied", "durability")} == {
+        "partition": 3, "seqno": 42, "node": "n1", "applied": "unknown", "durability": "majority"}
+    impossible = problem_of(DurabilityImpossible(3, "n1", 1, 2))
+    assert impossible.status == 503 and impossible.headers == {"Retry-After": "1"}
+    body = impossible.body()
+    assert body["type"].endswith("/durability-impossible") and body["applied"] is False and body["partition"] == 3
+    assert "partition 3" in body["detail"] and "node n1" in body["detail"]
