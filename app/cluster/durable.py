@@ -107,6 +107,9 @@ class DurableWrites:
         self._owner: dict[tuple[str, int], object] = {}
         #: connection -> partitions it claimed (each once: a superseded connection never reclaims)
         self._claimed: dict[object, set[int]] = {}
+        #: told the partitions whose ``majority_seqno`` may have moved (an ack moved, a new map):
+        #: the stream server's ``visibility: majority`` ceilings wake on it
+        self.on_advance: Callable[[int], None] | None = None
 
     # ------------------------------------------------------------------ the map
     def follow_map(self, pmap: PartitionMap) -> None:
@@ -122,6 +125,9 @@ class DurableWrites:
         self._active = frozenset(active)
         self._give_up(lambda w: w.partition not in self._active, "this node is no longer active for the partition")
         self._settle()
+        if self.on_advance is not None:
+            for p in sorted(self._active):
+                self.on_advance(p)
 
     def retire_all(self, reason: str) -> None:
         """Fenced: nothing of ours counts any more; every waiter is ambiguous now."""
@@ -155,14 +161,17 @@ class DurableWrites:
                 claimed.add(p)
                 self._owner[(node, p)] = conn
                 acks.stream_started(node, p)
-        moved = False
+        moved = []
         for p, ack in session.replica_acks.items():
             if self._owner.get((node, p)) is conn:
                 before = acks.get(node, p)
-                after = acks.acknowledged(node, p, ack.received, ack.persisted)
-                moved = moved or after != before
+                if acks.acknowledged(node, p, ack.received, ack.persisted) != before:
+                    moved.append(p)
         if moved:
             self._settle()
+            if self.on_advance is not None:
+                for p in moved:
+                    self.on_advance(p)
 
     def closed(self, conn: object, session: ServerSession) -> None:
         """A stream connection ended: the copies it spoke for are unknown until they ack again."""

@@ -218,3 +218,21 @@ def test_the_problem_documents_say_whether_the_write_was_applied_and_where() -> 
     body = impossible.body()
     assert body["type"].endswith("/durability-impossible") and body["applied"] is False and body["partition"] == 3
     assert "partition 3" in body["detail"] and "node n1" in body["detail"]
+
+
+async def test_majority_advances_are_reported_per_partition(engine: Engine) -> None:
+    durable = DurableWrites(engine, "n1")
+    advanced: list[int] = []
+    durable.on_advance = advanced.append
+    durable.follow_map(map_of((P, "n1", ("n2",)), (1, "n1", ("n2",))))
+    assert sorted(advanced) == [1, P]
+    advanced.clear()
+    conn = Harness()
+    conn.hello(name=REPLICATION_PREFIX + "n2")
+    conn.open(P)
+    conn.open(1)
+    seqno = write(engine, P)
+    ack(durable, conn, seqno, 0)
+    assert advanced == [P] and durable.majority_seqno(P, False) == seqno
+    ack(durable, conn, seqno, 0)  # nothing moved: nobody woken
+    assert advanced == [P]
