@@ -74,6 +74,20 @@ async def preflight(config: NodeConfig) -> None:
         await etcd.aclose()
 
 
+def replica_sources(pmap: PartitionMap, me: str, urls: dict[str, str]) -> dict[int, tuple[str, str]]:
+    """The copies ``me`` replicates per ``pmap``: partition -> (its active, the active's URL).
+
+    A partition whose active died stays listed (at the URL it was last seen at) until the map
+    moves it: dropping it would drop the copy's catch-up state and withdraw its progress from
+    etcd, and the orchestrator, looking for the dead active's in-sync replicas at that very
+    moment, would find none and leave the partition unavailable."""
+    sources = {}
+    for p, placement in enumerate(pmap.placements):
+        if me in placement.replicas and placement.active is not None and placement.active in urls:
+            sources[p] = (placement.active, urls[placement.active])
+    return sources
+
+
 class ClusterNode:
     def __init__(self, engine: Engine, config: NodeConfig) -> None:
         self.engine = engine
@@ -86,6 +100,8 @@ class ClusterNode:
         self.map = PartitionMap.empty(config.partitions)
         #: live nodes (their key exists under a lease): name -> URL
         self.nodes: dict[str, str] = {}
+        #: every node's URL as last seen live (a dead active's too: see ``replica_sources``)
+        self._urls: dict[str, str] = {}
         self.progress: dict[tuple[int, str], ReplicaProgress] = {}
         self.orchestrator: str | None = None
         self.fenced = False
@@ -204,6 +220,7 @@ class ClusterNode:
         current, _mod = await self.maps.load(self.config.partitions)
         holder = await self.etcd.get(self.layout.orchestrator)
         self.nodes = {self.layout.node_name(kv.key): json.loads(kv.value)["url"] for kv in node_kvs}
+        self._urls.update(self.nodes)
         progress = {}
         for kv in progress_kvs:
             data = json.loads(kv.value)
@@ -233,11 +250,7 @@ class ClusterNode:
                 else:
                     await asyncio.to_thread(engine.set_state, p, PartitionState.DEAD)
             self.durable.follow_map(self.map)
-            sources = {}
-            for p, placement in enumerate(self.map.placements):
-                if self.name in placement.replicas and placement.active in self.nodes:
-                    sources[p] = (placement.active, self.nodes[placement.active])
-            self.replication.update(sources)
+            self.replication.update(replica_sources(self.map, self.name, self._urls))
 
     # ------------------------------------------------------------------ routing and status
     def misdirected(self, partition: int) -> dict[str, Any]:

@@ -131,6 +131,15 @@ class MajorityWriter:
             self.errors.append(exc)
 
 
+def cluster_log(cluster: Cluster, victim: str) -> str:
+    """The survivors' log lines about the cluster (why a failover did not happen)."""
+    lines = []
+    for name in cluster.live():
+        lines += [f"{name}: {line}" for line in cluster.nodes[name].log().splitlines()
+                  if "upr.cluster" in line or "unavailable" in line or "Traceback" in line][-40:]
+    return "\n".join(lines)
+
+
 def failover_logs(cluster: Cluster, name: str) -> dict[int, list[tuple[int, int]]]:
     parts = httpx.get(f"{cluster.nodes[name].url}/partitions", timeout=10).json()["partitions"]
     return {p["partition"]: [(e["uuid"], e["seqno"]) for e in p["failover_log"]] for p in parts}
@@ -162,7 +171,10 @@ def one_round(workdir: Path, etcd: EtcdProcess, seed: int) -> None:
                 moved = all(v["map"]["partitions"][p]["active"] not in (None, victim) for p in owned)
                 return v if moved and v["map"]["revision"] > view["map"]["revision"] else None
 
-            after = until(failed_over, timeout=90, what=f"the failover of {victim}'s partitions")
+            try:
+                after = until(failed_over, timeout=90, what=f"the failover of {victim}'s partitions")
+            except AssertionError as exc:
+                raise AssertionError(f"{exc}; the survivors say:\n{cluster_log(cluster, victim)}") from None
             until(lambda: settled(cluster, after), timeout=90, what="the survivors following the new map")
             target = writer.acked_count() + 20
             until(lambda: writer.acked_count() >= target, timeout=120,
