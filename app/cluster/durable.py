@@ -168,7 +168,7 @@ class DurableWrites:
                 if acks.acknowledged(node, p, ack.received, ack.persisted) != before:
                     moved.append(p)
         if moved:
-            self._settle()
+            self._settle(moved)
             if self.on_advance is not None:
                 for p in moved:
                     self.on_advance(p)
@@ -247,10 +247,10 @@ class DurableWrites:
         engine = self.engine
         self.tracker.active_progress(partition, engine.high_seqno(partition), engine.persisted_seqno(partition))
 
-    def _settle(self) -> None:
+    def _settle(self, partitions: list[int] | None = None) -> None:
         if not self._waiting:
             return
-        for waiter in self.tracker.satisfied():
+        for waiter in self.tracker.satisfied(partitions):
             entry = self._waiting.pop(waiter.token, None)
             if entry is not None and not entry[1].done():
                 entry[1].set_result(None)

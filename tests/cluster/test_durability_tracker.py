@@ -111,3 +111,26 @@ def test_majority_seqno(events, expected: tuple[int, int]) -> None:
     for persist, seqno in zip((False, True), expected):
         assert seqno == 0 or tracker.is_durable(0, seqno, persist)
         assert not tracker.is_durable(0, seqno + 1, persist)
+
+
+def test_satisfied_can_look_at_some_partitions_only() -> None:
+    tracker = DurabilityTracker()
+    for p in (0, 1):
+        tracker.set_replicas(p, frozenset({"n2"}))
+        tracker.active_progress(p, 10, 10)
+    first, second = tracker.wait(0, 5, False, 9.0), tracker.wait(1, 5, True, 9.0)
+    tracker.acks.acknowledged("n2", 0, 10, 10)
+    tracker.acks.acknowledged("n2", 1, 10, 10)
+    assert tracker.satisfied([0]) == [first] and tracker.waiting == 1
+    assert tracker.satisfied([0, 7]) == [] and tracker.satisfied() == [second] and tracker.waiting == 0
+
+
+def test_persist_waiters_use_persisted_figures_and_memory_waiters_received_ones() -> None:
+    tracker = DurabilityTracker()
+    tracker.set_replicas(0, frozenset({"n2"}))
+    tracker.active_progress(0, 10, 10)
+    tracker.acks.acknowledged("n2", 0, 10, 4)
+    memory, persist, later = tracker.wait(0, 8, False, 9.0), tracker.wait(0, 8, True, 9.0), tracker.wait(0, 4, True, 9.0)
+    assert tracker.satisfied() == [memory, later]
+    tracker.cancel(persist.token)
+    assert tracker.waiting == 0 and tracker.satisfied() == [] and tracker.expired(99.0) == []
