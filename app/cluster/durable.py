@@ -197,7 +197,7 @@ class DurableWrites:
         loop = asyncio.get_running_loop()
         deadline = time.monotonic() + timeout_s
         parked: list[tuple[Waiter, asyncio.Future[None]]] = []
-        for p, seqno in sorted(targets.items()):
+        for p, seqno in sorted(targets.items()):  # every check before anything is parked
             if p not in self._active:
                 raise DurabilityAmbiguous(p, seqno, self.node, level, "this node is not active for the partition")
             try:
@@ -205,6 +205,9 @@ class DurableWrites:
             except DurabilityImpossible as exc:  # written already: no longer "not applied", but no use waiting
                 raise DurabilityAmbiguous(p, seqno, self.node, level,
                                           f"only {exc.live} of its {exc.copies} copies are live") from None
+        if not targets:
+            return
+        for p, seqno in sorted(targets.items()):
             self._own_progress(p)
             waiter = self.tracker.wait(p, seqno, persist, deadline)
             future: asyncio.Future[None] = loop.create_future()

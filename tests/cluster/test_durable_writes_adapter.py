@@ -236,3 +236,12 @@ async def test_majority_advances_are_reported_per_partition(engine: Engine) -> N
     assert advanced == [P] and durable.majority_seqno(P, False) == seqno
     ack(durable, conn, seqno, 0)  # nothing moved: nobody woken
     assert advanced == [P]
+
+
+async def test_a_batch_refused_for_one_partition_parks_nothing_for_the_others(engine: Engine) -> None:
+    durable = DurableWrites(engine, "n1")
+    durable.follow_map(map_of((P, "n1", ("n2",))))
+    with pytest.raises(DurabilityAmbiguous):
+        await durable.wait({P: write(engine, P), 5: 1}, False, 5.0)  # 5 is not ours
+    assert durable.waiting == 0 and durable.tracker.waiting == 0
+    await durable.wait({}, False, 5.0)  # nothing written: nothing to wait for
