@@ -83,8 +83,17 @@ def create_app(
         if settings.cluster is not None:
             from app.cluster.metrics import ClusterCollector
             from app.cluster.node import ClusterNode
+            from engine.protocol.messages import Visibility
 
             node = ClusterNode(engine, settings.node_config())
+            # before the node starts: a replica may stream from us as soon as we are in the map
+            stream_server = app.state.stream_server
+            stream_server.replica_acks = node.durable
+            # visibility: majority streams stop at what a majority of the copies hold, and wake
+            # when an ack (or a new map) moves it
+            stream_server.set_ceiling_provider(Visibility.MAJORITY,
+                                               lambda p: node.durable.majority_seqno(p, False))
+            node.durable.on_advance = stream_server.ceiling_advanced
             await node.start()
             app.state.cluster = node
             app.state.metrics.attach_cluster(ClusterCollector(node.view))

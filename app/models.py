@@ -35,7 +35,7 @@ class WriteResult(BaseModel):
     cas: int = Field(description="CAS of the new version; pass as If-Match (or bulk `cas`) to update it safely")
     rev: int = Field(description="revision: how many times the key has changed")
     deleted: bool
-    durability: Literal["memory", "persist"]
+    durability: Literal["memory", "persist", "majority", "persist_majority"]
 
 
 class BulkItem(BaseModel):
@@ -65,7 +65,7 @@ class BulkItemResult(BaseModel):
 class BulkResult(BaseModel):
     """``?results=objects`` (the default): one object per item, in item order."""
 
-    durability: Literal["memory", "persist"]
+    durability: Literal["memory", "persist", "majority", "persist_majority"]
     succeeded: int
     failed: int
     results: list[BulkItemResult]
@@ -86,7 +86,7 @@ class BulkColumnsResult(BaseModel):
     """``?results=columns``: the same per-item outcome as ``BulkResult`` as one array per field
     (no keys: they are the request's, in order), plus the failed items with their problems."""
 
-    durability: Literal["memory", "persist"]
+    durability: Literal["memory", "persist", "majority", "persist_majority"]
     succeeded: int
     failed: int
     columns: BulkColumns

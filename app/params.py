@@ -15,9 +15,11 @@ from starlette.requests import Request
 from app.problems import INVALID_INPUT, Problem
 from engine.core.types import Durability
 
-_DURABILITY = {"memory": Durability.MEMORY, "persist": Durability.PERSIST}
+_DURABILITY = {d.value: d for d in Durability}
 _CAS = re.compile(r'\s*("?)([1-9][0-9]{0,19})\1\s*')
 _MAX_CAS = 1 << 64
+#: the longest a durable write may hold its request (and its waiter) open
+MAX_DURABILITY_TIMEOUT_MS = 60_000
 
 KEY_PARAM: dict[str, Any] = {
     "name": "key", "in": "path", "required": True,
@@ -26,8 +28,21 @@ KEY_PARAM: dict[str, Any] = {
 }
 DURABILITY_PARAM: dict[str, Any] = {
     "name": "durability", "in": "query", "required": False,
-    "description": "memory: answer once queued; persist: answer once fsynced",
-    "schema": {"type": "string", "enum": ["memory", "persist"], "default": "memory"},
+    "description": "memory: answer once queued on the active; persist: once fsynced on the active; majority: once "
+                   "a majority of the partition's copies (active and replicas of the current map) hold it in memory; "
+                   "persist_majority: once a majority have persisted it, the active among them.  A majority write "
+                   "not confirmed within `durability_timeout_ms` gets 504 `durability-ambiguous` (it may have been "
+                   "applied); a single-document write for a partition with too few live copies to form a majority "
+                   "gets 503 `durability-impossible` (not applied; a bulk batch, written before its partitions are "
+                   "known, gets 504 at once).  On a single node (no --cluster) a majority is the "
+                   "node itself: majority = memory, persist_majority = persist",
+    "schema": {"type": "string", "enum": [d.value for d in Durability], "default": "memory"},
+}
+DURABILITY_TIMEOUT_PARAM: dict[str, Any] = {
+    "name": "durability_timeout_ms", "in": "query", "required": False,
+    "description": "how long a majority or persist_majority write waits for its copies before answering "
+                   "504 durability-ambiguous (default --durability-timeout-ms, 10000 unless set)",
+    "schema": {"type": "integer", "minimum": 1, "maximum": MAX_DURABILITY_TIMEOUT_MS},
 }
 RESULTS_PARAM: dict[str, Any] = {
     "name": "results", "in": "query", "required": False,
@@ -58,8 +73,23 @@ def durability_of(request: Request) -> Durability:
         return Durability.MEMORY
     found = _DURABILITY.get(raw)
     if found is None:
-        raise Problem(INVALID_INPUT, "durability must be memory or persist", field="query.durability")
+        raise Problem(INVALID_INPUT, "durability must be memory, persist, majority or persist_majority",
+                      field="query.durability")
     return found
+
+
+def durability_timeout_of(request: Request, default_ms: int, max_ms: int = MAX_DURABILITY_TIMEOUT_MS) -> float:
+    """``?durability_timeout_ms=`` in seconds (``default_ms`` when absent), 1 to ``max_ms``."""
+    query = request.scope.get("query_string", b"")
+    if not query or query in _DURABILITY_QUERY:  # the common cases, without parsing the query
+        return default_ms / 1000
+    raw = request.query_params.get("durability_timeout_ms")
+    if raw is None:
+        return default_ms / 1000
+    if not raw.isascii() or not raw.isdigit() or not 1 <= int(raw) <= max_ms:
+        raise Problem(INVALID_INPUT, f"durability_timeout_ms must be an integer from 1 to {max_ms}",
+                      field="query.durability_timeout_ms")
+    return int(raw) / 1000
 
 
 def columns_wanted(request: Request) -> bool:

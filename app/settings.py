@@ -94,6 +94,11 @@ class Settings(BaseSettings):
         8 * MiB, ge=1024, description="largest body of any other request (POST /positions/check, /admin/...) in bytes"
     )
     max_bulk_items: int = Field(10_000, ge=1, description="most operations in one POST /docs/_bulk")
+    durability_timeout_ms: int = Field(
+        10_000, ge=1, le=60_000,
+        description="how long a majority/persist_majority write waits for its copies unless it asks otherwise "
+        "(?durability_timeout_ms, at most 60000), then 504 durability-ambiguous",
+    )
     tokens_file: Path | None = Field(None, description="TOML or JSON file of bearer tokens and roles")
     tokens: CliSuppress[str | None] = Field(
         None, description="bearer tokens inline, 'token=role,token=role' or JSON (usually via UPR_TOKENS)"

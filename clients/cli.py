@@ -358,7 +358,7 @@ def register(sub: Any) -> None:
     p.add_argument("key")
     p.add_argument("value", nargs="?", default=None, help="the value (default or '-': read stdin)")
     p.add_argument("--cas", type=int, default=None, help="only if the document's CAS is still this")
-    p.add_argument("--durability", choices=["memory", "persist"], default=None)
+    p.add_argument("--durability", choices=["memory", "persist", "majority", "persist_majority"], default=None)
     p.set_defaults(func=_guard(_cmd_put))
 
     p = sub.add_parser("get", help="print a document's value")
@@ -372,7 +372,7 @@ def register(sub: Any) -> None:
     _common(p)
     p.add_argument("key")
     p.add_argument("--cas", type=int, default=None)
-    p.add_argument("--durability", choices=["memory", "persist"], default=None)
+    p.add_argument("--durability", choices=["memory", "persist", "majority", "persist_majority"], default=None)
     p.set_defaults(func=_guard(_cmd_delete))
 
     p = sub.add_parser("barrier", help="wait until a consistent point of every partition was streamed")

@@ -389,6 +389,23 @@ class Engine:
         high = part.high_seqno
         return high, part.snapshots.at(high)
 
+    def replica_held(self, partition: int) -> tuple[int, int]:
+        """(last whole snapshot end held, last whole snapshot end persisted): what a replica
+        acknowledges to its active (``seqno_ack``).  Whole snapshots only, because a promotion
+        starts the new branch at the last whole one and drops the rest: counting a partial
+        snapshot would acknowledge writes a failover takes back.
+
+        Lock-free (attribute reads, safe on the event loop): the persisted seqno is read before
+        the snapshot marks, and the flusher moves the seqno first, so the marks read always
+        reach it (or their base is already past it and persisted too)."""
+        part = self._part(partition)
+        persisted = part.persisted_seqno
+        high = part.high_seqno
+        snapshots = part.snapshots
+        held = snapshots.at(max(high, snapshots.base_seqno)).complete_end
+        on_disk = snapshots.at(max(persisted, snapshots.base_seqno)).complete_end
+        return held, min(on_disk, held)
+
     def promote(self, partition: int) -> FailoverEntry:
         """Failover: replica ``partition`` becomes active and starts a new history branch at the end
         of the last snapshot it holds whole (``failover_policy.Promoted``); returns the entry."""

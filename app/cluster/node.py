@@ -31,6 +31,7 @@ import logging
 from dataclasses import dataclass
 from typing import Any
 
+from app.cluster.durable import DurableWrites
 from app.cluster.election import Election
 from app.cluster.errors import ClusterError, DuplicateNode
 from app.cluster.etcd import EtcdClient, EtcdError
@@ -78,6 +79,20 @@ async def preflight(config: NodeConfig) -> None:
         await etcd.aclose()
 
 
+def replica_sources(pmap: PartitionMap, me: str, urls: dict[str, str]) -> dict[int, tuple[str, str]]:
+    """The copies ``me`` replicates per ``pmap``: partition -> (its active, the active's URL).
+
+    A partition whose active died stays listed (at the URL it was last seen at) until the map
+    moves it: dropping it would drop the copy's catch-up state and withdraw its progress from
+    etcd, and the orchestrator, looking for the dead active's in-sync replicas at that very
+    moment, would find none and leave the partition unavailable."""
+    sources = {}
+    for p, placement in enumerate(pmap.placements):
+        if me in placement.replicas and placement.active is not None and placement.active in urls:
+            sources[p] = (placement.active, urls[placement.active])
+    return sources
+
+
 class ClusterNode:
     def __init__(self, engine: Engine, config: NodeConfig) -> None:
         self.engine = engine
@@ -90,6 +105,8 @@ class ClusterNode:
         self.map = PartitionMap.empty(config.partitions)
         #: live nodes (their key exists under a lease): name -> URL
         self.nodes: dict[str, str] = {}
+        #: every node's URL as last seen live (a dead active's too: see ``replica_sources``)
+        self._urls: dict[str, str] = {}
         self.progress: dict[tuple[int, str], ReplicaProgress] = {}
         self.orchestrator: str | None = None
         self.fenced = False
@@ -99,6 +116,8 @@ class ClusterNode:
         self.replication = ReplicationStreams(engine, self.name, self.etcd, self.layout, self._lease,
                                               max_down_s=2.0 * config.lease_ttl_s + 1.0,
                                               is_live=lambda node: node in self.nodes)
+        #: durable writes of the partitions this node is active for, fed by its replicas' acks
+        self.durable = DurableWrites(engine, self.name, is_live=lambda node: node in self.nodes)
         self._orchestrator_task: asyncio.Task[None] | None = None
         self._tasks: list[asyncio.Task[Any]] = []
         self._apply_lock = asyncio.Lock()
@@ -164,6 +183,7 @@ class ClusterNode:
     async def _fence_and_rejoin(self) -> None:
         async with self._apply_lock:  # after a map being followed right now, before anything else
             retired = await self._retire_all()
+            self.durable.retire_all("this node lost its cluster lease (fenced)")
         log.error("node %s lost its lease: %d active partition(s) stopped taking writes; rejoining", self.name, retired)
         self.replication.update({})
         if self._orchestrator_task is not None:
@@ -222,6 +242,7 @@ class ClusterNode:
         holder = await self.etcd.get(self.layout.orchestrator)
         await self.handover.load()
         self.nodes = {self.layout.node_name(kv.key): json.loads(kv.value)["url"] for kv in node_kvs}
+        self._urls.update(self.nodes)
         progress = {}
         for kv in progress_kvs:
             data = json.loads(kv.value)
@@ -261,11 +282,8 @@ class ClusterNode:
                     await asyncio.to_thread(engine.set_state, p, PartitionState.DEAD)
             if not self.fenced:
                 await self.handover.follow(self.map)
-            sources = {}
-            for p, placement in enumerate(self.map.placements):
-                if self.name in placement.replicas and placement.active in self.nodes:
-                    sources[p] = (placement.active, self.nodes[placement.active])
-            self.replication.update(sources)
+            self.durable.follow_map(self.map)
+            self.replication.update(replica_sources(self.map, self.name, self._urls))
 
     # ------------------------------------------------------------------ routing and status
     def misdirected(self, partition: int) -> dict[str, Any]:
@@ -278,7 +296,9 @@ class ClusterNode:
         """``GET /cluster``: nodes, the map with each replica's progress, the orchestrator.
 
         A replica's ``lag`` (seqnos behind its active) is known on the active's node, which
-        holds the high seqno; elsewhere it is null."""
+        holds the high seqno and the replica's acks (``seqno_ack``: received and persisted);
+        elsewhere it is null.  Without an ack on the current stream the lag comes from the
+        progress the replica publishes in etcd."""
         names = sorted(set(self.nodes) | self.map.nodes())
         nodes = [{"name": n, "state": "up" if n in self.nodes else "down", "url": self.nodes.get(n)} for n in names]
         partitions = []
@@ -287,11 +307,19 @@ class ClusterNode:
             replicas = []
             for r in placement.replicas:
                 prog = self.progress.get((p, r))
-                lag = None
-                if prog is not None and placement.active == self.name:
-                    lag = max(engine.high_seqno(p) - prog.seqno, 0)
+                lag = ack = None
+                if placement.active == self.name:
+                    ack = self.durable.replica_ack(r, p)
+                    if ack is not None:
+                        lag = max(engine.high_seqno(p) - ack.received, 0)
+                    elif prog is not None:
+                        lag = max(engine.high_seqno(p) - prog.seqno, 0)
+                acked = {"received_seqno": None, "persisted_seqno": None, "persist_lag": None}
+                if ack is not None:
+                    acked = {"received_seqno": ack.received, "persisted_seqno": ack.persisted,
+                             "persist_lag": max(engine.high_seqno(p) - ack.persisted, 0)}
                 replicas.append({"node": r, "seqno": prog.seqno if prog else None,
-                                 "in_sync": bool(prog and prog.in_sync), "lag": lag})
+                                 "in_sync": bool(prog and prog.in_sync), "lag": lag, **acked})
             partitions.append({"partition": p, "active": placement.active, "replicas": replicas})
         return {"node": self.name, "fenced": self.fenced, "orchestrator": self.orchestrator, "nodes": nodes,
                 "map": {"revision": self.map.revision, "partitions": partitions}}

@@ -22,7 +22,14 @@ reconnect, connection lost   a new connection after a capped backoff, resuming f
 ===========================  ================================================================
 
 Every connection starts a fresh ``ClientSession`` whose offsets come from the engine, so the
-position streamed from is always what the copy really holds.  Progress (last whole snapshot end,
+position streamed from is always what the copy really holds.
+
+What the copy holds goes back to the active as ``seqno_ack {partition, received, persisted}``
+(``ReplicaAcker``): the ends of the last whole snapshots held in memory and on disk
+(``Engine.replica_held``), which durable writes and ``GET /cluster`` lag on the active count.
+Acks are coalesced: one per partition whose figures moved since the last one, sent after the
+batches applied so far; while something held is not yet persisted the acker looks again every
+flush interval, so the flusher's progress reaches the active without an ack per item.  Progress (last whole snapshot end,
 in sync) goes to etcd under the node's lease, at most every ``publish_interval_s`` per copy.
 """
 from __future__ import annotations
@@ -63,7 +70,7 @@ class ReplicationStreams:
     def __init__(self, engine: Engine, node: str, etcd: EtcdClient, layout: Layout, lease: Callable[[], int], *,
                  publish_interval_s: float = 0.2, open_timeout_s: float = 5.0, max_backoff_s: float = 2.0,
                  max_frame_bytes: int = 64 << 20, max_down_s: float = 10.0,
-                 is_live: Callable[[str], bool] = lambda node: True) -> None:
+                 is_live: Callable[[str], bool] = lambda node: True, ack_poll_s: float | None = None) -> None:
         self.engine, self.node, self.etcd, self.layout, self.lease = engine, node, etcd, layout, lease
         self.publish_interval_s = publish_interval_s
         self.open_timeout_s = open_timeout_s
@@ -72,6 +79,8 @@ class ReplicationStreams:
         #: cut off this long from a live active, a copy is no longer in sync (``ReplicaSync.tick``)
         self.max_down_s = max_down_s
         self.is_live = is_live
+        #: how often an acker looks for persisted progress while some is pending: the flush interval
+        self.ack_poll_s = ack_poll_s if ack_poll_s is not None else max(engine.config.flush_interval_ms / 1000, 0.001)
         #: partition -> the active node it streams from
         self._source_of: dict[int, str] = {}
         #: partition -> its copy's catch-up state
@@ -179,6 +188,7 @@ class ReplicationStreams:
 
     async def _connection(self, active: str, url: str, partitions: frozenset[int]) -> None:
         engine = self.engine
+        acker = ReplicaAcker(engine, self.ack_poll_s)
         offsets = {}
         for p in sorted(partitions):
             offset = self._offset(p)
@@ -189,6 +199,7 @@ class ReplicationStreams:
         session = ClientSession(partitions=sorted(partitions), offsets=offsets, on_rollback=RollbackPolicy.RESET)
         conn = await StreamConnection.open(stream_url(url), None, open_timeout=self.open_timeout_s,
                                            max_frame_bytes=self.max_frame_bytes, ping_interval=None)
+        acks = asyncio.create_task(acker.run(conn), name=f"replica acks to {active}")
         try:
             await conn.send(session.hello(replication_name(self.node), M.Codec.BINARY))
             first, nbytes = await conn.first(self.open_timeout_s)
@@ -205,10 +216,16 @@ class ReplicationStreams:
                 if isinstance(msg, M.StreamResponse) and msg.status is M.StreamStatus.OK:
                     await asyncio.to_thread(engine.adopt_failover_log, msg.partition, msg.failover_log or ())
                 await self._carry_out(conn, session, session.receive(msg))
+                if type(msg) is ItemBatch and msg.last:
+                    acker.applied(msg.partition)
                 ack = session.processed(nbytes)
                 if ack is not None:
                     await conn.send(ack)
+                if acks.done():
+                    acks.result()  # the acker's failure (a closed connection) ends this one
         finally:
+            acks.cancel()
+            await asyncio.gather(acks, return_exceptions=True)
             await conn.close()
 
     async def _carry_out(self, conn: StreamConnection, session: ClientSession, actions: list[Any]) -> None:
@@ -252,6 +269,46 @@ class ReplicationStreams:
             sync = self.syncs.get(p)
             if sync is not None:
                 sync.snapshot_applied(engine.replica_mark(p)[1].complete_end)
+
+
+class ReplicaAcker:
+    """Sends one connection's ``seqno_ack``s: coalesced, only for partitions that moved.
+
+    ``applied(p)`` after a whole snapshot of ``p`` is applied wakes it; it sends what the copy
+    holds now (``Engine.replica_held``) for every woken partition whose figures changed, and
+    keeps looking every ``poll_s`` while a held seqno is not yet persisted (no flush listener
+    exists, and a flusher round is about that long)."""
+
+    def __init__(self, engine: Engine, poll_s: float) -> None:
+        self.engine, self.poll_s = engine, poll_s
+        self._wake = asyncio.Event()
+        self._streamed: set[int] = set()  # partitions the active streams on this connection
+        self._sent: dict[int, tuple[int, int]] = {}
+        self.sent = 0
+
+    def applied(self, partition: int) -> None:
+        self._streamed.add(partition)
+        self._wake.set()
+
+    async def run(self, conn: StreamConnection) -> None:
+        pending = False
+        while True:
+            if pending:
+                try:
+                    await asyncio.wait_for(self._wake.wait(), self.poll_s)
+                except asyncio.TimeoutError:
+                    pass
+            else:
+                await self._wake.wait()
+            self._wake.clear()
+            pending = False
+            for p in sorted(self._streamed):
+                held = self.engine.replica_held(p)
+                if held != self._sent.get(p):
+                    await conn.send(M.SeqnoAck(p, held[0], held[1]))
+                    self._sent[p] = held
+                    self.sent += 1
+                pending = pending or held[1] < held[0]
 
 
 def _ranges(partitions: frozenset[int]) -> str:

@@ -10,7 +10,16 @@ from starlette.responses import Response
 from app import bulk
 from app.deps import WriteCtx
 from app.limits import read_body
-from app.params import DURABILITY_PARAM, RESULTS_PARAM, columns_wanted, durability_of
+from app.cluster.durable import majority_wait
+from app.params import (
+    DURABILITY_PARAM,
+    DURABILITY_TIMEOUT_PARAM,
+    RESULTS_PARAM,
+    columns_wanted,
+    durability_of,
+    durability_timeout_of,
+)
+from app.routes.docs import durable_writes
 from app.models import BulkColumnsResult, BulkItem, BulkResult
 from app.routes.responses import problems
 from engine.core.types import Durability
@@ -19,8 +28,10 @@ router = APIRouter(prefix="/docs", tags=["documents"])
 
 _ITEM_REF = {"$ref": "#/components/schemas/BulkItem"}
 _BULK_BODY: dict[str, Any] = {
-    "parameters": [{**DURABILITY_PARAM, "description": "memory, or persist: one wait for the whole batch"},
-                   RESULTS_PARAM],
+    "parameters": [{**DURABILITY_PARAM, "description": "one wait for the whole batch: " + DURABILITY_PARAM["description"]
+                    + ".  A 504 durability-ambiguous answer covers the whole batch: every successful item may "
+                    "have been applied"},
+                   DURABILITY_TIMEOUT_PARAM, RESULTS_PARAM],
     "requestBody": {
         "required": True,
         "description": "a JSON array of operations, or NDJSON with one operation per line",
@@ -33,15 +44,16 @@ _BULK_BODY: dict[str, Any] = {
 
 
 def _run(engine: Any, body: bytes, ndjson: bool, max_items: int, durability: Durability,
-         columns: bool = False) -> tuple[tuple[bytes, int, int], Any]:
+         columns: bool = False) -> tuple[tuple[bytes, int, int, dict[int, int]], Any]:
     """Writer thread: parse, write the batch, and take its persist future in one hop; returns
-    (the encoded answer and its counts, the persist future or None)."""
+    (the encoded answer, its counts and the highest seqno written per partition; the persist
+    future or None)."""
     with bulk.gc_paused():
         items = bulk.decode(body, ndjson, max_items)
         out, targets = bulk.apply(engine, items, durability.value, columns)
         encoded = orjson.dumps(out)
-    future = engine.persist_future(targets) if durability is Durability.PERSIST and targets else None
-    return (encoded, out["succeeded"], out["failed"]), future
+    future = engine.persist_future(targets) if durability.persist and targets else None
+    return (encoded, out["succeeded"], out["failed"], targets), future
 
 
 @router.post(
@@ -59,15 +71,19 @@ async def post_bulk(
     Each gets its own result (`status` 200, or the status and problem of its error); a bad
     item does not stop the others.  `results=columns` answers with one array per field
     instead of one object per item (much cheaper for large batches).  With `durability=persist` the answer waits until every
-    successful item is fsynced; on a full disk it is 507 (the items were applied and stay queued in
+    successful item is fsynced (with `majority`/`persist_majority`, until a majority of each written partition's
+    copies hold them; 504 `durability-ambiguous` past `durability_timeout_ms`); on a full disk it is 507 (the items were applied and stay queued in
     memory until space returns; `unpersisted` names each partition and seqno)."""
     settings, runner, metrics = ctx.settings, ctx.runner, ctx.metrics
     durability = durability_of(request)
+    timeout_s = durability_timeout_of(request, settings.durability_timeout_ms)
     columns = columns_wanted(request)
     body = await read_body(request, settings.max_bulk_bytes, "the bulk body")
     ndjson = bulk.is_ndjson(request.headers.get("content-type"), body)
-    out, ok, failed = await runner.write_durable(_run, runner.engine, body, ndjson, settings.max_bulk_items,
-                                                 durability, columns)
+    out, ok, failed, targets = await runner.write_durable(_run, runner.engine, body, ndjson, settings.max_bulk_items,
+                                                          durability, columns)
+    if durability.majority:
+        await majority_wait(durable_writes(ctx), targets, durability.persist, timeout_s)
     metrics.bulk_items.labels("ok").inc(ok)
     if failed:
         metrics.bulk_items.labels("failed").inc(failed)

@@ -25,7 +25,14 @@ class ReplicaInfo(BaseModel):
     node: str
     seqno: int | None = Field(description="end of the last whole snapshot it reported (null: no report yet)")
     in_sync: bool = Field(description="it caught up with the active and may be promoted")
-    lag: int | None = Field(description="seqnos behind the active (known on the active's node, else null)")
+    lag: int | None = Field(description="seqnos behind the active: its high seqno minus the replica's acknowledged "
+                                        "received seqno, or its last reported seqno before an ack (known on the "
+                                        "active's node, else null)")
+    received_seqno: int | None = Field(None, description="end of the last whole snapshot the replica acknowledged "
+                                       "holding in memory on its current stream (active's node only, else null)")
+    persisted_seqno: int | None = Field(None, description="end of the last whole snapshot the replica acknowledged "
+                                        "persisted on its current stream (active's node only, else null)")
+    persist_lag: int | None = Field(None, description="seqnos the replica has not yet persisted (active's node only)")
 
 
 class PartitionPlacement(BaseModel):

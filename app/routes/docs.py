@@ -18,7 +18,17 @@ from starlette.responses import Response
 from app.deps import Ctx, ctx_for, read_ctx, write_ctx
 from app.limits import read_body
 from app.models import WriteResult as WriteResultModel
-from app.params import DURABILITY_PARAM, IF_MATCH_PARAM, KEY_PARAM, durability_of, if_match_of, key_of
+from app.cluster.durable import DurableWrites, check_possible, majority_wait
+from app.params import (
+    DURABILITY_PARAM,
+    DURABILITY_TIMEOUT_PARAM,
+    IF_MATCH_PARAM,
+    KEY_PARAM,
+    durability_of,
+    durability_timeout_of,
+    if_match_of,
+    key_of,
+)
 from app.plain import serve_plainly
 from app.results import version_headers, write_result_dict
 from app.routes.responses import problems
@@ -42,7 +52,7 @@ class _KeyConvertor(Convertor[str]):
 
 register_url_convertor("doc_key", _KeyConvertor())
 
-_WRITE_PARAMS: dict[str, Any] = {"parameters": [KEY_PARAM, DURABILITY_PARAM, IF_MATCH_PARAM]}
+_WRITE_PARAMS: dict[str, Any] = {"parameters": [KEY_PARAM, DURABILITY_PARAM, DURABILITY_TIMEOUT_PARAM, IF_MATCH_PARAM]}
 _VALUE_BODY: dict[str, Any] = {
     **_WRITE_PARAMS,
     "requestBody": {
@@ -64,8 +74,30 @@ _VERSION_HEADERS = {
 }
 
 
-async def _apply(ctx: Ctx, op: WriteOp, durability: Durability) -> Response:
+def durable_writes(ctx: Ctx) -> DurableWrites | None:
+    """The cluster's durable-write tracker; None on a single node, where a majority is the node."""
+    cluster = getattr(ctx.state, "cluster", None)
+    return cluster.durable if cluster is not None else None
+
+
+async def _apply(request: Request, ctx: Ctx, op: WriteOp, durability: Durability) -> Response:
+    timeout_s = durability_timeout_of(request, ctx.settings.durability_timeout_ms)  # checked at every level
+    if durability.majority:
+        return await _apply_majority(ctx, op, durability, timeout_s)
     res = await ctx.runner.write_one(op, durability is Durability.PERSIST)
+    body = orjson.dumps(write_result_dict(res, durability.value))
+    return Response(body, 200, version_headers(res), media_type="application/json")
+
+
+async def _apply_majority(ctx: Ctx, op: WriteOp, durability: Durability, timeout_s: float) -> Response:
+    """Refused before writing when the partition cannot form a majority; else written (and
+    fsynced on the active for persist_majority), then held until a majority holds it."""
+    runner = ctx.runner
+    durable = durable_writes(ctx)
+    if durable is not None:
+        check_possible(durable, runner.engine.partition_of(op.key))
+    res = await runner.write_one(op, durability.persist)
+    await majority_wait(durable, {res.partition: res.seqno}, durability.persist, timeout_s)
     body = orjson.dumps(write_result_dict(res, durability.value))
     return Response(body, 200, version_headers(res), media_type="application/json")
 
@@ -75,7 +107,7 @@ async def _apply(ctx: Ctx, op: WriteOp, durability: Durability) -> Response:
     summary="Create or replace a document",
     response_model=WriteResultModel,
     openapi_extra=_VALUE_BODY,
-    responses={200: {"headers": _VERSION_HEADERS}, **problems(401, 403, 412, 413, 422, 429, 503, 507)},
+    responses={200: {"headers": _VERSION_HEADERS}, **problems(401, 403, 412, 413, 422, 429, 503, 504, 507)},
 )
 async def put_doc(request: Request) -> Response:
     """The body is the value.  With `If-Match` the write happens only if the document's
@@ -85,7 +117,7 @@ async def put_doc(request: Request) -> Response:
     ctx = await ctx_for(request, write_ctx)
     key, durability, cas = key_of(request), durability_of(request), if_match_of(request)
     value = await read_body(request, ctx.settings.max_value_bytes, "the value")
-    return await _apply(ctx, WriteOp(Op.MUTATION, key, value, cas), durability)
+    return await _apply(request, ctx, WriteOp(Op.MUTATION, key, value, cas), durability)
 
 
 @router.delete(
@@ -93,13 +125,13 @@ async def put_doc(request: Request) -> Response:
     summary="Delete a document",
     response_model=WriteResultModel,
     openapi_extra=_WRITE_PARAMS,
-    responses={200: {"headers": _VERSION_HEADERS}, **problems(401, 403, 404, 412, 422, 429, 503, 507)},
+    responses={200: {"headers": _VERSION_HEADERS}, **problems(401, 403, 404, 412, 422, 429, 503, 504, 507)},
 )
 async def delete_doc(request: Request) -> Response:
     """Leaves a tombstone that streams deliver as a deletion.  404 if there is no live document."""
     ctx = await ctx_for(request, write_ctx)
     key, durability, cas = key_of(request), durability_of(request), if_match_of(request)
-    return await _apply(ctx, WriteOp(Op.DELETION, key, b"", cas), durability)
+    return await _apply(request, ctx, WriteOp(Op.DELETION, key, b"", cas), durability)
 
 
 @router.get(

@@ -18,7 +18,11 @@ _DESCRIPTIONS = {
     422: "invalid input; `field` names it",
     429: ("write queue over its memory limit, or over `--flush-failure-backlog-bytes` while flushing to disk "
           "fails; nothing was written; retry after Retry-After"),
-    503: "partition not active (see `partition`) or engine not open",
+    503: ("partition not active (see `partition`) or engine not open; or `durability-impossible`: too few live "
+          "copies of the partition to form a majority, nothing was written"),
+    504: ("`durability-ambiguous`: a majority/persist_majority write was applied on the active but not confirmed "
+          "by a majority of the partition's copies within `durability_timeout_ms`; it may or may not survive a "
+          "failover (`partition`, `seqno`, `node` name it); read it back or rewrite it (idempotent sets are safe)"),
     507: ("the disk is full: the writes waited for (durability=persist, or a flush) were applied and stay queued "
           "in memory, but are not persisted yet; the server persists them by itself once space returns (do not "
           "resend them). `unpersisted` lists each partition and the seqno waited for"),

@@ -45,7 +45,7 @@ import time
 from collections import deque
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from starlette.websockets import WebSocketDisconnect
 
@@ -61,7 +61,16 @@ from engine.protocol.session import Close, LookupPartitions, LookupStream, Serve
 
 log = logging.getLogger("upr.stream")
 
-__all__ = ["StreamConnection", "StreamLimits"]
+__all__ = ["ReplicaAckSink", "StreamConnection", "StreamLimits"]
+
+
+class ReplicaAckSink(Protocol):
+    """Where a replication connection's ``seqno_ack``s go (``app.cluster.durable.DurableWrites``):
+    handed the session after each message received, and told when the connection ends."""
+
+    def acked(self, conn: object, session: ServerSession) -> None: ...
+
+    def closed(self, conn: object, session: ServerSession) -> None: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -126,12 +135,14 @@ class StreamConnection(PassSender):
         on_cursor_drop: Callable[[], None] = lambda: None,
         owner_of: Callable[[int], dict[str, Any]] | None = None,
         ceilings: VisibleCeilings | None = None,
+        replica_acks: ReplicaAckSink | None = None,
     ) -> None:
         self.ws = ws
         self._ceilings = ceilings
         #: the visible ceiling of this connection's partitions (None: not capped), set at hello
         self._ceiling_of: Callable[[int], int] | None = None
         self._owner_of = owner_of
+        self._replica_acks = replica_acks
         self.engine = engine
         self._read = read
         self.hub = hub
@@ -228,6 +239,8 @@ class StreamConnection(PassSender):
             self.hub.unsubscribe(self)
             if self._ceiling_of is not None and self._ceilings is not None:
                 self._ceilings.unsubscribe(self)
+            if self._replica_acks is not None:
+                self._replica_acks.closed(self, self.session)
             hello_deadline.cancel()
             watchdog.cancel()
             for task in (sender, reader):
@@ -299,6 +312,8 @@ class StreamConnection(PassSender):
             text = message.get("text")
             outs = session.receive_text(text) if text is not None else session.receive_binary(message["bytes"])
             await self._resolve(outs)
+            if self._replica_acks is not None:
+                self._replica_acks.acked(self, session)
             self._wake.set()  # an ack may have opened the window
             if self._close is not None:
                 return

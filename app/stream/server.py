@@ -21,7 +21,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from app.stream.ceilings import CeilingProvider, VisibleCeilings
-from app.stream.connection import StreamConnection, StreamLimits
+from app.stream.connection import ReplicaAckSink, StreamConnection, StreamLimits
 from app.stream.hub import ChangeHub
 from app.stream.jobs import JobBatcher
 from app.stream.slots import ConnectionSlots
@@ -52,6 +52,8 @@ class StreamServer:
         self._stream_metrics = stream_metrics
         #: in a cluster, who serves a partition (``ClusterNode.misdirected``): named in not_my_partition
         self.owner_of: Callable[[int], dict[str, Any]] | None = None
+        #: in a cluster, where replication connections' acks go (``app.cluster.durable.DurableWrites``)
+        self.replica_acks: ReplicaAckSink | None = None
 
     async def serve(self, ws: Any) -> None:
         """Accept ``ws`` and run its connection until it is over (the caller holds its slot)."""
@@ -72,6 +74,7 @@ class StreamServer:
             on_cursor_drop=extra.cursor_drops.inc,
             owner_of=self.owner_of,
             ceilings=self.ceilings,
+            replica_acks=self.replica_acks,
         )
         self.streams.register(conn)
         try:

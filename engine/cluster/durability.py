@@ -17,6 +17,7 @@ writers on the tokens it returns.
 """
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from itertools import count
 
@@ -55,6 +56,8 @@ class DurabilityTracker:
         self.acks = acks if acks is not None else ReplicaAcks()
         self._partitions: dict[int, _Active] = {}
         self._waiters: dict[int, Waiter] = {}
+        #: the same waiters by partition: an ack of one partition looks at that partition's only
+        self._by_partition: dict[int, dict[int, Waiter]] = {}
         self._tokens = count(1)
 
     def _active(self, partition: int) -> _Active:
@@ -85,21 +88,57 @@ class DurabilityTracker:
         copies = 1 + len(self._active(partition).replicas)
         return self.copies_holding(partition, seqno, persist) >= majority_of(copies)
 
+    def majority_seqno(self, partition: int, persisted: bool) -> int:
+        """The highest seqno of ``partition`` held (persisted if ``persisted``) by a majority of its
+        current copies: what no failover can take back, the bound of ``visibility: majority``.
+
+        The copies' figures sorted from the highest: the majority's weakest member is the
+        ``majority_of(copies)``-th; a replica that never acked counts as holding nothing."""
+        active = self._active(partition)
+        held = [active.persisted if persisted else active.received]
+        for node in active.replicas:
+            ack = self.acks.get(node, partition)
+            held.append(0 if ack is None else ack.persisted if persisted else ack.received)
+        held.sort(reverse=True)
+        return held[majority_of(len(held)) - 1]
+
+    def replicas_of(self, partition: int) -> frozenset[str]:
+        """The replicas of ``partition`` that count, as the current map names them."""
+        return self._active(partition).replicas
+
     def wait(self, partition: int, seqno: int, persist: bool, deadline: float) -> Waiter:
         """Register a write; ``satisfied`` returns it once it is durable (it may be already)."""
         waiter = Waiter(next(self._tokens), partition, seqno, persist, deadline)
         self._waiters[waiter.token] = waiter
+        self._by_partition.setdefault(partition, {})[waiter.token] = waiter
         return waiter
 
     def cancel(self, token: int) -> None:
         """The writer went away: stop tracking it."""
-        self._waiters.pop(token, None)
+        waiter = self._waiters.pop(token, None)
+        if waiter is not None:
+            self._forget(waiter)
 
-    def satisfied(self) -> list[Waiter]:
-        """Waiters whose write reached its majority, removed from the tracker."""
-        done = [w for w in self._waiters.values() if self.is_durable(w.partition, w.seqno, w.persist)]
+    def _forget(self, waiter: Waiter) -> None:
+        of_partition = self._by_partition[waiter.partition]
+        del of_partition[waiter.token]
+        if not of_partition:
+            del self._by_partition[waiter.partition]
+
+    def satisfied(self, partitions: Iterable[int] | None = None) -> list[Waiter]:
+        """Waiters whose write reached its majority, removed from the tracker; only those of
+        ``partitions`` when given (what an ack of them can have changed).  Each partition's
+        majority seqnos are computed once, not once per waiter."""
+        done = []
+        for p in list(self._by_partition) if partitions is None else partitions:
+            waiters = self._by_partition.get(p)
+            if not waiters:
+                continue
+            held = self.majority_seqno(p, False), self.majority_seqno(p, True)
+            done += [w for w in waiters.values() if w.seqno <= held[w.persist]]
         for waiter in done:
             del self._waiters[waiter.token]
+            self._forget(waiter)
         return done
 
     def expired(self, now: float) -> list[Waiter]:
@@ -110,6 +149,7 @@ class DurabilityTracker:
         ]
         for waiter in late:
             del self._waiters[waiter.token]
+            self._forget(waiter)
         return late
 
     @property

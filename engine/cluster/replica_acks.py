@@ -72,6 +72,11 @@ class ReplicaAcks:
         for key in [key for key in self._acks if key[0] == node]:
             del self._acks[key]
 
+    def forget_stream(self, node: str, partition: int) -> None:
+        """The stream of ``partition`` from ``node`` ended: its figures no longer vouch for anything
+        (the next stream may follow a rollback), so the copy counts as unknown until it acks again."""
+        self._acks.pop((node, partition), None)
+
     def get(self, node: str, partition: int) -> ReplicaAck | None:
         """The latest ack of ``node`` for ``partition``, None if it never streamed it."""
         return self._acks.get((node, partition))

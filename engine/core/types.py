@@ -35,10 +35,26 @@ class PartitionState(enum.StrEnum):
 
 
 class Durability(enum.StrEnum):
-    """When a write is acknowledged: once queued in memory, or once fsynced by a flush."""
+    """When a write is acknowledged: once queued in memory, or once fsynced by a flush, on the
+    active alone; or once a majority of the partition's copies hold it in memory
+    (``majority``) or have persisted it (``persist_majority``, the active among them), as
+    Couchbase's durability levels.  With one copy (no replicas, no cluster) a majority is the
+    active itself: ``majority`` is ``memory`` and ``persist_majority`` is ``persist``."""
 
     MEMORY = "memory"
     PERSIST = "persist"
+    MAJORITY = "majority"
+    PERSIST_MAJORITY = "persist_majority"
+
+    @property
+    def persist(self) -> bool:
+        """The active waits for its own fsync."""
+        return self in (Durability.PERSIST, Durability.PERSIST_MAJORITY)
+
+    @property
+    def majority(self) -> bool:
+        """The write waits for a majority of the partition's copies."""
+        return self in (Durability.MAJORITY, Durability.PERSIST_MAJORITY)
 
 
 class Item(NamedTuple):

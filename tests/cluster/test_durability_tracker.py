@@ -73,3 +73,64 @@ def test_cancel_forgets_a_waiter() -> None:
     waiter = tracker.wait(0, 1, False, deadline=1.0)
     tracker.cancel(waiter.token)
     assert tracker.waiting == 0 and tracker.expired(2.0) == []
+
+
+# events as in test_is_durable; expected: (majority seqno in memory, persisted)
+@pytest.mark.parametrize(
+    ("events", "expected"),
+    [
+        ([], (0, 0)),
+        ([("active", 10, 4)], (10, 4)),  # one copy: the active's own figures
+        ([("replicas", {"n2"}), ("active", 10, 4)], (0, 0)),  # the replica never acked: holds nothing
+        ([("replicas", {"n2"}), ("active", 10, 4), ("ack", "n2", 7, 2)], (7, 2)),  # two copies: the lower
+        ([("replicas", {"n2"}), ("active", 10, 4), ("ack", "n2", 12, 9)], (10, 4)),
+        ([("replicas", {"n2", "n3"}), ("active", 10, 4), ("ack", "n2", 7, 2)], (7, 2)),  # 2 of 3
+        ([("replicas", {"n2", "n3"}), ("active", 10, 4), ("ack", "n2", 7, 2), ("ack", "n3", 9, 6)], (9, 4)),
+        ([("replicas", {"n2", "n3"}), ("active", 5, 1), ("ack", "n2", 7, 7), ("ack", "n3", 9, 6)], (7, 6)),
+        ([("replicas", {"n2"}), ("active", 10, 4), ("ack", "n4", 10, 10)], (0, 0)),  # not in the map
+        ([("replicas", {"n2"}), ("active", 10, 4), ("ack", "n2", 10, 4), ("start", "n2")], (0, 0)),
+        ([("replicas", {"n2"}), ("active", 10, 4), ("ack", "n2", 10, 4), ("forget", "n2")], (0, 0)),
+        ([("replicas", {"n2"}), ("active", 10, 4), ("ack", "n2", 10, 4), ("replicas", frozenset())], (10, 4)),
+    ],
+)
+def test_majority_seqno(events, expected: tuple[int, int]) -> None:
+    tracker = DurabilityTracker()
+    for event in events:
+        if event[0] == "replicas":
+            tracker.set_replicas(0, frozenset(event[1]))
+        elif event[0] == "active":
+            tracker.active_progress(0, event[1], event[2])
+        elif event[0] == "start":
+            tracker.acks.stream_started(event[1], 0)
+        elif event[0] == "forget":
+            tracker.acks.forget_stream(event[1], 0)
+        else:
+            tracker.acks.acknowledged(event[1], 0, event[2], event[3])
+    assert (tracker.majority_seqno(0, False), tracker.majority_seqno(0, True)) == expected
+    # the figure agrees with is_durable: that seqno is durable, the next is not
+    for persist, seqno in zip((False, True), expected):
+        assert seqno == 0 or tracker.is_durable(0, seqno, persist)
+        assert not tracker.is_durable(0, seqno + 1, persist)
+
+
+def test_satisfied_can_look_at_some_partitions_only() -> None:
+    tracker = DurabilityTracker()
+    for p in (0, 1):
+        tracker.set_replicas(p, frozenset({"n2"}))
+        tracker.active_progress(p, 10, 10)
+    first, second = tracker.wait(0, 5, False, 9.0), tracker.wait(1, 5, True, 9.0)
+    tracker.acks.acknowledged("n2", 0, 10, 10)
+    tracker.acks.acknowledged("n2", 1, 10, 10)
+    assert tracker.satisfied([0]) == [first] and tracker.waiting == 1
+    assert tracker.satisfied([0, 7]) == [] and tracker.satisfied() == [second] and tracker.waiting == 0
+
+
+def test_persist_waiters_use_persisted_figures_and_memory_waiters_received_ones() -> None:
+    tracker = DurabilityTracker()
+    tracker.set_replicas(0, frozenset({"n2"}))
+    tracker.active_progress(0, 10, 10)
+    tracker.acks.acknowledged("n2", 0, 10, 4)
+    memory, persist, later = tracker.wait(0, 8, False, 9.0), tracker.wait(0, 8, True, 9.0), tracker.wait(0, 4, True, 9.0)
+    assert tracker.satisfied() == [memory, later]
+    tracker.cancel(persist.token)
+    assert tracker.waiting == 0 and tracker.satisfied() == [] and tracker.expired(99.0) == []

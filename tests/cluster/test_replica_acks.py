@@ -55,3 +55,12 @@ def test_partitions_and_nodes_are_kept_apart() -> None:
 def test_lag_is_measured_from_the_active_high_seqno() -> None:
     assert ReplicaAck(7, 4).to_json(10) == {"received_seqno": 7, "persisted_seqno": 4, "lag": 3, "persist_lag": 6}
     assert ReplicaAck(10, 10).to_json(9)["lag"] == 0  # an active behind its own ack (a rollback race)
+
+
+def test_a_stream_that_ended_forgets_only_its_own_partition() -> None:
+    acks = ReplicaAcks()
+    acks.acknowledged("n2", 0, 4, 1)
+    acks.acknowledged("n2", 1, 9, 9)
+    acks.forget_stream("n2", 0)
+    acks.forget_stream("n3", 0)  # never streamed: nothing to forget
+    assert acks.get("n2", 0) is None and acks.replicas_of(1) == {"n2": ReplicaAck(9, 9)}

@@ -146,3 +146,24 @@ def test_a_crash_mid_snapshot_keeps_the_last_whole_snapshot_end(make_engine, tmp
     high, mark = engine.replica_mark(P)
     assert high == 14 and mark == SnapshotMark(11, 20, 10)  # resume inside (11, 20); whole up to 10
     assert engine.promote(P).seqno == 10
+
+
+def test_replica_held_counts_whole_snapshots_only_in_memory_and_on_disk(make_engine) -> None:
+    engine = as_replica(make_engine())
+    a, b, c = key_in(engine, P, 3)
+    assert engine.replica_held(P) == (0, 0)
+    engine.replica_marker(P, 1, 5)
+    engine.apply_replicated(P, [item(a, 2, 100)], last=False)
+    assert engine.replica_held(P) == (0, 0)  # in the middle of a snapshot: a promotion would drop it
+    engine.apply_replicated(P, [item(b, 5, 101)], last=True)
+    assert engine.replica_held(P)[0] == 5
+    engine.flush_now()
+    assert engine.replica_held(P) == (5, 5)
+    engine.replica_marker(P, 6, 9)
+    engine.apply_replicated(P, [item(c, 7, 102)], last=False)
+    engine.flush_now()  # persisted in the middle of a snapshot: a crash keeps the last whole one
+    assert engine.replica_held(P) == (5, 5)
+    engine.apply_replicated(P, [item(a, 9, 103)], last=True)
+    assert engine.replica_held(P)[0] == 9
+    engine.flush_now()
+    assert engine.replica_held(P) == (9, 9)
