@@ -106,7 +106,9 @@ class Membership:
         loop = asyncio.get_running_loop()
         interval = max(self.ttl / 3, 0.2)
         while True:
-            await asyncio.sleep(interval)
+            # a slow answer leaves less of the lease: renew again before half of what is left
+            left_s = (self.clock.deadline or 0.0) - loop.time()
+            await asyncio.sleep(max(min(interval, left_s / 2), 0.0))
             sent = loop.time()
             self.clock.attempt(sent)
             try:
@@ -121,6 +123,8 @@ class Membership:
                 continue
             if left <= 0:
                 self.lost = True
+                if self._deadline_timer is not None:
+                    self._deadline_timer.cancel()
                 log.error("%s", LeaseLost(f"node {self.name} lost its lease: it stops serving until it rejoins"))
                 if self.on_lost is not None:
                     self.on_lost()

@@ -13,9 +13,13 @@ What runs, all on the server's event loop, from the app's lifespan (``app.main``
 * **fencing**: when the lease is found gone, every active partition becomes dead *first*, so
   no write is accepted for a partition the orchestrator may already have given to another
   copy; then the node joins again under a new lease and follows the map like a new node.  A
-  node that was not running when its lease was due (paused) retires its actives at once, on
+  node that was not running when its lease was due (paused) fences its actives at once, on
   the loop, before it reads a request that waited (``Membership.on_stalled``), and follows the
-  map again if etcd says the lease is still held.
+  map again if etcd says the lease is still held.  A fenced active becomes a replica copy (it
+  takes no writes, and if the map gave the partition away it streams from the new active and
+  rolls back); if the map still gives it the partition at the revision it was fenced at, nobody
+  else took writes meanwhile and it becomes active again keeping its failover log
+  (``Engine.take_over``): an etcd blip that cost every lease forks no history.
 
 Before the first map (revision 0) the node serves nothing: every copy is dead until the map
 names it, so two nodes started on fresh data dirs never both take writes for a partition.
@@ -40,6 +44,7 @@ from app.cluster.layout import Layout
 from app.cluster.mapstore import MapStore
 from app.cluster.membership import ClusterSettings, Membership, join_settings
 from app.cluster.orchestrator import Orchestrator
+from app.cluster.outage import Outage
 from app.cluster.replication import ReplicationStreams
 from engine.cluster.partition_map import PartitionMap
 from engine.cluster.promotion import ReplicaProgress
@@ -110,6 +115,9 @@ class ClusterNode:
         self.progress: dict[tuple[int, str], ReplicaProgress] = {}
         self.orchestrator: str | None = None
         self.fenced = False
+        #: partitions fenced while active, and the map revision they were fenced at
+        self._fenced_actives: set[int] = set()
+        self._fenced_revision = -1
         self.membership: Membership | None = None
         # cut off from a live active for twice its lease TTL and more, a copy is out of sync: longer
         # than a dead active's lease takes to expire, so a dead active's replicas stay promotable
@@ -171,10 +179,8 @@ class ClusterNode:
         # On the loop and blocking on purpose: no request that waited during the stall may be
         # served by an active partition the orchestrator may have given away meanwhile.
         self.fenced = True
-        engine = self.engine
-        for p in range(engine.num_partitions):
-            if engine.state(p) is PartitionState.ACTIVE:
-                engine.set_state(p, PartitionState.DEAD)
+        for p in self._actives():
+            self._fence(p)
 
     def _held(self) -> None:
         self.fenced = False
@@ -182,7 +188,10 @@ class ClusterNode:
 
     async def _fence_and_rejoin(self) -> None:
         async with self._apply_lock:  # after a map being followed right now, before anything else
-            retired = await self._retire_all()
+            retired = 0
+            for p in self._actives():
+                await asyncio.to_thread(self._fence, p)
+                retired += 1
             self.durable.retire_all("this node lost its cluster lease (fenced)")
         log.error("node %s lost its lease: %d active partition(s) stopped taking writes; rejoining", self.name, retired)
         self.replication.update({})
@@ -198,6 +207,16 @@ class ClusterNode:
         self.fenced = False
         self._changed.set()
 
+    def _actives(self) -> list[int]:
+        return [p for p in range(self.engine.num_partitions) if self.engine.state(p) is PartitionState.ACTIVE]
+
+    def _fence(self, partition: int) -> None:
+        """Stop taking writes for an active ``partition`` now, able to resume without a new branch."""
+        if not self._fenced_actives or self._fenced_revision != self.map.revision:
+            self._fenced_actives, self._fenced_revision = set(), self.map.revision
+        self.engine.set_state(partition, PartitionState.REPLICA)
+        self._fenced_actives.add(partition)
+
     async def _retire_all(self) -> int:
         engine = self.engine
         active = [p for p in range(engine.num_partitions) if engine.state(p) is PartitionState.ACTIVE]
@@ -208,24 +227,30 @@ class ClusterNode:
     # ------------------------------------------------------------------ following the map
     async def _watch(self) -> None:
         prefix = self.layout.prefix.rstrip("/").encode() + b"/"
+        outage = Outage(f"node {self.name}: watching the cluster")
         while True:
             try:
+                # a new watch starts after the revision just read, and a refresh reads everything
+                # at once, so a change made while the watch was down is never missed
                 _, revision = await self.etcd.get_prefix(prefix)
+                outage.ok()
                 self._changed.set()
                 async for _event in self.etcd.watch_prefix(prefix, revision + 1):
                     self._changed.set()
             except EtcdError as exc:
-                log.warning("node %s: watching the cluster failed (retrying): %s", self.name, exc)
+                outage.failed(exc)
             await asyncio.sleep(0.25)
 
     async def _refresher(self) -> None:
+        outage = Outage(f"node {self.name}: reading the cluster")
         while True:
             await self._changed.wait()
             self._changed.clear()
             try:
                 await self.refresh()
+                outage.ok()
             except EtcdError as exc:
-                log.warning("node %s: reading the cluster failed (retrying): %s", self.name, exc)
+                outage.failed(exc)
                 await asyncio.sleep(0.25)
                 self._changed.set()
             except Exception:
@@ -263,11 +288,18 @@ class ClusterNode:
                 if self.fenced:  # stalled past the lease meanwhile: nothing becomes active now
                     break
                 p = change.partition
+                resumed = p in self._fenced_actives and self._fenced_revision == self.map.revision
+                self._fenced_actives.discard(p)
                 if change.change is Change.PROMOTE and self.handover.takes_over(p):
                     await asyncio.to_thread(engine.take_over, p)
                     log.warning("node %s: partition %d taken over as active (map revision %d), failover log kept",
                                 self.name, p, self.map.revision)
                     await self.handover.taken_over(p)
+                elif change.change is Change.PROMOTE and resumed:
+                    # fenced while active and the map never moved: nobody else took writes for it
+                    await asyncio.to_thread(engine.take_over, p)
+                    log.warning("node %s: partition %d active again after the fence (map revision %d unchanged, "
+                                "history kept)", self.name, p, self.map.revision)
                 elif change.change is Change.PROMOTE:
                     entry = await asyncio.to_thread(engine.promote, p)
                     log.warning("node %s: partition %d promoted to active (map revision %d): new history branch "
@@ -279,10 +311,12 @@ class ClusterNode:
                 else:
                     await asyncio.to_thread(engine.set_state, p, PartitionState.DEAD)
                 if self.fenced and engine.state(p) is PartitionState.ACTIVE:  # fenced while it ran
-                    await asyncio.to_thread(engine.set_state, p, PartitionState.DEAD)
+                    await asyncio.to_thread(self._fence, p)
             if not self.fenced:
                 await self.handover.follow(self.map)
             self.durable.follow_map(self.map)
+            # a copy whose active just died keeps streaming until the map moves the partition
+            # (``replica_sources``): dropping it would withdraw the progress the orchestrator promotes by
             self.replication.update(replica_sources(self.map, self.name, self._urls))
 
     # ------------------------------------------------------------------ routing and status

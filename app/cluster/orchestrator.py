@@ -3,7 +3,10 @@
 Runs on every node; only the elected one acts.  Each cycle reads the live nodes, the map and
 the replicas' progress at one etcd revision, calls ``engine.cluster.orchestration.step`` and,
 if the map changes, publishes it guarded by the map's revision and the orchestrator's key.
-A lost race is not an error: the next cycle observes the winner's map.  Each decision is
+A lost race is not an error: the next cycle observes the winner's map.  The transaction also
+checks that every node the step treated as gone is still without a key: a node that rejoins
+creates its key before it reads the map, so either it reads the new map, or the new map (which
+may have failed it over on the strength of its absence) is not published.  Each decision is
 logged once, naming the partition, the node and the seqno, as Patroni names each HA cycle's
 decision.
 
@@ -21,10 +24,11 @@ import time
 from collections.abc import Callable
 
 from app.cluster.election import Election
-from app.cluster.etcd import EtcdClient, EtcdError
+from app.cluster.etcd import Compare, EtcdClient, EtcdError
 from app.cluster.handover import HandoverDriver
 from app.cluster.layout import Layout
 from app.cluster.mapstore import MapStore
+from app.cluster.outage import Outage
 from app.cluster.membership import ClusterSettings
 from engine.cluster.orchestration import ClusterView, Decision, step
 from engine.cluster.promotion import ReplicaProgress
@@ -53,21 +57,25 @@ class Orchestrator:
 
     async def run(self) -> None:
         """Campaign, then run cycles until cancelled.  etcd being away only delays both."""
+        outage = Outage(f"orchestrator campaign of {self.election.name}")
         while True:
             try:
                 await self.election.campaign()
+                outage.ok()
                 break
             except EtcdError as exc:
-                log.warning("orchestrator campaign waits for etcd: %s", exc)
+                outage.failed(exc)
                 await asyncio.sleep(self.tick_s)
         changed = asyncio.Event()
         watcher = asyncio.create_task(self._watch(changed))
+        outage = Outage(f"orchestrator {self.election.name}")
         try:
             while True:
                 try:
                     await self.cycle()
+                    outage.ok()
                 except EtcdError as exc:
-                    log.warning("orchestrator cycle skipped: %s", exc)
+                    outage.failed(exc)
                 changed.clear()
                 try:
                     await asyncio.wait_for(changed.wait(), self.tick_s)
@@ -98,11 +106,18 @@ class Orchestrator:
 
     async def cycle(self) -> Decision:
         view, mod_revision = await self.observe()
+        return await self.act(view, mod_revision)
+
+    async def act(self, view: ClusterView, mod_revision: int) -> Decision:
+        """Take the step on what was observed and publish its map, unless the map, the
+        orchestrator key or a gone node's absence changed since (then nothing is published)."""
         decision = step(view)
         if decision.new_map is not None:
-            won = await self.maps.publish(decision.new_map, mod_revision, [self.election.guard()])
+            still_gone = [Compare(self.layout.node(n), "create", 0) for n in sorted(view.map.nodes() - view.live_nodes)]
+            won = await self.maps.publish(decision.new_map, mod_revision, [self.election.guard(), *still_gone])
             if not won:
-                log.info("map revision %d was changed by another orchestrator; observing again", view.map.revision)
+                log.info("map revision %d, the orchestrator or a gone node changed meanwhile; observing again",
+                         view.map.revision)
                 return Decision(based_on=decision.based_on)
             for promoted in decision.promotions:
                 log.warning("failover: partition %d promoted on node %s at seqno %d%s", promoted.partition,

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import signal
 import socket
+from dataclasses import field
 import subprocess
 import time
 from dataclasses import dataclass
@@ -30,6 +31,8 @@ class EtcdProcess:
     url: str
     proc: subprocess.Popen[bytes]
     log_path: Path
+    #: the command line, so a restart runs on the same data dir and ports
+    args: list[str] = field(default_factory=list)
 
     def pause(self) -> None:
         self.proc.send_signal(signal.SIGSTOP)
@@ -42,6 +45,28 @@ class EtcdProcess:
             self.proc.send_signal(signal.SIGCONT)
             self.proc.kill()
         self.proc.wait(timeout=10)
+
+    def restart(self, timeout: float = 30.0) -> None:
+        """Start etcd again on the same data dir and ports (after ``stop``)."""
+        self.stop()
+        with open(self.log_path, "ab") as log:
+            self.proc = subprocess.Popen(self.args, stdout=log, stderr=subprocess.STDOUT)
+        _wait_ready(self.url, self.proc, self.log_path, timeout)
+
+
+def _wait_ready(url: str, proc: subprocess.Popen[bytes], log_path: Path, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"etcd exited with {proc.returncode}: {log_path.read_text()[-2000:]}")
+        try:
+            if httpx.post(f"{url}/v3/kv/range", json={"key": "AA=="}, timeout=1).status_code == 200:
+                return
+        except httpx.TransportError:
+            pass
+        time.sleep(0.05)
+    proc.kill()
+    raise RuntimeError(f"etcd did not answer within {timeout} s: {log_path.read_text()[-2000:]}")
 
 
 def start_etcd(workdir: Path, timeout: float = 30.0) -> EtcdProcess:
@@ -64,15 +89,5 @@ def start_etcd(workdir: Path, timeout: float = 30.0) -> EtcdProcess:
     ]
     with open(log_path, "wb") as log:
         proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT)
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"etcd exited with {proc.returncode}: {log_path.read_text()[-2000:]}")
-        try:
-            if httpx.post(f"{url}/v3/kv/range", json={"key": "AA=="}, timeout=1).status_code == 200:
-                return EtcdProcess(url, proc, log_path)
-        except httpx.TransportError:
-            pass
-        time.sleep(0.05)
-    proc.kill()
-    raise RuntimeError(f"etcd did not answer within {timeout} s: {log_path.read_text()[-2000:]}")
+    _wait_ready(url, proc, log_path, timeout)
+    return EtcdProcess(url, proc, log_path, args)

@@ -65,9 +65,10 @@ def keys_per_partition(partitions: int) -> dict[int, str]:
     return keys
 
 
-def accepting(cluster: Cluster, names: list[str], keys: dict[int, str], tag: str,
-              timeout: float = 30.0) -> dict[int, list[str]]:
-    """Write every partition's key on every node in ``names`` at once: partition -> nodes that accepted."""
+def accepting(cluster: Cluster, names: list[str], keys: dict[int, str], tag: str, timeout: float = 30.0,
+              statuses: dict[tuple[int, str], int] | None = None) -> dict[int, list[str]]:
+    """Write every partition's key on every node in ``names`` at once: partition -> nodes that accepted.
+    ``statuses`` (if given) receives each answer's status (0: no answer), for assertion messages."""
     def put(job: tuple[int, str]) -> tuple[int, str, int]:
         p, name = job
         try:
@@ -81,6 +82,8 @@ def accepting(cluster: Cluster, names: list[str], keys: dict[int, str], tag: str
     out: dict[int, list[str]] = {p: [] for p in keys}
     with ThreadPoolExecutor(max_workers=min(len(jobs), 32)) as pool:
         for p, name, status in pool.map(put, jobs):
+            if statuses is not None:
+                statuses[(p, name)] = status
             if 200 <= status < 300:
                 out[p].append(name)
     return out

@@ -227,3 +227,31 @@ async def test_a_node_that_loses_its_lease_is_told_to_stop_serving(client: EtcdC
     await asyncio.wait_for(lost.wait(), 10)
     assert member.lost
     await member.leave()
+
+
+async def test_a_failover_decided_on_a_node_s_absence_is_not_published_once_it_rejoined(
+    client: EtcdClient, layout: Layout
+) -> None:
+    # x is active for partition 0 and gone; b holds an in-sync replica: the step promotes b
+    await join_settings(client, layout, SETTINGS)
+    store = MapStore(client, layout)
+    placements = [Placement("x", ("b",))] + [Placement("b") for _ in range(SETTINGS.partitions - 1)]
+    assert await store.publish(PartitionMap.empty(SETTINGS.partitions).succeeded_by(placements), 0)
+    b = Membership(client, layout, "b", "http://b", ttl=5)
+    await b.join()
+    await client.put(layout.replica_progress(0, "b"), json.dumps({"seqno": 7, "in_sync": True}).encode(),
+                     lease=b.lease)
+    election = Election(client, layout, "b", b.lease)
+    await election.campaign()
+    orchestrator = Orchestrator(client, layout, SETTINGS, election, replace_after_s=60.0)
+    view, mod = await orchestrator.observe()
+    assert "x" not in view.live_nodes
+    x = Membership(client, layout, "x", "http://x", ttl=5)
+    await x.join()  # x rejoins after the observation and before the publish: it may read map 1 now
+    decision = await orchestrator.act(view, mod)
+    assert decision.new_map is None  # not published
+    assert (await _map(client, layout)).revision == 1
+    again = await orchestrator.cycle()  # observed afresh: x is live, nothing to fail over
+    assert again.promotions == () and (await _map(client, layout)).placements[0].active == "x"
+    await x.leave()
+    await b.leave()

@@ -23,11 +23,24 @@ from tests.cluster.nodes import Cluster, first_map, replicas_caught_up, until, w
 pytestmark = pytest.mark.slow
 
 PARTITIONS = 8
+TTL_S = 3  # a loaded machine can delay a keep-alive past a 2 s lease
+
+
+def _one_writer_each(cluster: Cluster, names: list[str], keys: dict[int, str], tag: str) -> dict[int, list[str]]:
+    """Poll until every partition has exactly one node accepting writes (never two meanwhile)."""
+    def settled() -> dict[int, list[str]] | None:
+        statuses: dict[tuple[int, str], int] = {}
+        accepted = accepting(cluster, names, keys, tag, statuses=statuses)
+        assert all(len(nodes) <= 1 for nodes in accepted.values()), (accepted, statuses)
+        return accepted if all(len(nodes) == 1 for nodes in accepted.values()) else None
+
+    return until(settled, what=f"one writer per partition ({tag})")
 
 
 def test_a_paused_orchestrator_never_forks_the_map_or_leaves_two_writers(tmp_path: Path, etcd: EtcdProcess) -> None:
     prefix = f"/upr/{uuid.uuid4().hex[:8]}"
-    cluster = Cluster(tmp_path, etcd.url, partitions=PARTITIONS, replicas=1, initial_nodes=3, prefix=prefix)
+    cluster = Cluster(tmp_path, etcd.url, partitions=PARTITIONS, replicas=1, initial_nodes=3, prefix=prefix,
+                      lease_ttl_s=TTL_S)
     keys = keys_per_partition(PARTITIONS)
     names = ["n1", "n2", "n3"]
     try:
@@ -40,8 +53,7 @@ def test_a_paused_orchestrator_never_forks_the_map_or_leaves_two_writers(tmp_pat
         owned = [p["partition"] for p in view["map"]["partitions"] if p["active"] == old]
         assert owned, "a balanced first map gives every node actives"
         others = [n for n in names if n != old]
-        healthy = accepting(cluster, names, keys, "before")
-        assert all(len(nodes) == 1 for nodes in healthy.values()), healthy
+        _one_writer_each(cluster, names, keys, "before")
 
         cluster.nodes[old].proc.send_signal(signal.SIGSTOP)
         try:
@@ -51,8 +63,7 @@ def test_a_paused_orchestrator_never_forks_the_map_or_leaves_two_writers(tmp_pat
                 return v if v["orchestrator"] in others and moved else None
 
             after = until(taken_over, timeout=60, what="another orchestrator failing the paused node over")
-            while_paused = accepting(cluster, others, keys, "paused")
-            assert all(len(nodes) == 1 for nodes in while_paused.values()), while_paused
+            _one_writer_each(cluster, others, keys, "paused")
             # writes waiting in the paused node's sockets when it resumes: it must refuse every one
             stale: dict[int, list[str]] = {}
             waiting = threading.Thread(target=lambda: stale.update(accepting(cluster, [old], keys, "stale")))
@@ -66,8 +77,9 @@ def test_a_paused_orchestrator_never_forks_the_map_or_leaves_two_writers(tmp_pat
 
         deadline = time.monotonic() + 5.0
         while time.monotonic() < deadline:  # the resumed node finds out and follows the new map
-            round_ = accepting(cluster, names, keys, "after")
-            assert all(len(nodes) <= 1 for nodes in round_.values()), round_
+            statuses: dict[tuple[int, str], int] = {}
+            round_ = accepting(cluster, names, keys, "after", statuses=statuses)
+            assert all(len(nodes) <= 1 for nodes in round_.values()), (round_, statuses)
 
         history = map_history(etcd.url, prefix)
         assert_one_history(history)
@@ -76,8 +88,7 @@ def test_a_paused_orchestrator_never_forks_the_map_or_leaves_two_writers(tmp_pat
         until(lambda: all(cluster.view(n)["map"]["revision"] == newest for n in names),
               what="every node on the newest map")
         assert cluster.view(old)["orchestrator"] in others
-        final = accepting(cluster, names, keys, "final")
-        assert all(len(nodes) == 1 for nodes in final.values()), final
+        _one_writer_each(cluster, names, keys, "final")
     finally:
         for node in cluster.nodes.values():
             if node.proc.poll() is None:
