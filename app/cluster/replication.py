@@ -201,7 +201,8 @@ class ReplicationStreams:
                                            max_frame_bytes=self.max_frame_bytes, ping_interval=None)
         acks = asyncio.create_task(acker.run(conn), name=f"replica acks to {active}")
         try:
-            await conn.send(session.hello(replication_name(self.node), M.Codec.BINARY))
+            # bundles: several messages per frame, applied with one thread hop (``_apply_run``)
+            await conn.send(session.hello(replication_name(self.node), M.Codec.BINARY, bundle=True))
             first, nbytes = await conn.first(self.open_timeout_s)
             if isinstance(first, M.FailoverLogs):
                 for p in partitions:
@@ -212,21 +213,66 @@ class ReplicationStreams:
             await self._carry_out(conn, session, session.receive_handshake(first, nbytes))
             log.info("node %s: replicating partitions %s from node %s", self.node, _ranges(partitions), active)
             while True:
-                msg, nbytes = await conn.receive()
-                if isinstance(msg, M.StreamResponse) and msg.status is M.StreamStatus.OK:
-                    await asyncio.to_thread(engine.adopt_failover_log, msg.partition, msg.failover_log or ())
-                await self._carry_out(conn, session, session.receive(msg))
-                if type(msg) is ItemBatch and msg.last:
-                    acker.applied(msg.partition)
-                ack = session.processed(nbytes)
-                if ack is not None:
-                    await conn.send(ack)
+                received: tuple[Any, int] | None = await conn.receive()
+                run: list[tuple[Any, int]] = []
+                while received is not None:
+                    msg, nbytes = received
+                    if type(msg) is ItemBatch or isinstance(msg, M.SnapshotMarker):
+                        run.append(received)  # data: gathered, applied together below
+                    else:
+                        await self._apply_run(conn, session, acker, run)
+                        run = []
+                        if isinstance(msg, M.StreamResponse) and msg.status is M.StreamStatus.OK:
+                            await asyncio.to_thread(engine.adopt_failover_log, msg.partition,
+                                                    msg.failover_log or ())
+                        await self._carry_out(conn, session, session.receive(msg))
+                        await self._processed(conn, session, nbytes)
+                    received = conn.receive_buffered()
+                await self._apply_run(conn, session, acker, run)
                 if acks.done():
                     acks.result()  # the acker's failure (a closed connection) ends this one
         finally:
             acks.cancel()
             await asyncio.gather(acks, return_exceptions=True)
             await conn.close()
+
+    @staticmethod
+    async def _processed(conn: StreamConnection, session: ClientSession, nbytes: int) -> None:
+        ack = session.processed(nbytes)
+        if ack is not None:
+            await conn.send(ack)
+
+    async def _apply_run(self, conn: StreamConnection, session: ClientSession, acker: ReplicaAcker,
+                         run: list[tuple[Any, int]]) -> None:
+        """Markers and batches that arrived together, applied with one thread hop: a hop per
+        message cannot keep up with a busy active (bench/cluster_lag.py).  The session sees
+        each message in order and positions move with it; what reads the engine (snapshot
+        syncs, acks) and the flow-control acks come after the engine holds them all."""
+        if not run:
+            return
+        pending: list[Any] = []
+        whole: list[int] = []
+        for msg, _nbytes in run:
+            for action in session.receive(msg):
+                if type(action) is not Deliver:  # no other answer to data exists; keep its word if one comes
+                    await self._apply_messages(pending, whole, acker)
+                    pending, whole = [], []
+                    await self._carry_out(conn, session, [action])
+                    continue
+                data = action.message
+                pending.append(data)
+                if type(data) is ItemBatch and self._moved(session, data):
+                    whole.append(data.partition)
+        await self._apply_messages(pending, whole, acker)
+        for _msg, nbytes in run:
+            await self._processed(conn, session, nbytes)
+
+    async def _apply_messages(self, messages: list[Any], whole: list[int], acker: ReplicaAcker) -> None:
+        if messages:
+            await asyncio.to_thread(_apply_all, self.engine, messages)
+        for p in whole:
+            self._snapshot_applied(p)
+            acker.applied(p)
 
     async def _carry_out(self, conn: StreamConnection, session: ClientSession, actions: list[Any]) -> None:
         engine = self.engine
@@ -258,17 +304,34 @@ class ReplicationStreams:
                          action.reason)
 
     async def _apply(self, session: ClientSession, batch: ItemBatch) -> None:
-        p = batch.partition
-        engine = self.engine
-        await asyncio.to_thread(engine.apply_replicated, p, list(batch.items()), last=batch.last)
-        position = session.positions[p]
+        await asyncio.to_thread(_apply_all, self.engine, [batch])
+        if self._moved(session, batch):
+            self._snapshot_applied(batch.partition)
+
+    @staticmethod
+    def _moved(session: ClientSession, batch: ItemBatch) -> bool:
+        """The session's position after ``batch``; True if it ended a snapshot."""
+        position = session.positions[batch.partition]
         if len(batch):
             position.items(batch.seqnos[0], batch.seqnos[-1])
         if batch.last:
-            session.snapshot_done(p)
-            sync = self.syncs.get(p)
-            if sync is not None:
-                sync.snapshot_applied(engine.replica_mark(p)[1].complete_end)
+            session.snapshot_done(batch.partition)
+        return batch.last
+
+    def _snapshot_applied(self, p: int) -> None:
+        """A whole snapshot of ``p`` is in the engine: its sync (catching up / in sync) moves."""
+        sync = self.syncs.get(p)
+        if sync is not None:
+            sync.snapshot_applied(self.engine.replica_mark(p)[1].complete_end)
+
+
+def _apply_all(engine: Engine, messages: list[Any]) -> None:
+    """Apply replicated markers and batches in order (on a worker thread: LMDB reads)."""
+    for msg in messages:
+        if type(msg) is ItemBatch:
+            engine.apply_replicated(msg.partition, list(msg.items()), last=msg.last)
+        else:
+            engine.replica_marker(msg.partition, msg.start, msg.end)
 
 
 class ReplicaAcker:
