@@ -1,0 +1,70 @@
+"""A replica poller process for ``bench.bench_cluster``'s replication lag (``python -m bench.cluster_poll``).
+
+It reads ``GET /partitions`` of each given node back to back (one request in flight per node,
+its own process so the writer's event loop does not delay it) from ``--start-at`` to
+``--stop-at`` (``time.monotonic()`` values: one clock for every process on the host), and keeps
+the high seqnos of the partitions the node holds as a replica.  Only polls that show a change
+are printed (the first poll covering a seqno always shows one, so the lags computed from them
+are the same), with the count and median period of all polls: the method's resolution.
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import statistics
+import sys
+import time
+from typing import Any
+
+import orjson
+
+from bench.bench_http import RawConnection
+
+
+async def poll_node(url: str, start_at: float, stop_at: float) -> dict[str, Any]:
+    conn = await RawConnection.open(url)
+    changed: list[tuple[float, float, dict[int, int]]] = []
+    received: list[float] = []
+    last: dict[int, int] | None = None
+    try:
+        while time.monotonic() < start_at:
+            await asyncio.sleep(0.001)
+        while True:
+            sent = time.monotonic()
+            if sent >= stop_at:
+                break
+            status, body = await conn.request("GET", "/partitions")
+            done = time.monotonic()
+            if status != 200:
+                raise RuntimeError(f"GET {url}/partitions answered {status}: {body[:200]!r}")
+            highs = {p["partition"]: p["high_seqno"] for p in orjson.loads(body)["partitions"]
+                     if p["state"] == "replica"}
+            received.append(done)
+            if highs != last:
+                changed.append((sent, done, highs))
+                last = highs
+    finally:
+        conn.close()
+    gaps = [b - a for a, b in zip(received, received[1:])]
+    return {"polls": changed, "count": len(received), "period": statistics.median(gaps) if gaps else None}
+
+
+async def run(urls: list[str], start_at: float, stop_at: float) -> dict[str, Any]:
+    results = await asyncio.gather(*(poll_node(u, start_at, stop_at) for u in urls))
+    return dict(zip(urls, results))
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__)
+    p.add_argument("urls", nargs="+", help="node URLs to poll")
+    p.add_argument("--start-at", type=float, required=True)
+    p.add_argument("--stop-at", type=float, required=True)
+    args = p.parse_args(argv)
+    out = asyncio.run(run(args.urls, args.start_at, args.stop_at))
+    sys.stdout.buffer.write(orjson.dumps(out, option=orjson.OPT_NON_STR_KEYS) + b"\n")
+    sys.stdout.flush()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
