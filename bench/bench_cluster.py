@@ -281,7 +281,7 @@ def measure_lag(group: ProcessGroup, cluster: BenchCluster, args: argparse.Names
     start_at = time.monotonic() + 3.0  # the poller's start-up, then a second of warm-up writes
     stop_at = start_at + args.lag_seconds
     poller = group.spawn([sys.executable, "-m", "bench.cluster_poll", *urls, "--start-at", f"{start_at - 1:.6f}",
-                          "--stop-at", f"{stop_at + 1:.6f}"], name="poller", cwd=ROOT, env=server_env(),
+                          "--stop-at", f"{stop_at + 1:.6f}", "--interval-ms", str(args.lag_poll_ms)], name="poller", cwd=ROOT, env=server_env(),
                          stdout=subprocess.PIPE, log=cluster.workdir / "poller.log")
     time.sleep(max(0.0, start_at - 1 - time.monotonic()))
     acks, sent, errors = asyncio.run(paced_writer(actives, args.partitions, args.lag_rate, args.lag_tick_ms / 1000,
@@ -317,6 +317,8 @@ class IngestResult:
     seconds: float
     #: CPU use of each node process over the window (1.0 = one core)
     node_cpu: list[float]
+    #: CPU use of all the load generator processes together over the window
+    client_cpu: float
 
     @property
     def rate(self) -> float:
@@ -337,10 +339,11 @@ def ingest(group: ProcessGroup, cluster: BenchCluster, label: str, durability: s
                          log=cluster.workdir / f"load-{tag}-{c}.log")
              for c in range(args.clients)]
     nodes = [psutil.Process(n.proc.pid) for n in cluster.live() if n.proc is not None]
+    loaders = [psutil.Process(proc.pid) for proc in procs]
     time.sleep(max(0.0, start_at - time.monotonic()))
-    cpu0 = [sum(p.cpu_times()[:2]) for p in nodes]
+    cpu0 = [sum(p.cpu_times()[:2]) for p in nodes + loaders]
     time.sleep(max(0.0, stop_at - time.monotonic()))
-    cpu1 = [sum(p.cpu_times()[:2]) for p in nodes]
+    cpu1 = [sum(p.cpu_times()[:2]) for p in nodes + loaders]
     items = errors = 0
     for proc in procs:
         out, _ = proc.communicate(timeout=120)
@@ -351,67 +354,81 @@ def ingest(group: ProcessGroup, cluster: BenchCluster, label: str, durability: s
         items += int(counts["items"])
         errors += int(counts["errors"])
     seconds = stop_at - start_at
-    return IngestResult(label, items, errors, seconds, [(b - a) / seconds for a, b in zip(cpu0, cpu1)])
+    used = [(b - a) / seconds for a, b in zip(cpu0, cpu1)]
+    return IngestResult(label, items, errors, seconds, used[:len(nodes)], sum(used[len(nodes):]))
 
 
-def majority_supported(cluster: BenchCluster) -> bool:
-    """Whether the nodes accept ``durability=majority`` (a one-item bulk write to its active)."""
-    key = "majority-probe"
+def durability_supported(cluster: BenchCluster, level: str) -> bool:
+    """Whether the nodes accept ``durability=<level>`` (a one-item bulk write to its active): a
+    server that does not know the level refuses it as invalid input naming the parameter."""
+    key = f"{level}-probe"
     url = cluster.actives()[partition_of(key, cluster.partitions)]
-    r = httpx.post(f"{url}/docs/_bulk", params={"durability": "majority"},
+    r = httpx.post(f"{url}/docs/_bulk", params={"durability": level},
                    json=[{"op": "set", "key": key, "value": 1}], timeout=30)
     if r.status_code == 200:
         return True
     if r.status_code in (400, 422) and "durability" in r.text:
         return False
-    raise RuntimeError(f"probing durability=majority on {url}: unexpected {r.status_code} {r.text[:300]}")
+    raise RuntimeError(f"probing durability={level} on {url}: unexpected {r.status_code} {r.text[:300]}")
 
 
 # ---------------------------------------------------------------------------- the run
 
 
+FIGURES = ("failover", "lag", "majority", "aggregate")
+
+
 def run(args: argparse.Namespace) -> list[Figure]:
     work = Path(tempfile.mkdtemp(prefix="upr-bench-cluster-"))
     figures: list[Figure] = []
+    wanted = set(args.only)
     try:
         with ProcessGroup() as group:
             etcd = start_etcd(group, work)
-            progress(f"etcd at {etcd}; failover: {args.rounds} rounds")
-            figures.append(failover_figure(failover_rounds(group, work, etcd, args), args))
-
-            progress("two nodes, one replica: replication lag, then majority vs memory ingest")
-            pair = BenchCluster(group, work, etcd, "rep", args.partitions, replicas=1, size=2,
-                                lease_ttl_s=args.lease_ttl).start()
-            pair.wait_until(pair.placed_and_followed, 120, "every replica in sync")
-            figures.append(lag_figure(measure_lag(group, pair, args), args))
-            if majority_supported(pair):
-                memory, majority = [], []
+            progress(f"etcd at {etcd}")
+            if "failover" in wanted:
+                progress(f"failover: three nodes, one replica, {args.rounds} rounds")
+                figures.append(failover_figure(failover_rounds(group, work, etcd, args), args))
+            if wanted & {"lag", "majority"}:
+                progress("two nodes, one replica: replication lag, then majority vs memory ingest")
+                pair = BenchCluster(group, work, etcd, "rep", args.partitions, replicas=1, size=2,
+                                    lease_ttl_s=args.lease_ttl).start()
+                if "lag" in wanted:
+                    pair.wait_until(pair.placed_and_followed, 120, "every replica in sync")
+                    figures.append(lag_figure(measure_lag(group, pair, args), args))
+                if "majority" in wanted:
+                    figures.append(majority_figure(group, pair, args))
+                pair.stop()
+            if "aggregate" in wanted:
+                progress("aggregate ingest: one node against two nodes without replicas")
+                one = BenchCluster(group, work, etcd, "one", args.partitions, replicas=0, size=1,
+                                   lease_ttl_s=args.lease_ttl).start()
+                two = BenchCluster(group, work, etcd, "two", args.partitions, replicas=0, size=2,
+                                   lease_ttl_s=args.lease_ttl).start()
+                singles, pairs = [], []
                 for r in range(args.ingest_rounds):
-                    memory.append(ingest(group, pair, "memory", "memory", args, args.concurrency, f"mem{r}"))
-                    majority.append(ingest(group, pair, "majority", "majority", args, args.concurrency, f"maj{r}"))
-                    progress(f"ingest round {r + 1}: memory {memory[-1].rate:,.0f}/s, majority {majority[-1].rate:,.0f}/s")
-                figures.append(ratio_figure("majority / memory bulk ingest (2 nodes, 1 replica)", majority, memory,
-                                            0.7, args))
-            else:
-                figures.append(Figure("majority / memory bulk ingest (2 nodes, 1 replica)",
-                                      "n/a (not supported by this server)", "≥ 0.7", "n/a"))
-            pair.stop()
-
-            progress("aggregate ingest: one node against two nodes without replicas")
-            one = BenchCluster(group, work, etcd, "one", args.partitions, replicas=0, size=1,
-                               lease_ttl_s=args.lease_ttl).start()
-            two = BenchCluster(group, work, etcd, "two", args.partitions, replicas=0, size=2,
-                               lease_ttl_s=args.lease_ttl).start()
-            singles, pairs = [], []
-            for r in range(args.ingest_rounds):
-                singles.append(ingest(group, one, "one node", "memory", args, 2 * args.concurrency, f"one{r}"))
-                pairs.append(ingest(group, two, "two nodes", "memory", args, args.concurrency, f"two{r}"))
-                progress(f"aggregate round {r + 1}: one node {singles[-1].rate:,.0f}/s, two nodes {pairs[-1].rate:,.0f}/s")
-            figures.append(ratio_figure("aggregate ingest, two nodes / one node (no replicas)", pairs, singles,
-                                        1.6, args))
+                    singles.append(ingest(group, one, "one node", "memory", args, 2 * args.concurrency, f"one{r}"))
+                    pairs.append(ingest(group, two, "two nodes", "memory", args, args.concurrency, f"two{r}"))
+                    progress(f"aggregate round {r + 1}: one node {singles[-1].rate:,.0f}/s, "
+                             f"two nodes {pairs[-1].rate:,.0f}/s")
+                figures.append(ratio_figure("aggregate ingest, two nodes / one node (no replicas)", pairs, singles,
+                                            1.6, args))
     finally:
         shutil.rmtree(work, ignore_errors=True)
     return figures
+
+
+def majority_figure(group: ProcessGroup, pair: BenchCluster, args: argparse.Namespace) -> Figure:
+    level = args.durable
+    name = f"{level} / memory bulk ingest (2 nodes, 1 replica)"
+    if not durability_supported(pair, level):
+        return Figure(name, "n/a (not supported by this server)", "≥ 0.7", "n/a")
+    memory, durable = [], []
+    for r in range(args.ingest_rounds):
+        memory.append(ingest(group, pair, "memory", "memory", args, args.concurrency, f"mem{r}"))
+        durable.append(ingest(group, pair, level, level, args, args.concurrency, f"dur{r}"))
+        progress(f"ingest round {r + 1}: memory {memory[-1].rate:,.0f}/s, {level} {durable[-1].rate:,.0f}/s")
+    return ratio_figure(name, durable, memory, 0.7, args)
 
 
 def failover_figure(rounds: list[FailoverRound], args: argparse.Namespace) -> Figure:
@@ -458,12 +475,16 @@ def ratio_figure(name: str, measured: list[IngestResult], base: list[IngestResul
     def cpus(rs: list[IngestResult]) -> str:
         return "/".join("+".join(f"{c:.0%}" for c in r.node_cpu) for r in rs)
 
+    def client_cpus(rs: list[IngestResult]) -> str:
+        return "/".join(f"{r.client_cpu:.0%}" for r in rs)
+
     result = (f"{ratio:.2f} (rounds {', '.join(f'{x:.2f}' for x in ratios)}; {measured[0].label} "
               f"{rates(measured)}/s, {base[0].label} {rates(base)}/s" + (f"; {errors} errors" if errors else "") + ")")
     method = (f"{args.clients} load processes x {args.concurrency} bulks of {args.batch} in flight per node "
               f"(the single node gets the same total), {args.ingest_seconds:g} s per phase after {args.warmup:g} s "
-              f"warm-up, phases alternating; node CPU (1 core = 100%) {measured[0].label}: {cpus(measured)}, "
-              f"{base[0].label}: {cpus(base)}")
+              f"warm-up, phases alternating, per round: node CPU (1 core = 100%) {measured[0].label} {cpus(measured)}, "
+              f"{base[0].label} {cpus(base)}; load processes' CPU {measured[0].label} {client_cpus(measured)}, "
+              f"{base[0].label} {client_cpus(base)}")
     return Figure(name, result, f"≥ {goal:g}", verdict(ratio, goal, True), method)
 
 
@@ -478,20 +499,27 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--lag-rate", type=float, default=5000.0, help="offered memory writes/s for the lag")
     p.add_argument("--lag-tick-ms", type=float, default=10.0, help="one bulk per node every this many ms")
     p.add_argument("--lag-seconds", type=float, default=20.0)
+    p.add_argument("--lag-poll-ms", type=float, default=2.0,
+                   help="pause between two polls of a replica node's high seqnos (each poll costs the node CPU)")
     p.add_argument("--ingest-seconds", type=float, default=5.0, help="measured seconds per ingest phase")
     p.add_argument("--ingest-rounds", type=int, default=3)
     p.add_argument("--warmup", type=float, default=1.0, help="seconds of load before each ingest phase counts")
     p.add_argument("--clients", type=int, default=2, help="load generator processes")
     p.add_argument("--concurrency", type=int, default=4, help="bulks in flight per node per load process")
     p.add_argument("--batch", type=int, default=1000, help="items per bulk")
+    p.add_argument("--durable", default="majority",
+                   help="the durability level whose ingest is compared with memory (persist tries the harness "
+                        "on a server without majority)")
     p.add_argument("--seed", type=int, default=14, help="seeds the pause before each kill")
+    p.add_argument("--only", type=lambda v: v.split(","), default=list(FIGURES),
+                   help=f"comma-separated subset of {','.join(FIGURES)}")
     p.add_argument("--json", type=Path, help="also write the figures here")
+    if "--quick" in (sys.argv[1:] if argv is None else argv):  # smaller defaults; explicit flags still win
+        p.set_defaults(rounds=2, partitions=16, seed_items=200, lag_seconds=2.0, ingest_seconds=1.0, ingest_rounds=1,
+                       warmup=0.5, clients=1, concurrency=2, batch=200)
     args = p.parse_args(argv)
-    if args.quick:
-        args.rounds = min(args.rounds, 2)
-        args.partitions, args.seed_items = 16, 200
-        args.lag_seconds, args.ingest_seconds, args.ingest_rounds, args.warmup = 2.0, 1.0, 1, 0.5
-        args.clients, args.concurrency, args.batch = 1, 2, 200
+    if not args.only or set(args.only) - set(FIGURES):
+        p.error(f"--only takes a comma-separated subset of {','.join(FIGURES)}")
     signal.signal(signal.SIGTERM, lambda *_: (stop_everything(), sys.exit(143)))
     started = time.monotonic()
     figures = run(args)

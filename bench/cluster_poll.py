@@ -1,7 +1,8 @@
 """A replica poller process for ``bench.bench_cluster``'s replication lag (``python -m bench.cluster_poll``).
 
-It reads ``GET /partitions`` of each given node back to back (one request in flight per node,
-its own process so the writer's event loop does not delay it) from ``--start-at`` to
+It reads ``GET /partitions`` of each given node (one request in flight per node, a pause of
+``--interval-ms`` between two; its own process so that the writer's event loop does not delay
+it) from ``--start-at`` to
 ``--stop-at`` (``time.monotonic()`` values: one clock for every process on the host), and keeps
 the high seqnos of the partitions the node holds as a replica.  Only polls that show a change
 are printed (the first poll covering a seqno always shows one, so the lags computed from them
@@ -21,7 +22,7 @@ import orjson
 from bench.bench_http import RawConnection
 
 
-async def poll_node(url: str, start_at: float, stop_at: float) -> dict[str, Any]:
+async def poll_node(url: str, start_at: float, stop_at: float, interval: float) -> dict[str, Any]:
     conn = await RawConnection.open(url)
     changed: list[tuple[float, float, dict[int, int]]] = []
     received: list[float] = []
@@ -33,6 +34,9 @@ async def poll_node(url: str, start_at: float, stop_at: float) -> dict[str, Any]
             sent = time.monotonic()
             if sent >= stop_at:
                 break
+            if received and sent < received[-1] + interval:
+                await asyncio.sleep(received[-1] + interval - sent)
+                sent = time.monotonic()
             status, body = await conn.request("GET", "/partitions")
             done = time.monotonic()
             if status != 200:
@@ -49,8 +53,8 @@ async def poll_node(url: str, start_at: float, stop_at: float) -> dict[str, Any]
     return {"polls": changed, "count": len(received), "period": statistics.median(gaps) if gaps else None}
 
 
-async def run(urls: list[str], start_at: float, stop_at: float) -> dict[str, Any]:
-    results = await asyncio.gather(*(poll_node(u, start_at, stop_at) for u in urls))
+async def run(urls: list[str], start_at: float, stop_at: float, interval: float) -> dict[str, Any]:
+    results = await asyncio.gather(*(poll_node(u, start_at, stop_at, interval) for u in urls))
     return dict(zip(urls, results))
 
 
@@ -59,8 +63,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("urls", nargs="+", help="node URLs to poll")
     p.add_argument("--start-at", type=float, required=True)
     p.add_argument("--stop-at", type=float, required=True)
+    p.add_argument("--interval-ms", type=float, default=0.0,
+                   help="at least this long between the end of one poll and the next (0: back to back)")
     args = p.parse_args(argv)
-    out = asyncio.run(run(args.urls, args.start_at, args.stop_at))
+    out = asyncio.run(run(args.urls, args.start_at, args.stop_at, args.interval_ms / 1000))
     sys.stdout.buffer.write(orjson.dumps(out, option=orjson.OPT_NON_STR_KEYS) + b"\n")
     sys.stdout.flush()
     return 0
