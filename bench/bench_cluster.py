@@ -57,7 +57,7 @@ from bench.bench_http import RawConnection
 from bench.cluster_figures import (Ack, Figure, Poll, median_ratio, poll_period, replica_lags, summary_ms, table,
                                    verdict)
 from bench.cluster_procs import BenchCluster, key_in_partition, partition_of, start_etcd
-from bench.suite.procs import ProcessGroup, stop_everything
+from bench.suite.procs import SPAWNED, ProcessGroup, stop_everything
 from tests.support.server import ROOT, server_env
 
 
@@ -513,7 +513,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seed", type=int, default=14, help="seeds the pause before each kill")
     p.add_argument("--only", type=lambda v: v.split(","), default=list(FIGURES),
                    help=f"comma-separated subset of {','.join(FIGURES)}")
-    p.add_argument("--json", type=Path, help="also write the figures here")
+    p.add_argument("--json", type=Path, help="also write the figures (and the PIDs of every process started) here")
     if "--quick" in (sys.argv[1:] if argv is None else argv):  # smaller defaults; explicit flags still win
         p.set_defaults(rounds=2, partitions=16, seed_items=200, lag_seconds=2.0, ingest_seconds=1.0, ingest_rounds=1,
                        warmup=0.5, clients=1, concurrency=2, batch=200)
@@ -527,7 +527,9 @@ def main(argv: list[str] | None = None) -> int:
           f"{time.monotonic() - started:.0f} s in all\n")
     print(table(figures))
     if args.json:
-        args.json.write_text(json.dumps([dataclasses.asdict(f) for f in figures], indent=1))
+        args.json.write_text(json.dumps({"figures": [dataclasses.asdict(f) for f in figures],
+                                         "processes": [{"pid": pid, "name": name} for pid, name in SPAWNED]},
+                                        indent=1))
     return 0
 
 
