@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import signal
 import subprocess
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -53,6 +54,11 @@ def start_etcd(group: ProcessGroup, workdir: Path, timeout: float = 30.0) -> str
             pass
         time.sleep(0.05)
     raise RuntimeError(f"etcd did not answer within {timeout:.0f} s: {log_tail(log)}")
+
+
+def progress(msg: str) -> None:
+    """A line on stderr: long phases show they are alive (the figures go to stdout)."""
+    print(f"[{time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
 
 
 def key_in_partition(partition: int, partitions: int, prefix: str) -> str:
