@@ -17,15 +17,17 @@ What each figure measures (every process on one host, so one monotonic clock):
 2. **Replication lag**: two nodes, one replica each way.  A paced writer sends ``memory`` bulk
    writes at ``--lag-rate`` items/s (one bulk per node per ``--lag-tick-ms``) and records when
    each (partition, seqno) was acknowledged; a poller process reads both nodes'
-   ``GET /partitions`` back to back and notes when each replica's high seqno covers it (see
-   ``bench.cluster_figures.replica_lags`` for the resolution).
+   ``GET /partitions`` every ``--lag-poll-ms`` and notes when each replica's high seqno covers it (see
+   ``bench.cluster_figures.replica_lags`` for the resolution).  The same at
+   ``--lag-baseline-rate`` (500/s) shows what the machine's scheduling alone costs.
 3. **Majority write cost**: the same two nodes, bulk ingest (``--clients`` load generator
    processes, ``--concurrency`` requests in flight per node each) with ``durability=majority``
    against ``memory``, alternately, ``--ingest-rounds`` rounds; the median of the per-round
    ratios.  A server that refuses ``majority`` gets "n/a".
 4. **Aggregate ingest**: two nodes without replicas (each active for half the partitions)
-   against one node, same client processes and the same total requests in flight, alternately;
-   the median of the per-round ratios.
+   against one node (a one-node cluster, so that only the node count differs), same client
+   processes and the same total requests in flight, alternately; the median of the per-round
+   ratios.
 
 Performance is never asserted: the goals are printed beside the figures.  Every process started
 here is stopped by its PID on exit, Ctrl-C or error (``bench.suite.procs.ProcessGroup``).
@@ -70,7 +72,10 @@ def run(args: argparse.Namespace) -> list[Figure]:
                                     lease_ttl_s=args.lease_ttl).start()
                 if "lag" in wanted:
                     pair.wait_until(pair.placed_and_followed, 120, "every replica in sync")
-                    figures.append(lag_figure(measure_lag(group, pair, args), args))
+                    figures.append(lag_figure(measure_lag(group, pair, args.lag_rate, args), args))
+                    if args.lag_baseline_rate > 0:
+                        figures.append(lag_figure(measure_lag(group, pair, args.lag_baseline_rate, args), args,
+                                                  baseline=True))
                 if "majority" in wanted:
                     figures.append(majority_figure(group, pair, args))
                 pair.stop()
@@ -89,7 +94,10 @@ def run(args: argparse.Namespace) -> list[Figure]:
                 figures.append(ratio_figure("aggregate ingest, two nodes / one node (no replicas)", pairs, singles,
                                             1.6, args))
     finally:
-        shutil.rmtree(work, ignore_errors=True)
+        if args.keep:
+            progress(f"logs and data kept in {work}")
+        else:
+            shutil.rmtree(work, ignore_errors=True)
     return figures
 
 
@@ -102,6 +110,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--map-poll-ms", type=float, default=10.0, help="how often the failover probe reads the map")
     p.add_argument("--seed-items", type=int, default=2000, help="writes before each failover round")
     p.add_argument("--lag-rate", type=float, default=5000.0, help="offered memory writes/s for the lag")
+    p.add_argument("--lag-baseline-rate", type=float, default=500.0,
+                   help="the lag once more at this low rate, beside the goal's (0: skip)")
     p.add_argument("--lag-tick-ms", type=float, default=10.0, help="one bulk per node every this many ms")
     p.add_argument("--lag-seconds", type=float, default=20.0)
     p.add_argument("--lag-poll-ms", type=float, default=2.0,
@@ -118,6 +128,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seed", type=int, default=14, help="seeds the pause before each kill")
     p.add_argument("--only", type=lambda v: v.split(","), default=list(FIGURES),
                    help=f"comma-separated subset of {','.join(FIGURES)}")
+    p.add_argument("--keep", action="store_true", help="keep the run's directory (node logs, data dirs)")
     p.add_argument("--json", type=Path, help="also write the figures (and the PIDs of every process started) here")
     if "--quick" in (sys.argv[1:] if argv is None else argv):  # smaller defaults; explicit flags still win
         p.set_defaults(rounds=2, partitions=16, seed_items=200, lag_seconds=2.0, ingest_seconds=1.0, ingest_rounds=1,
@@ -126,9 +137,9 @@ def main(argv: list[str] | None = None) -> int:
     if not args.only or set(args.only) - set(FIGURES):
         p.error(f"--only takes a comma-separated subset of {','.join(FIGURES)}")
     signal.signal(signal.SIGTERM, lambda *_: (stop_everything(), sys.exit(143)))
-    started = time.monotonic()
+    started, load = time.monotonic(), os.getloadavg()[0]
     figures = run(args)
-    print(f"{os.cpu_count()} cores, load average {os.getloadavg()[0]:.1f} at the end, "
+    print(f"{os.cpu_count()} cores, load average {load:.1f} at the start and {os.getloadavg()[0]:.1f} at the end, "
           f"{time.monotonic() - started:.0f} s in all\n")
     print(table(figures))
     if args.json:
