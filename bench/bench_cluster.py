@@ -87,12 +87,14 @@ def run(args: argparse.Namespace) -> list[Figure]:
                                    lease_ttl_s=args.lease_ttl).start()
                 singles, pairs = [], []
                 for r in range(args.ingest_rounds):
-                    singles.append(ingest(group, one, "one node", "memory", args, 2 * args.concurrency, f"one{r}"))
-                    pairs.append(ingest(group, two, "two nodes", "memory", args, args.concurrency, f"two{r}"))
+                    singles.append(ingest(group, one, "one node", "memory", args, 2 * args.concurrency, f"one{r}",
+                                          settle=(two,)))
+                    pairs.append(ingest(group, two, "two nodes", "memory", args, args.concurrency, f"two{r}",
+                                        settle=(one,)))
                     progress(f"aggregate round {r + 1}: one node {singles[-1].rate:,.0f}/s, "
                              f"two nodes {pairs[-1].rate:,.0f}/s")
                 figures.append(ratio_figure("aggregate ingest, two nodes / one node (no replicas)", pairs, singles,
-                                            1.6, args))
+                                            1.6, args, "a one-node cluster gets the same total"))
     finally:
         if args.keep:
             progress(f"logs and data kept in {work}")
@@ -136,6 +138,9 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     if not args.only or set(args.only) - set(FIGURES):
         p.error(f"--only takes a comma-separated subset of {','.join(FIGURES)}")
+    # Ctrl-C even when started where SIGINT is ignored (a background job); SIGTERM stops every
+    # process at once, since the event loop may be inside a task that swallows cancellation
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     signal.signal(signal.SIGTERM, lambda *_: (stop_everything(), sys.exit(143)))
     started, load = time.monotonic(), os.getloadavg()[0]
     figures = run(args)

@@ -203,6 +203,14 @@ class BenchCluster:
                     return False
         return True
 
+    def persisted(self) -> bool:
+        """Every live node has persisted every partition up to its high seqno (its flusher is idle)."""
+        for node in self.live():
+            for part in httpx.get(f"{node.url}/partitions", timeout=5).json()["partitions"]:
+                if part["persisted_seqno"] < part["high_seqno"]:
+                    return False
+        return True
+
     def wait_until(self, predicate: Callable[[], Any], timeout: float, what: str) -> Any:
         deadline = time.monotonic() + timeout
         last: Exception | None = None
