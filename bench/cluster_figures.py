@@ -86,7 +86,9 @@ class Figure:
 
 
 def verdict(value: float | None, goal: float, higher_is_better: bool) -> str:
-    if value is None or value != value:  # None or NaN: nothing measured
+    """met / NOT met against ``goal``; n/a when nothing was measured (None or NaN; infinity is a
+    measurement: something never happened)."""
+    if value is None or value != value:
         return "n/a"
     met = value >= goal if higher_is_better else value <= goal
     return "met" if met else "NOT met"

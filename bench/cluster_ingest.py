@@ -19,7 +19,7 @@ import orjson
 import psutil
 
 from bench.cluster_figures import Figure, median_ratio, verdict
-from bench.cluster_procs import BenchCluster, partition_of, progress
+from bench.cluster_procs import BenchCluster, partition_of, progress, release_together
 from bench.suite.procs import ProcessGroup
 from tests.support.server import ROOT, server_env
 
@@ -50,17 +50,15 @@ def ingest(group: ProcessGroup, cluster: BenchCluster, label: str, durability: s
     for quiet in {id(c): c for c in (cluster, *settle)}.values():
         quiet.wait_until(quiet.persisted, 300, "everything persisted before an ingest phase")
     targets = json.dumps({str(p): url for p, url in cluster.actives().items()})
-    start_at = time.monotonic() + 2.5 + args.warmup  # process start-up and body building, then warm-up
-    stop_at = start_at + args.ingest_seconds
     procs = [group.spawn([sys.executable, "-m", "bench.cluster_load", "--targets", targets,
                           "--durability", durability, "--concurrency", str(concurrency),
-                          "--batch", str(args.batch), "--prefix", f"{tag}-c{c}", "--seed", str(c),
-                          "--start-at", f"{start_at:.6f}", "--stop-at", f"{stop_at:.6f}"],
-                         name=f"load {c}", cwd=ROOT, env=server_env(), stdout=subprocess.PIPE,
+                          "--batch", str(args.batch), "--prefix", f"{tag}-c{c}", "--seed", str(c)],
+                         name=f"load {c}", cwd=ROOT, env=server_env(), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                          log=cluster.workdir / f"load-{tag}-{c}.log")
              for c in range(args.clients)]
     nodes = [psutil.Process(n.proc.pid) for n in cluster.live() if n.proc is not None]
     loaders = [psutil.Process(proc.pid) for proc in procs]
+    start_at, stop_at = release_together(procs, args.warmup, args.ingest_seconds)
     time.sleep(max(0.0, start_at - time.monotonic()))
     cpu0 = [sum(p.cpu_times()[:2]) for p in nodes + loaders]
     time.sleep(max(0.0, stop_at - time.monotonic()))

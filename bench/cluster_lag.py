@@ -11,18 +11,20 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import math
 import statistics
 import subprocess
 import sys
 import time
 from dataclasses import dataclass
 
+import httpx
 import orjson
 import psutil
 
 from bench.bench_http import RawConnection
 from bench.cluster_figures import Ack, Figure, Poll, replica_lags, summary_ms, verdict
-from bench.cluster_procs import BenchCluster, partition_of
+from bench.cluster_procs import BenchCluster, partition_of, release_together
 from bench.suite.procs import ProcessGroup
 from tests.support.server import ROOT, server_env
 
@@ -36,8 +38,16 @@ class Pool:
         self.idle: list[RawConnection] = []
 
     async def request(self, method: str, target: str, body: bytes, ctype: str) -> tuple[int, bytes]:
-        conn = self.idle.pop() if self.idle else await RawConnection.open(self.url)
+        reused = bool(self.idle)
+        conn = self.idle.pop() if reused else await RawConnection.open(self.url)
         try:
+            answer = await conn.request(method, target, body, ctype)
+        except (asyncio.IncompleteReadError, ConnectionError):
+            conn.close()
+            if not reused:
+                raise
+            # the server closes a keep-alive connection left idle too long: once more on a new one
+            conn = await RawConnection.open(self.url)
             answer = await conn.request(method, target, body, ctype)
         except BaseException:
             conn.close()
@@ -86,10 +96,14 @@ async def paced_writer(actives: dict[int, str], partitions: int, rate: float, ti
     target = "/docs/_bulk?durability=memory&results=columns"
 
     async def send(url: str, body: bytes, n: int, sent: float) -> None:
+        measured = sent >= start_at
         try:
-            status, answer = await pools[url].request("POST", target, body, "application/json")
+            try:
+                status, answer = await pools[url].request("POST", target, body, "application/json")
+            except (OSError, asyncio.IncompleteReadError):
+                counts["errors"] += n if measured else 0
+                return
             done = time.monotonic()
-            measured = sent >= start_at
             if status != 200:
                 counts["errors"] += n if measured else 0
                 return
@@ -151,39 +165,64 @@ class LagResult:
 
 
 def measure_lag(group: ProcessGroup, cluster: BenchCluster, rate: float, args: argparse.Namespace) -> LagResult:
+    """Paced writes for ``args.lag_seconds`` after a second of warm-up, then as long as the
+    replicas need to hold every acknowledged write (at most ``args.lag_drain``): a write no poll
+    showed by then counts as an infinite lag, so a replica that falls behind shows in the tail
+    instead of being left out."""
+    cluster.wait_until(cluster.placed_and_followed, 300, "every replica in sync before measuring the lag")
     actives = cluster.actives()
     urls = sorted({n.url for n in cluster.live()})
-    start_at = time.monotonic() + 3.0  # the poller's start-up, then a second of warm-up writes
-    stop_at = start_at + args.lag_seconds
-    poller = group.spawn([sys.executable, "-m", "bench.cluster_poll", *urls, "--start-at", f"{start_at - 1:.6f}",
-                          "--stop-at", f"{stop_at + 1:.6f}", "--interval-ms", str(args.lag_poll_ms)],
-                         name="poller", cwd=ROOT, env=server_env(), stdout=subprocess.PIPE,
+    poller = group.spawn([sys.executable, "-m", "bench.cluster_poll", *urls, "--interval-ms", str(args.lag_poll_ms),
+                          "--max-seconds", str(args.lag_drain + 5)],
+                         name="poller", cwd=ROOT, env=server_env(), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                          log=cluster.workdir / "poller.log")
-    time.sleep(max(0.0, start_at - 1 - time.monotonic()))
     watched = [psutil.Process(n.proc.pid) for n in cluster.live() if n.proc is not None] + [psutil.Process(poller.pid)]
+    start_at, stop_at = release_together([poller], 1.0, args.lag_seconds)
     cpu = CpuWindow(watched, start_at, stop_at)
     acks, sent, errors = asyncio.run(paced_writer(actives, args.partitions, rate, args.lag_tick_ms / 1000,
                                                   start_at, stop_at, cpu))
-    out, _ = poller.communicate(timeout=60 + args.lag_seconds)
+    replica_of = {e["partition"]: cluster.nodes[e["replicas"][0]["node"]].url
+                  for e in cluster.view()["map"]["partitions"]}
+    wait_until_held(replica_of, acks, time.monotonic() + args.lag_drain)
+    assert poller.stdin is not None
+    poller.stdin.write(b"stop\n")
+    poller.stdin.flush()
+    out, _ = poller.communicate(timeout=60)
     group.stop(poller)
     if poller.returncode != 0:
         raise RuntimeError(f"the replica poller failed ({poller.returncode}); see {cluster.workdir / 'poller.log'}")
     polled = orjson.loads(out)
-    replica_of = {e["partition"]: cluster.nodes[e["replicas"][0]["node"]].url
-                  for e in cluster.view()["map"]["partitions"]}
     lags: list[float] = []
     unseen = 0
     for url in urls:
         polls = [Poll(s, r, {int(p): h for p, h in highs.items()}) for s, r, highs in polled[url]["polls"]]
         mine = [a for a in acks if replica_of[a.partition] == url]
         got, missing = replica_lags(mine, polls)
-        lags += got
+        lags += got + [math.inf] * missing
         unseen += missing
     periods = [polled[u]["period"] for u in urls if polled[u]["period"] is not None]
     used = cpu.used()
     return LagResult(rate, lags, unseen, sent, errors, args.lag_seconds,
                      statistics.median(periods) * 1000 if periods else float("nan"),
                      sum(polled[u]["count"] for u in urls), used[:-1], used[-1])
+
+
+def wait_until_held(replica_of: dict[int, str], acks: list[Ack], deadline: float) -> bool:
+    """Poll (slowly: the poller process is measuring) until each partition's replica holds the
+    highest acknowledged seqno, or ``deadline``; whether they all did."""
+    wanted: dict[int, int] = {}
+    for ack in acks:
+        wanted[ack.partition] = max(wanted.get(ack.partition, 0), ack.seqno)
+    while time.monotonic() < deadline:
+        held = True
+        for url in set(replica_of.values()):
+            highs = {p["partition"]: p["high_seqno"]
+                     for p in httpx.get(f"{url}/partitions", timeout=10).json()["partitions"]}
+            held = held and all(highs[p] >= s for p, s in wanted.items() if replica_of[p] == url)
+        if held:
+            return True
+        time.sleep(0.25)
+    return False
 
 
 def lag_figure(res: LagResult, args: argparse.Namespace, baseline: bool = False) -> Figure:
@@ -195,11 +234,17 @@ def lag_figure(res: LagResult, args: argparse.Namespace, baseline: bool = False)
     if not res.lags:
         return Figure(name, "no write was seen on a replica", goal, "NOT met")
     s = summary_ms(res.lags)
-    result = (f"p50 {s['p50']:.1f} ms, p99 {s['p99']:.1f} ms, max {s['p100']:.1f} ms "
-              f"({len(res.lags):,} writes seen, {res.sent / res.seconds:,.0f}/s sent"
-              + (f"; {res.unseen} never seen, {res.errors} errors" if res.unseen or res.errors else "") + ")")
+
+    def ms(value: float) -> str:
+        return f"{value:.1f} ms" if math.isfinite(value) else f"> {args.lag_drain:g} s"
+
+    result = (f"p50 {ms(s['p50'])}, p99 {ms(s['p99'])}, max {ms(s['p100'])} "
+              f"({len(res.lags):,} writes, {res.sent / res.seconds:,.0f}/s sent"
+              + (f"; {res.unseen} not on their replica {args.lag_drain:g} s after the writes ended"
+                 if res.unseen else "") + (f"; {res.errors} errors" if res.errors else "") + ")")
     method = (f"paced memory bulk writes, {res.rate:,.0f}/s offered in bulks every {args.lag_tick_ms:g} ms per "
-              f"node, 2 nodes x 1 replica, {args.partitions} partitions, {args.lag_seconds:g} s; ack time at the "
+              f"node, 2 nodes x 1 replica, {args.partitions} partitions, {args.lag_seconds:g} s from in-sync "
+              f"replicas; ack time at the "
               f"writer vs the midpoint of the first GET /partitions poll of the replica's node whose high seqno "
               f"covers it (same-host monotonic clock); resolution: one poll period, median {res.period_ms:.1f} ms "
               f"({res.polls:,} polls); CPU (1 core = 100%) nodes {'+'.join(f'{c:.0%}' for c in res.node_cpu)}, "

@@ -2,10 +2,11 @@
 
 Each process routes its keys to their partitions' active nodes itself (the map is given on the
 command line: what a cluster-aware client does with ``GET /cluster``), builds its request bodies
-before the clock starts (so the client's own CPU goes to sending, not to encoding), then keeps
-``--concurrency`` bulk requests in flight per node until ``--stop-at``.  Several processes start
-together: ``--start-at`` and ``--stop-at`` are ``time.monotonic()`` values, one clock for every
-process on the host.  Only requests completed inside the measured window count.  It prints one
+before the clock starts (so the client's own CPU goes to sending, not to encoding), says
+``ready`` and waits for its window (``bench.cluster_procs.release_together``: two
+``time.monotonic()`` values, one clock for every process on the host), then keeps
+``--concurrency`` bulk requests in flight per node from the moment it is released until the
+window ends.  Only requests completed inside the window count (the time before it is warm-up).  It prints one
 JSON line: items acknowledged, requests, errors (non-200 answers, item errors), the window.
 """
 from __future__ import annotations
@@ -20,7 +21,7 @@ import time
 import orjson
 
 from bench.bench_http import RawConnection
-from bench.cluster_procs import partition_of
+from bench.cluster_procs import partition_of, wait_for_start
 
 
 def routed_bodies(targets: dict[int, str], partitions: int, prefix: str, batch: int, per_node: int,
@@ -81,14 +82,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--batch", type=int, default=1000)
     p.add_argument("--bodies-per-node", type=int, default=16)
     p.add_argument("--concurrency", type=int, default=4, help="bulk requests in flight per node")
-    p.add_argument("--start-at", type=float, required=True, help="time.monotonic() when counting starts")
-    p.add_argument("--stop-at", type=float, required=True, help="time.monotonic() when it stops")
     p.add_argument("--prefix", default="load")
     p.add_argument("--seed", type=int, default=1)
     args = p.parse_args(argv)
     targets = {int(k): v for k, v in orjson.loads(args.targets).items()}
     bodies = routed_bodies(targets, len(targets), args.prefix, args.batch, args.bodies_per_node, args.seed)
-    result = asyncio.run(run(bodies, args.durability, args.concurrency, args.start_at, args.stop_at))
+    start_at, stop_at = wait_for_start()
+    result = asyncio.run(run(bodies, args.durability, args.concurrency, start_at, stop_at))
     print(orjson.dumps(result).decode(), flush=True)
     return 0
 

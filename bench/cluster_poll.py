@@ -2,11 +2,13 @@
 
 It reads ``GET /partitions`` of each given node (one request in flight per node, a pause of
 ``--interval-ms`` between two; its own process so that the writer's event loop does not delay
-it) from ``--start-at`` to
-``--stop-at`` (``time.monotonic()`` values: one clock for every process on the host), and keeps
-the high seqnos of the partitions the node holds as a replica.  Only polls that show a change
-are printed (the first poll covering a seqno always shows one, so the lags computed from them
-are the same), with the count and median period of all polls: the method's resolution.
+it) and keeps the high seqnos of the partitions the node holds as a replica.  It says ``ready``,
+is released with a window (``bench.cluster_procs.release_together``), polls from the window's
+start until a ``stop`` line on stdin (the benchmark sends it once the replicas hold every
+acknowledged write, or gives up) or ``--max-seconds`` past the window's end.  Only polls that
+show a change are printed (the first poll covering a seqno always shows one, so the lags
+computed from them are the same), with the count and median period of all polls: the method's
+resolution.
 """
 from __future__ import annotations
 
@@ -14,15 +16,18 @@ import argparse
 import asyncio
 import statistics
 import sys
+import threading
 import time
 from typing import Any
 
 import orjson
 
 from bench.bench_http import RawConnection
+from bench.cluster_procs import wait_for_start
 
 
-async def poll_node(url: str, start_at: float, stop_at: float, interval: float) -> dict[str, Any]:
+async def poll_node(url: str, start_at: float, stopped: threading.Event, deadline: float,
+                    interval: float) -> dict[str, Any]:
     conn = await RawConnection.open(url)
     changed: list[tuple[float, float, dict[int, int]]] = []
     received: list[float] = []
@@ -30,9 +35,9 @@ async def poll_node(url: str, start_at: float, stop_at: float, interval: float) 
     try:
         while time.monotonic() < start_at:
             await asyncio.sleep(0.001)
-        while True:
+        while not stopped.is_set():
             sent = time.monotonic()
-            if sent >= stop_at:
+            if sent >= deadline:
                 break
             if received and sent < received[-1] + interval:
                 await asyncio.sleep(received[-1] + interval - sent)
@@ -53,20 +58,29 @@ async def poll_node(url: str, start_at: float, stop_at: float, interval: float) 
     return {"polls": changed, "count": len(received), "period": statistics.median(gaps) if gaps else None}
 
 
-async def run(urls: list[str], start_at: float, stop_at: float, interval: float) -> dict[str, Any]:
-    results = await asyncio.gather(*(poll_node(u, start_at, stop_at, interval) for u in urls))
+async def run(urls: list[str], start_at: float, stopped: threading.Event, deadline: float,
+              interval: float) -> dict[str, Any]:
+    results = await asyncio.gather(*(poll_node(u, start_at, stopped, deadline, interval) for u in urls))
     return dict(zip(urls, results))
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__)
     p.add_argument("urls", nargs="+", help="node URLs to poll")
-    p.add_argument("--start-at", type=float, required=True)
-    p.add_argument("--stop-at", type=float, required=True)
     p.add_argument("--interval-ms", type=float, default=0.0,
                    help="at least this long between the end of one poll and the next (0: back to back)")
+    p.add_argument("--max-seconds", type=float, default=60.0,
+                   help="stop this long after the window's end even without a stop line")
     args = p.parse_args(argv)
-    out = asyncio.run(run(args.urls, args.start_at, args.stop_at, args.interval_ms / 1000))
+    start_at, stop_at = wait_for_start()
+    stopped = threading.Event()
+
+    def wait_for_stop() -> None:
+        sys.stdin.readline()  # a stop line, or EOF when the benchmark went away
+        stopped.set()
+
+    threading.Thread(target=wait_for_stop, daemon=True).start()
+    out = asyncio.run(run(args.urls, start_at, stopped, stop_at + args.max_seconds, args.interval_ms / 1000))
     sys.stdout.buffer.write(orjson.dumps(out, option=orjson.OPT_NON_STR_KEYS) + b"\n")
     sys.stdout.flush()
     return 0

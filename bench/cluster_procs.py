@@ -61,6 +61,36 @@ def progress(msg: str) -> None:
     print(f"[{time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
 
 
+def wait_for_start() -> tuple[float, float]:
+    """In a load or poller process: say ``ready`` (set up, about to work), then read the window
+    (two ``time.monotonic()`` values) the benchmark releases every such process with."""
+    print("ready", flush=True)
+    line = sys.stdin.readline()
+    if not line:
+        raise SystemExit("bench: stdin closed before the start")
+    start_at, stop_at = map(float, line.split())
+    return start_at, stop_at
+
+
+def release_together(procs: list[subprocess.Popen[Any]], lead: float, seconds: float) -> tuple[float, float]:
+    """Wait until every process said ``ready``, then give all the same window: it starts ``lead``
+    seconds from now (their warm-up) and lasts ``seconds``.  WHY a handshake rather than a time
+    fixed at spawn: on a loaded machine a process can take seconds to start, and one that starts
+    late would silently measure a shorter window."""
+    for proc in procs:
+        assert proc.stdout is not None and proc.stdin is not None
+        line = proc.stdout.readline()
+        if line.strip() != b"ready":
+            raise RuntimeError(f"a benchmark process (pid {proc.pid}) exited before it was ready: {line[:200]!r}")
+    start_at = time.monotonic() + lead
+    stop_at = start_at + seconds
+    for proc in procs:
+        assert proc.stdin is not None
+        proc.stdin.write(f"{start_at:.6f} {stop_at:.6f}\n".encode())
+        proc.stdin.flush()
+    return start_at, stop_at
+
+
 def key_in_partition(partition: int, partitions: int, prefix: str) -> str:
     """The first key ``<prefix>-<n>`` that hashes to ``partition`` (how a probe writes to one partition)."""
     for n in range(_KEY_SEARCH):
@@ -142,12 +172,6 @@ class BenchCluster:
         node.proc.send_signal(signal.SIGKILL)
         self.group.stop(node.proc, timeout=10)  # reaps it and forgets its PID
         return t
-
-    def restart(self, name: str, timeout: float = 90.0) -> None:
-        """Start ``name`` again on its data dir and port (it rejoins as a new node would)."""
-        node = self.nodes[name]
-        self._spawn(node)
-        self._ready(node, timeout)
 
     def stop(self) -> None:
         for node in self.nodes.values():
