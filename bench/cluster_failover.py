@@ -4,8 +4,9 @@ of its partitions, written through the newest map as a cluster-aware client woul
 Each round starts a fresh cluster of three nodes, one replica per partition.  Once every replica
 is in sync, after a random pause (so that the kill falls anywhere in the lease's keep-alive
 cycle), the node active for the most partitions is SIGKILLed.  For each of its partitions a
-probe writes (``PUT``) to the node the newest map names: the map is read from every survivor's ``GET /cluster`` every ``map_poll_s``
-(the method's resolution, beside one write's round trip), and a 421 is followed at once.
+probe writes (``PUT``) to the node the newest map names: the map is read from every survivor's
+``GET /cluster`` every ``map_poll_s`` (the method's resolution, beside one write's round trip),
+and a 421 is followed at once.
 """
 from __future__ import annotations
 
