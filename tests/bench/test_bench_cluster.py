@@ -124,6 +124,7 @@ def test_the_cluster_benchmark_runs_end_to_end_and_cleans_up(tmp_path: Path) -> 
     proc = subprocess.run(argv, cwd=REPO, capture_output=True, text=True, timeout=280, check=False)
     assert proc.returncode == 0, proc.stderr[-3000:]
     res = json.loads(out.read_text())
+    print(proc.stderr[-3000:])  # shown if an assertion below fails
     assert res["processes"] and [p for p in res["processes"] if _alive(p["pid"])] == []
     names = [f["name"] for f in res["figures"]]
     assert names[0] == "failover time" and names[1].startswith("replication lag at 5,000/s")
