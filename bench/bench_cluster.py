@@ -65,7 +65,10 @@ def run(args: argparse.Namespace) -> list[Figure]:
             progress(f"etcd at {etcd}")
             if "failover" in wanted:
                 progress(f"failover: three nodes, one replica, {args.rounds} rounds")
-                figures.append(failover_figure(failover_rounds(group, work, etcd, args), args))
+                rounds = failover_rounds(group, work, etcd, args)
+                figures.append(failover_figure(rounds, args))
+                if any(r.failed for r in rounds):  # the nodes' logs are the evidence
+                    args.keep = True
             if wanted & {"lag", "majority"}:
                 progress("two nodes, one replica: replication lag, then majority vs memory ingest")
                 pair = BenchCluster(group, work, etcd, "rep", args.partitions, replicas=1, size=2,
