@@ -1,7 +1,7 @@
 """The cluster's performance (issue 14): failover time, replication lag, majority write cost and
 aggregate ingest, measured in one run on real etcd and real ``upr server --cluster`` processes.
 
-    .venv/bin/python -m bench.bench_cluster              # 10 failover rounds, ~5 minutes
+    .venv/bin/python -m bench.bench_cluster              # 10 failover rounds, ~6 minutes
     .venv/bin/python -m bench.bench_cluster --quick      # tiny settings, for trying the harness
     .venv/bin/python -m bench.bench_cluster --rounds 20 --lag-seconds 30
 
