@@ -1,0 +1,136 @@
+"""``bench.bench_cluster``'s harness, so that it cannot rot, without running the benchmark in the tests.
+
+The pure arithmetic (lags from acks and replica polls, ratios, verdicts, routing of load
+bodies) is pinned by tables; one slow test runs the whole script at its smallest size on real
+etcd and real nodes (one failover round, a second of each phase) and checks that every figure
+is there and well-formed and that every process it started is gone.  Figures are never compared
+with their goals here: they are performance, measured on a shared machine.
+"""
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import orjson
+import pytest
+
+from bench.cluster_figures import Ack, Figure, Poll, median_ratio, poll_period, replica_lags, table, verdict
+from bench.cluster_load import routed_bodies
+from bench.cluster_procs import key_in_partition, partition_of
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def poll(sent: float, received: float, **highs: int) -> Poll:
+    return Poll(sent, received, {int(p.removeprefix("p")): h for p, h in highs.items()})
+
+
+@pytest.mark.parametrize(
+    "acks,polls,lags,unseen",
+    [
+        # the first poll covering the seqno counts, at its midpoint
+        ([Ack(0, 5, 1.0)], [poll(0.9, 1.0, p0=4), poll(1.002, 1.004, p0=5), poll(1.01, 1.02, p0=9)], [0.003], 0),
+        # a poll that skips past the seqno covers it too
+        ([Ack(0, 5, 1.0)], [poll(1.0, 1.01, p0=3), poll(1.02, 1.03, p0=8)], [0.025], 0),
+        # held before the ack reached the writer: 0, never negative
+        ([Ack(0, 5, 1.0)], [poll(0.5, 0.6, p0=7)], [0.0], 0),
+        # never covered while polling: counted apart, not as a lag
+        ([Ack(0, 5, 1.0), Ack(0, 9, 1.1)], [poll(1.0, 1.2, p0=6)], [0.1], 1),
+        # partitions are matched with their own high seqnos only
+        ([Ack(1, 2, 1.0), Ack(0, 2, 1.0)], [poll(1.0, 1.002, p0=2), poll(1.01, 1.012, p0=2, p1=2)], [0.011, 0.001], 0),
+        # a partition no poll shows (not a replica on this node) is unseen
+        ([Ack(3, 1, 1.0)], [poll(1.0, 1.1, p0=1)], [], 1),
+        ([], [], [], 0),
+    ],
+)
+def test_replica_lags_take_the_first_covering_poll(acks: list[Ack], polls: list[Poll], lags: list[float],
+                                                   unseen: int) -> None:
+    got, missing = replica_lags(acks, polls)
+    assert sorted(got) == pytest.approx(sorted(lags))
+    assert missing == unseen
+
+
+def test_poll_period_is_the_median_gap() -> None:
+    assert poll_period([poll(0, 1.0), poll(0, 1.002), poll(0, 1.003), poll(0, 1.010)]) == pytest.approx(0.002)
+    assert math.isnan(poll_period([poll(0, 1.0)]))
+
+
+@pytest.mark.parametrize(
+    "num,den,median,ratios",
+    [([2.0], [1.0], 2.0, [2.0]), ([1.0, 3.0, 2.0], [2.0, 2.0, 2.0], 1.0, [0.5, 1.5, 1.0]), ([1.0], [0.0], None, [])],
+)
+def test_ratios_are_taken_per_round(num: list[float], den: list[float], median: float | None,
+                                    ratios: list[float]) -> None:
+    got, each = median_ratio(num, den)
+    assert each == ratios
+    assert math.isnan(got) if median is None else got == median
+
+
+@pytest.mark.parametrize(
+    "value,goal,higher,expected",
+    [(0.8, 0.7, True, "met"), (0.6, 0.7, True, "NOT met"), (2.9, 3.0, False, "met"), (math.inf, 3.0, False, "NOT met"),
+     (None, 3.0, False, "n/a"), (math.nan, 0.7, True, "n/a")],
+)
+def test_verdicts(value: float | None, goal: float, higher: bool, expected: str) -> None:
+    assert verdict(value, goal, higher) == expected
+
+
+def test_table_has_one_row_per_figure_and_the_methods_below() -> None:
+    text = table([Figure("a", "1", "≥ 2", "NOT met", "how a"), Figure("b", "n/a", "≥ 1", "n/a")])
+    lines = text.splitlines()
+    assert lines[0] == "| figure | result | goal | verdict |" and lines[2:4] == ["| a | 1 | ≥ 2 | NOT met |",
+                                                                             "| b | n/a | ≥ 1 | n/a |"]
+    assert lines[-1] == "- a: how a"
+
+
+@pytest.mark.parametrize("partitions", [1, 16, 64])
+def test_probe_keys_land_in_their_partition(partitions: int) -> None:
+    for p in range(partitions):
+        assert partition_of(key_in_partition(p, partitions, "probe"), partitions) == p
+
+
+def test_load_bodies_go_to_their_partitions_node() -> None:
+    targets = {p: "http://a" if p % 2 else "http://b" for p in range(8)}
+    bodies = routed_bodies(targets, 8, "k", batch=10, per_node=3, seed=1)
+    assert sorted(bodies) == ["http://a", "http://b"]
+    for url, mine in bodies.items():
+        assert len(mine) == 3
+        for body in mine:
+            items = orjson.loads(body)
+            assert len(items) == 10
+            assert all(targets[partition_of(i["key"], 8)] == url and i["op"] == "set" for i in items)
+    keys = [i["key"] for mine in bodies.values() for body in mine for i in orjson.loads(body)]
+    assert len(keys) == len(set(keys))
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split(")")[-1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_the_cluster_benchmark_runs_end_to_end_and_cleans_up(tmp_path: Path) -> None:
+    out = tmp_path / "figures.json"
+    argv = [sys.executable, "-m", "bench.bench_cluster", "--quick", "--rounds", "1", "--partitions", "8",
+            "--seed-items", "50", "--lag-seconds", "1", "--durable", "persist",
+            "--json", str(out)]
+    proc = subprocess.run(argv, cwd=REPO, capture_output=True, text=True, timeout=280, check=False)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    res = json.loads(out.read_text())
+    print(proc.stderr[-3000:])  # shown if an assertion below fails
+    assert res["processes"] and [p for p in res["processes"] if _alive(p["pid"])] == []
+    names = [f["name"] for f in res["figures"]]
+    assert names[0] == "failover time" and names[1].startswith("replication lag at 5,000/s")
+    assert names[2].endswith("(baseline)") and names[3].startswith("persist / memory") and len(names) == 5
+    for f in res["figures"]:
+        # persist is accepted, so every figure was measured; the baseline has no goal
+        assert f["verdict"] in (("—",) if "baseline" in f["name"] else ("met", "NOT met")), f
+        assert f["result"] and f["method"]
+    assert proc.stdout.count("\n| ") == 6  # header row and five figures (the separator row starts with |-)
