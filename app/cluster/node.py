@@ -181,6 +181,7 @@ class ClusterNode:
         self.fenced = True
         for p in self._actives():
             self._fence(p)
+        self.durable.retire_all("this node was not running when its lease was due (fenced)")
 
     def _held(self) -> None:
         self.fenced = False
