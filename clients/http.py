@@ -10,7 +10,7 @@ problem's status and detail, so callers never parse text.
 In a cluster, ``server`` may name several nodes (``URL[,URL...]``): a call goes to the first that
 accepts a connection, and a document call (``get``/``put``/``delete``) follows ``421
 misdirected-request`` answers to the active node they name, a bounded number of hops
-(``clients.routing``).
+(``clients.redirects``).
 """
 from __future__ import annotations
 
@@ -27,7 +27,7 @@ import orjson
 from engine.core.types import Document
 
 from .errors import AuthFailed, ConnectionFailed, HttpError
-from .routing import MAX_HOPS, parse_servers, redirect_target, revisit_delay
+from .redirects import MAX_HOPS, parse_servers, redirect_target, revisit_delay
 
 __all__ = ["DEFAULT_SERVER", "HttpApi", "AsyncHttpApi", "bulk_body", "default_server", "default_token", "doc_path"]
 

@@ -1,10 +1,10 @@
-"""``clients.routing``: which servers a ``--server`` list names, and which 421 answers are followed."""
+"""``clients.redirects``: which servers a ``--server`` list names, and which 421 answers are followed."""
 from __future__ import annotations
 
 import pytest
 
 from clients.errors import UsageError
-from clients.routing import parse_servers, redirect_target
+from clients.redirects import parse_servers, redirect_target
 
 
 @pytest.mark.parametrize(("text", "servers"), [

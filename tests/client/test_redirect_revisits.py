@@ -1,8 +1,8 @@
-"""``clients.routing.revisit_delay``: how long a client waits before asking again a node it
+"""``clients.redirects.revisit_delay``: how long a client waits before asking again a node it
 already asked (two nodes naming each other while a new map spreads)."""
 from __future__ import annotations
 
-from clients.routing import revisit_delay
+from clients.redirects import revisit_delay
 
 
 def test_revisits_wait_longer_each_hop_and_at_most_a_second() -> None:
