@@ -225,6 +225,9 @@ class ReplicationStreams:
                         if isinstance(msg, M.StreamResponse) and msg.status is M.StreamStatus.OK:
                             await asyncio.to_thread(engine.adopt_failover_log, msg.partition,
                                                     msg.failover_log or ())
+                            # a new connection speaks for the copy only once it acks: say at once
+                            # what is held, not only after the next snapshot (there may be none)
+                            acker.applied(msg.partition)
                         await self._carry_out(conn, session, session.receive(msg))
                         await self._processed(conn, session, nbytes)
                     received = conn.receive_buffered()
