@@ -141,6 +141,10 @@ class Settings(BaseSettings):
     cluster_prefix: str = Field("/upr/default", description="etcd key prefix of the cluster (several clusters per etcd)")
     cluster_initial_nodes: int = Field(
         1, ge=1, description="live nodes a new cluster waits for before placing its partitions")
+    cluster_token: CliSuppress[str | None] = Field(
+        None, description="the bearer token this node presents to its peers (usually via UPR_CLUSTER_TOKEN): "
+        "replication streams need the admin role when tokens are configured",
+    )
     replica_replace_after_s: float = Field(
         60.0, ge=0, description="a gone node keeps its replica slots this long (a restart resyncs them) before "
                                 "they are placed on other nodes")
@@ -207,7 +211,8 @@ class Settings(BaseSettings):
         if not url.startswith(("http://", "https://")):
             raise ValueError(f"--advertise must be an http:// or https:// URL, got {url!r}")
         return NodeConfig(self.node, url.rstrip("/"), tuple(endpoints), self.cluster_prefix, self.partitions,
-                          self.replicas, self.lease_ttl_s, self.cluster_initial_nodes, self.replica_replace_after_s)
+                          self.replicas, self.lease_ttl_s, self.cluster_initial_nodes, self.replica_replace_after_s,
+                          self.cluster_token)
 
     def engine_config(self) -> EngineConfig:
         """The engine's half of these settings."""

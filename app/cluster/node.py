@@ -66,6 +66,8 @@ class NodeConfig:
     lease_ttl_s: int = 3
     initial_nodes: int = 1
     replica_replace_after_s: float = 60.0
+    #: bearer token presented to the other nodes (replication streams need the admin role)
+    token: str | None = None
 
 
 async def preflight(config: NodeConfig) -> None:
@@ -123,7 +125,7 @@ class ClusterNode:
         # than a dead active's lease takes to expire, so a dead active's replicas stay promotable
         self.replication = ReplicationStreams(engine, self.name, self.etcd, self.layout, self._lease,
                                               max_down_s=2.0 * config.lease_ttl_s + 1.0,
-                                              is_live=lambda node: node in self.nodes)
+                                              is_live=lambda node: node in self.nodes, token=config.token)
         #: durable writes of the partitions this node is active for, fed by its replicas' acks
         self.durable = DurableWrites(engine, self.name, is_live=lambda node: node in self.nodes)
         self._orchestrator_task: asyncio.Task[None] | None = None

@@ -70,8 +70,11 @@ class ReplicationStreams:
     def __init__(self, engine: Engine, node: str, etcd: EtcdClient, layout: Layout, lease: Callable[[], int], *,
                  publish_interval_s: float = 0.2, open_timeout_s: float = 5.0, max_backoff_s: float = 2.0,
                  max_frame_bytes: int = 64 << 20, max_down_s: float = 10.0,
-                 is_live: Callable[[str], bool] = lambda node: True, ack_poll_s: float | None = None) -> None:
+                 is_live: Callable[[str], bool] = lambda node: True, ack_poll_s: float | None = None,
+                 token: str | None = None) -> None:
         self.engine, self.node, self.etcd, self.layout, self.lease = engine, node, etcd, layout, lease
+        #: bearer token for the actives' stream endpoints (admin role when they check tokens)
+        self.token = token
         self.publish_interval_s = publish_interval_s
         self.open_timeout_s = open_timeout_s
         self.max_backoff_s = max_backoff_s
@@ -197,7 +200,7 @@ class ReplicationStreams:
                 await asyncio.to_thread(engine.reset_partition, p)
             offsets[p] = offset
         session = ClientSession(partitions=sorted(partitions), offsets=offsets, on_rollback=RollbackPolicy.RESET)
-        conn = await StreamConnection.open(stream_url(url), None, open_timeout=self.open_timeout_s,
+        conn = await StreamConnection.open(stream_url(url), self.token, open_timeout=self.open_timeout_s,
                                            max_frame_bytes=self.max_frame_bytes, ping_interval=None)
         acks = asyncio.create_task(acker.run(conn), name=f"replica acks to {active}")
         try:

@@ -136,6 +136,7 @@ class StreamConnection(PassSender):
         owner_of: Callable[[int], dict[str, Any]] | None = None,
         ceilings: VisibleCeilings | None = None,
         replica_acks: ReplicaAckSink | None = None,
+        may_replicate: bool = True,
     ) -> None:
         self.ws = ws
         self._ceilings = ceilings
@@ -157,7 +158,7 @@ class StreamConnection(PassSender):
         #: an earlier visit already sent the change) need no delivery at all
         self._visit_notified: dict[int, float] = {}
         self.session = ServerSession(node_id=engine.node_id, partition_count=engine.num_partitions,
-                                     limits=limits.protocol)
+                                     limits=limits.protocol, may_replicate=may_replicate)
         self.cursors: dict[int, PartitionCursor] = {}
         self.connected_at = time.time()
         self.cursor_drops = 0

@@ -97,6 +97,6 @@ async def stream(ws: WebSocket) -> None:
         await _deny(ws, _refusal_problem(refusal, client))
         return
     try:
-        await server.serve(ws)
+        await server.serve(ws, may_replicate=principal.role >= Role.ADMIN)
     finally:
         server.slots.release(client)

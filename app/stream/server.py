@@ -55,8 +55,9 @@ class StreamServer:
         #: in a cluster, where replication connections' acks go (``app.cluster.durable.DurableWrites``)
         self.replica_acks: ReplicaAckSink | None = None
 
-    async def serve(self, ws: Any) -> None:
-        """Accept ``ws`` and run its connection until it is over (the caller holds its slot)."""
+    async def serve(self, ws: Any, *, may_replicate: bool = True) -> None:
+        """Accept ``ws`` and run its connection until it is over (the caller holds its slot);
+        ``may_replicate``: whether the caller may open a replication connection (admin role)."""
         await ws.accept()
         peer = ws.client
         remote = f"{peer.host}:{peer.port}" if peer else "?"
@@ -75,6 +76,7 @@ class StreamServer:
             owner_of=self.owner_of,
             ceilings=self.ceilings,
             replica_acks=self.replica_acks,
+            may_replicate=may_replicate,
         )
         self.streams.register(conn)
         try:

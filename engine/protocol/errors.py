@@ -50,6 +50,7 @@ class ErrorCode(enum.StrEnum):
     TOO_MANY_COOKIES = "too_many_cookies"
     ACK_EXCEEDS_IN_FLIGHT = "ack_exceeds_in_flight"
     NOT_REPLICATION = "not_replication"
+    REPLICATION_FORBIDDEN = "replication_forbidden"
     CORRUPT_FRAME = "corrupt_frame"
     CONNECTION_CLOSED = "connection_closed"
 

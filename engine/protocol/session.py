@@ -221,8 +221,12 @@ _ALLOWED: dict[SessionState, tuple[type, ...]] = {
 class ServerSession:
     """Protocol state of one stream connection (see the module docstring for the API)."""
 
-    def __init__(self, *, node_id: str, partition_count: int, limits: ProtocolLimits | None = None) -> None:
+    def __init__(self, *, node_id: str, partition_count: int, limits: ProtocolLimits | None = None,
+                 may_replicate: bool = True) -> None:
         self.node_id = node_id
+        #: whether this caller may open a replication connection: its ``seqno_ack``s count toward
+        #: majority durability, so only a peer node (the admin role) may speak for a copy
+        self.may_replicate = may_replicate
         self.partition_count = partition_count
         self.limits = limits or ProtocolLimits()
         self.state = SessionState.EXPECT_HELLO
@@ -290,6 +294,13 @@ class ServerSession:
 
     def _on_hello(self, msg: Hello) -> list[Output]:
         _check_unicode(msg.name, "name")
+        if msg.name.startswith(REPLICATION_PREFIX) and not self.may_replicate:
+            raise ProtocolError(
+                ErrorCode.REPLICATION_FORBIDDEN,
+                f"hello name {msg.name!r} opens a replication connection, which needs the admin role "
+                "(a cluster node's --cluster-token)",
+                field="name",
+            )
         if msg.protocol != PROTOCOL_VERSION:
             raise ProtocolError(
                 ErrorCode.UNSUPPORTED_PROTOCOL,

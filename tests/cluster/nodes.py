@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -17,8 +17,10 @@ class Cluster:
     """etcd at ``etcd_url`` and nodes named ``n1``.. with their own data dirs under ``workdir``."""
 
     def __init__(self, workdir: Path, etcd_url: str, *, partitions: int, replicas: int, initial_nodes: int,
-                 lease_ttl_s: int = 2, prefix: str = "/upr/test") -> None:
+                 lease_ttl_s: int = 2, prefix: str = "/upr/test", tokens: Mapping[str, str] | None = None,
+                 env: Mapping[str, str] | None = None) -> None:
         self.workdir, self.etcd_url = workdir, etcd_url
+        self.tokens, self.env = tokens, env
         self.partitions, self.replicas, self.initial_nodes = partitions, replicas, initial_nodes
         self.lease_ttl_s, self.prefix = lease_ttl_s, prefix
         self.nodes: dict[str, ServerProcess] = {}
@@ -32,7 +34,7 @@ class Cluster:
     def start(self, name: str) -> ServerProcess:
         port = free_port()
         node = start_server(self.workdir / name, data_dir=self.workdir / name / "data", partitions=self.partitions,
-                            args=self.args(name, port), timeout=60)
+                            args=self.args(name, port), timeout=60, tokens=self.tokens, env=self.env)
         self.nodes[name] = node
         return node
 
@@ -41,7 +43,7 @@ class Cluster:
             node.kill()
 
     def view(self, name: str) -> dict[str, Any]:
-        r = httpx.get(f"{self.nodes[name].url}/cluster", timeout=10)
+        r = httpx.get(f"{self.nodes[name].url}/cluster", timeout=10, headers=self.nodes[name].headers)
         assert r.status_code == 200, r.text
         return r.json()
 

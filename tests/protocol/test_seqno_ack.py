@@ -44,3 +44,13 @@ def test_a_malformed_ack_closes_like_any_malformed_message() -> None:
     h = _replication()
     out = h.client("seqno_ack", partition=3, received=-1, persisted=0)
     assert out[0]["code"] == "invalid_field" and out[-1] == {"close": 1008}
+
+
+def test_a_caller_without_the_admin_role_cannot_open_a_replication_connection() -> None:
+    h = Harness()
+    h.session.may_replicate = False
+    assert h.hello(name=REPLICATION_PREFIX + "n2") == [error("replication_forbidden", "name"), {"close": 1008}]
+    assert h.session.state is SessionState.CLOSED
+    consumer = Harness()
+    consumer.session.may_replicate = False
+    assert consumer.hello(name="indexer")[-1]["type"] == "failover_logs"
