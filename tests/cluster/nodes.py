@@ -18,9 +18,9 @@ class Cluster:
 
     def __init__(self, workdir: Path, etcd_url: str, *, partitions: int, replicas: int, initial_nodes: int,
                  lease_ttl_s: int = 2, prefix: str = "/upr/test", tokens: Mapping[str, str] | None = None,
-                 env: Mapping[str, str] | None = None) -> None:
+                 env: Mapping[str, str] | None = None, extra_args: Iterable[str] = ()) -> None:
         self.workdir, self.etcd_url = workdir, etcd_url
-        self.tokens, self.env = tokens, env
+        self.tokens, self.env, self.extra_args = tokens, env, list(extra_args)
         self.partitions, self.replicas, self.initial_nodes = partitions, replicas, initial_nodes
         self.lease_ttl_s, self.prefix = lease_ttl_s, prefix
         self.nodes: dict[str, ServerProcess] = {}
@@ -29,7 +29,7 @@ class Cluster:
         return ["--port", str(port), "--cluster", "etcd://" + self.etcd_url.removeprefix("http://"), "--node", name,
                 "--advertise", f"http://127.0.0.1:{port}", "--replicas", str(self.replicas),
                 "--lease-ttl-s", str(self.lease_ttl_s), "--cluster-prefix", self.prefix,
-                "--cluster-initial-nodes", str(self.initial_nodes), "--flush-interval-ms", "2"]
+                "--cluster-initial-nodes", str(self.initial_nodes), "--flush-interval-ms", "2", *self.extra_args]
 
     def start(self, name: str) -> ServerProcess:
         port = free_port()

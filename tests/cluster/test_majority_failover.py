@@ -147,8 +147,11 @@ def failover_logs(cluster: Cluster, name: str) -> dict[int, list[tuple[int, int]
 
 def one_round(workdir: Path, etcd: EtcdProcess, seed: int) -> None:
     rng = random.Random(seed)
+    # the dead node's replica slots are replaced after 1 s, not the default 60: until then a
+    # partition with its only replica on the dead node cannot reach a majority (Couchbase's
+    # durability-impossible), and the round waits for majority writes acknowledged on the new map
     cluster = Cluster(workdir, etcd.url, partitions=PARTITIONS, replicas=1, initial_nodes=3,
-                      prefix=f"/upr/{uuid.uuid4().hex[:8]}")
+                      prefix=f"/upr/{uuid.uuid4().hex[:8]}", extra_args=["--replica-replace-after-s", "1"])
     try:
         for name in NODES:
             cluster.start(name)
@@ -209,7 +212,7 @@ def test_no_acknowledged_majority_write_is_lost_when_an_active_node_is_killed(tm
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("seed", range(100, 110))
+@pytest.mark.parametrize("seed", range(100, 108))  # with the two rounds above: ten kill points
 def test_no_acknowledged_majority_write_is_lost_over_randomised_kill_points(tmp_path: Path, etcd: EtcdProcess,
                                                                             seed: int) -> None:
     one_round(tmp_path, etcd, seed)
