@@ -24,10 +24,10 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import threading
 from collections.abc import Callable, Mapping
 from typing import Any, Protocol
 
+from app.stream.coalesce import CoalescedPartitions
 from engine.protocol.messages import Visibility
 
 __all__ = ["CeilingProvider", "CeilingSubscriber", "VisibleCeilings"]
@@ -49,15 +49,11 @@ class VisibleCeilings:
     def __init__(self, engine: Any, loop: asyncio.AbstractEventLoop,
                  providers: Mapping[Visibility, CeilingProvider] | None = None) -> None:
         self._engine = engine
-        self._loop = loop
         self._providers: dict[Visibility, CeilingProvider] = {Visibility.PERSISTED: engine.persisted_seqno}
         self._providers.update(providers or {})
-        self._lock = threading.Lock()
-        self._dirty: set[int] = set()
-        self._scheduled = False
+        self._advances = CoalescedPartitions(loop, self._deliver)
         self._subscribers: set[CeilingSubscriber] = set()
         self._remove_listener: Callable[[], None] | None = None
-        self._closed = False
 
     def provider(self, visibility: Visibility) -> CeilingProvider | None:
         """The ceiling of ``visibility`` (None: not capped)."""
@@ -77,23 +73,11 @@ class VisibleCeilings:
     # ---------------------------------------------------------------- any thread
     def advanced(self, partition: int) -> None:
         """``partition``'s ceiling may have advanced: wake its capped streams (coalesced)."""
-        if not self._subscribers:
-            return
-        with self._lock:
-            self._dirty.add(partition)
-            if self._scheduled or self._closed:
-                return
-            self._scheduled = True
-        try:
-            self._loop.call_soon_threadsafe(self._deliver)
-        except RuntimeError:  # the loop is closed: the server is going away
-            pass
+        if self._subscribers:
+            self._advances.mark(partition)
 
     # ---------------------------------------------------------------- event loop
-    def _deliver(self) -> None:
-        with self._lock:
-            dirty, self._dirty = frozenset(self._dirty), set()
-            self._scheduled = False
+    def _deliver(self, dirty: frozenset[int]) -> None:
         for subscriber in tuple(self._subscribers):
             try:
                 subscriber.ceiling_advanced(dirty)
@@ -103,7 +87,7 @@ class VisibleCeilings:
 
     def subscribe(self, subscriber: CeilingSubscriber) -> None:
         self._subscribers.add(subscriber)
-        if self._remove_listener is None and not self._closed:
+        if self._remove_listener is None and not self._advances.closed:
             self._remove_listener = self._engine.add_persist_listener(self.advanced)
 
     def unsubscribe(self, subscriber: CeilingSubscriber) -> None:
@@ -114,8 +98,7 @@ class VisibleCeilings:
 
     def close(self) -> None:
         """Stop listening to the engine (idempotent)."""
-        with self._lock:
-            self._closed = True
+        self._advances.close()
         if self._remove_listener is not None:
             remove, self._remove_listener = self._remove_listener, None
             remove()

@@ -7,10 +7,10 @@ and after partition state changes.  A stream connection tails live changes by wa
 ``asyncio.Event``; setting that event from another thread needs ``loop.call_soon_threadsafe``.
 
 WHY one hub per app instead of one listener per connection: at 20k writes/s and 50 consumers a
-listener per connection would schedule a million loop callbacks per second.  The hub coalesces:
-the writer thread adds the partition to a set under a lock and schedules *at most one* loop
-callback until that callback has run; the callback then hands the set to every subscriber.  A
-busy writer therefore costs the loop one callback per loop iteration, whatever the write rate.
+listener per connection would schedule a million loop callbacks per second.  The hub coalesces
+(``app.stream.coalesce``): a busy writer costs the loop one callback per loop iteration,
+whatever the write rate, and the callback hands the set of changed partitions to every
+subscriber.
 
 Ordering (needed by barrier cookies): the callback is scheduled before ``Engine.write`` returns,
 hence before the writer's HTTP acknowledgement, hence before a consumer that saw that
@@ -20,10 +20,10 @@ once, so the notification is processed before the socket read that carries the c
 from __future__ import annotations
 
 import asyncio
-import threading
 from collections.abc import Callable, Iterable
 from typing import Protocol
 
+from app.stream.coalesce import CoalescedPartitions
 from app.stream.jobs import JobBatcher
 from app.stream.tailcache import TailCache
 
@@ -40,12 +40,8 @@ class ChangeHub:
 
     def __init__(self, add_listener: Callable[[Callable[[int], None]], Callable[[], None]],
                  loop: asyncio.AbstractEventLoop, jobs: JobBatcher | None = None) -> None:
-        self._loop = loop
-        self._lock = threading.Lock()
-        self._dirty: set[int] = set()
-        self._scheduled = False
+        self._changes = CoalescedPartitions(loop, self._deliver)
         self._subscribers: set[Subscriber] = set()
-        self._closed = False
         #: encoded tail snapshots shared by the connections (see tailcache.py)
         self.cache = TailCache()
         #: stream jobs of all connections batched into one reader-thread hop (see jobs.py)
@@ -54,21 +50,10 @@ class ChangeHub:
 
     # ---------------------------------------------------------------- writer thread
     def _on_change(self, partition: int) -> None:
-        with self._lock:
-            self._dirty.add(partition)
-            if self._scheduled or self._closed:
-                return
-            self._scheduled = True
-        try:
-            self._loop.call_soon_threadsafe(self._deliver)
-        except RuntimeError:  # the loop is closed: the server is going away
-            pass
+        self._changes.mark(partition)
 
     # ---------------------------------------------------------------- event loop
-    def _deliver(self) -> None:
-        with self._lock:
-            dirty, self._dirty = frozenset(self._dirty), set()
-            self._scheduled = False
+    def _deliver(self, dirty: frozenset[int]) -> None:
         for subscriber in tuple(self._subscribers):
             subscriber.notify(dirty)
 
@@ -84,8 +69,5 @@ class ChangeHub:
 
     def close(self) -> None:
         """Stop listening to the engine (idempotent)."""
-        with self._lock:
-            if self._closed:
-                return
-            self._closed = True
-        self._remove()
+        if self._changes.close():
+            self._remove()

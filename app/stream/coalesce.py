@@ -1,0 +1,55 @@
+"""Partitions marked from any thread, handed to the event loop in one callback per burst.
+
+WHY: the writer thread (change notifications) and the flusher thread (persisted seqnos) signal
+partitions far more often than a loop can afford callbacks.  A mark adds the partition to a set
+under a lock and schedules *at most one* loop callback until that callback has run; the callback
+takes the whole set.  A busy thread therefore costs the loop one callback per loop iteration,
+whatever its rate.  ``call_soon_threadsafe`` appends to the ready queue at once, so a mark made
+before a thread returns is delivered before anything the loop reads after that return.
+"""
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import Callable
+
+__all__ = ["CoalescedPartitions"]
+
+
+class CoalescedPartitions:
+    """``mark(p)`` from any thread; ``deliver(partitions)`` runs on ``loop`` once per burst."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, deliver: Callable[[frozenset[int]], None]) -> None:
+        self._loop = loop
+        self._deliver = deliver
+        self._lock = threading.Lock()
+        self._dirty: set[int] = set()
+        self._scheduled = False
+        self._closed = False
+
+    def mark(self, partition: int) -> None:
+        with self._lock:
+            self._dirty.add(partition)
+            if self._scheduled or self._closed:
+                return
+            self._scheduled = True
+        try:
+            self._loop.call_soon_threadsafe(self._run)
+        except RuntimeError:  # the loop is closed: the server is going away
+            pass
+
+    def close(self) -> bool:
+        """Deliver nothing more; True the first time (so the owner releases what it holds once)."""
+        with self._lock:
+            first, self._closed = not self._closed, True
+        return first
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def _run(self) -> None:
+        with self._lock:
+            dirty, self._dirty = frozenset(self._dirty), set()
+            self._scheduled = False
+        self._deliver(dirty)
