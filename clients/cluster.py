@@ -52,6 +52,7 @@ from .errors import AuthFailed, ConnectionFailed
 from engine.protocol import messages as M
 
 from .events import BarrierReached, PartitionMoved, PartitionsUnavailable
+from .redirects import parse_servers
 from .state import StateStore
 
 
@@ -65,10 +66,9 @@ class NodeLost(Exception):
 
 
 def split_servers(server: str | Sequence[str]) -> list[str]:
-    """A cluster address: one URL, "URL,URL", or a list of URLs (any node will do)."""
-    parts = server.split(",") if isinstance(server, str) else list(server)
-    urls = [u.strip().rstrip("/") for u in parts if u and u.strip()]
-    return urls
+    """A cluster address: one URL, "URL,URL", or a list of URLs (any node will do); the same
+    rules as the document commands' ``--server`` (``clients.redirects.parse_servers``)."""
+    return list(parse_servers(server if isinstance(server, str) else ",".join(server)))
 
 
 #: after the first node answered the map, how long the others may still answer with a newer one

@@ -107,12 +107,8 @@ class Consumer(ReceiveLoop):
         bundle: bool = True,
         visibility: str = "memory",
     ) -> None:
-        self.seeds = split_servers(server or default_server())
-        if not self.seeds:
-            raise UsageError("server names no URL", field="server")
+        self.seeds = split_servers(server or default_server())  # a bad address: UsageError now
         self.server = self.seeds[0]
-        for url in self.seeds:
-            stream_url(url)  # a bad URL is a usage error now, not at the first connect
         self.url = stream_url(self.server)
         self.token = token if token is not None else default_token()
         self.name = name
