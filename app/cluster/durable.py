@@ -234,9 +234,11 @@ class DurableWrites:
 
     def majority_seqno(self, partition: int, persisted: bool) -> int:
         """The highest seqno of ``partition`` a majority of its current copies hold (see
-        ``DurabilityTracker.majority_seqno``), with this node's own progress read now."""
-        self._own_progress(partition)
-        return self.tracker.majority_seqno(partition, persisted)
+        ``DurabilityTracker.majority_seqno``), with this node's own progress read now.  Called
+        from stream reader threads too, so it only reads."""
+        engine = self.engine
+        own = engine.persisted_seqno(partition) if persisted else engine.high_seqno(partition)
+        return self.tracker.majority_seqno(partition, persisted, own=own)
 
     def replica_ack(self, node: str, partition: int) -> ReplicaAck | None:
         return self.tracker.acks.get(node, partition)

@@ -88,14 +88,18 @@ class DurabilityTracker:
         copies = 1 + len(self._active(partition).replicas)
         return self.copies_holding(partition, seqno, persist) >= majority_of(copies)
 
-    def majority_seqno(self, partition: int, persisted: bool) -> int:
+    def majority_seqno(self, partition: int, persisted: bool, own: int | None = None) -> int:
         """The highest seqno of ``partition`` held (persisted if ``persisted``) by a majority of its
         current copies: what no failover can take back, the bound of ``visibility: majority``.
 
         The copies' figures sorted from the highest: the majority's weakest member is the
-        ``majority_of(copies)``-th; a replica that never acked counts as holding nothing."""
-        active = self._active(partition)
-        held = [active.persisted if persisted else active.received]
+        ``majority_of(copies)``-th; a replica that never acked counts as holding nothing.
+        ``own``: the active's own figure read now (else the last one fed in).  A pure read,
+        safe beside the loop's updates: stream readers ask it from their threads."""
+        active = self._partitions.get(partition) or _Active()
+        if own is None:
+            own = active.persisted if persisted else active.received
+        held = [own]
         for node in active.replicas:
             ack = self.acks.get(node, partition)
             held.append(0 if ack is None else ack.persisted if persisted else ack.received)
