@@ -83,6 +83,21 @@ def first_map(cluster: "Cluster", name: str) -> dict[str, Any]:
     return until(ready, what="the first map")
 
 
+def started_in_sync(cluster: "Cluster", names: Iterable[str], keys: Iterable[str] = (),
+                    tag: str = "v1") -> dict[str, Any]:
+    """``names`` started, the first map placed, ``keys`` written through it, every replica in
+    sync: the first map's view."""
+    names = list(names)
+    for name in names:
+        cluster.start(name)
+    view = first_map(cluster, names[0])
+    keys = list(keys)
+    if keys:
+        write_routed(cluster, view, keys, tag)
+    until(lambda: replicas_caught_up(cluster), what="every replica in sync")
+    return view
+
+
 def settled(cluster: "Cluster", view: dict[str, Any]) -> bool:
     """Every live node's partitions are in the state ``view``'s map gives them (it followed the map)."""
     for name in cluster.live():

@@ -161,23 +161,9 @@ async def test_within_the_grace_a_dead_node_keeps_a_replica_slot_of_everything_i
 async def test_three_nodes_get_a_balanced_map_and_a_dead_node_s_partitions_move_to_in_sync_replicas(
     client: EtcdClient, layout: Layout
 ) -> None:
-    # no grace: the dead node's slots are filled on the live nodes at once
-    nodes = [Node(client, layout, name, replace_after_s=0.0) for name in ("n1", "n2", "n3")]
-    for node in nodes:
-        await node.start()
-
-    async def all_placed() -> bool:
-        return all(len(p.nodes) == 2 for p in (await _map(client, layout)).placements)
-
-    await _until(all_placed)
-    before = await _map(client, layout)
-    # the node active for most partitions; often the orchestrator too, whose role must move first
-    victim = max(nodes, key=lambda n: (len(before.active_partitions(n.name)), n.name))
-    for p, placement in enumerate(before.placements):
-        for replica in placement.replicas:
-            await client.put(layout.replica_progress(p, replica), json.dumps({"seqno": 10 * p, "in_sync": True}).encode(),
-                             lease=next(n for n in nodes if n.name == replica).membership.lease)
-    await victim.die()
+    # no grace: the dead node's slots are filled on the live nodes at once; the victim is the node
+    # active for most partitions, often the orchestrator too, whose role must move first
+    nodes, victim, before = await _three_nodes_and_a_victim(client, layout, replace_after_s=0.0)
 
     async def failed_over() -> bool:
         return victim.name not in (await _map(client, layout)).nodes()

@@ -19,7 +19,7 @@ import pytest
 
 from tests.cluster.etcd_server import EtcdProcess
 from tests.cluster.faults import accepting, assert_one_history, keys_per_partition, map_history
-from tests.cluster.nodes import Cluster, first_map, replicas_caught_up, until, write_routed
+from tests.cluster.nodes import Cluster, replicas_caught_up, started_in_sync, until
 
 pytestmark = pytest.mark.slow
 
@@ -42,11 +42,7 @@ def test_nodes_keep_serving_through_an_etcd_outage_and_recover_without_failover(
     keys = keys_per_partition(PARTITIONS)
     names = ["n1", "n2", "n3"]
     try:
-        for name in names:
-            cluster.start(name)
-        view = first_map(cluster, "n1")
-        write_routed(cluster, view, [f"doc-{i}" for i in range(100)], "v1")
-        until(lambda: replicas_caught_up(cluster), what="every replica in sync")
+        view = started_in_sync(cluster, names, [f"doc-{i}" for i in range(100)])
         actives = {p["partition"]: p["active"] for p in view["map"]["partitions"]}
         before = {n: _partitions(cluster, n) for n in names}
         history_before = map_history(etcd.url, prefix, idle_s=0.5)

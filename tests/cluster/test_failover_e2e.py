@@ -28,6 +28,7 @@ from tests.cluster.nodes import (
     partition_of,
     replicas_caught_up,
     settled,
+    started_in_sync,
     until,
     write_routed,
 )
@@ -115,13 +116,8 @@ def _two_node_cluster(tmp_path: Path, etcd: EtcdProcess) -> Cluster:
 
 def _two_nodes_in_sync(cluster: Cluster, docs: int) -> tuple[dict[str, Any], list[str]]:
     """n1 and n2 up, ``docs`` documents written through the first map, every replica in sync."""
-    for name in ("n1", "n2"):
-        cluster.start(name)
-    view = first_map(cluster, "n1")
     keys = [f"doc-{i}" for i in range(docs)]
-    write_routed(cluster, view, keys, "v1")
-    until(lambda: replicas_caught_up(cluster), what="every replica in sync")
-    return view, keys
+    return started_in_sync(cluster, ("n1", "n2"), keys), keys
 
 
 def test_a_killed_node_rejoins_as_replica_and_ends_with_the_actives_history(tmp_path: Path, etcd: EtcdProcess,

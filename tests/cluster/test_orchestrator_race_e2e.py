@@ -18,7 +18,7 @@ import pytest
 
 from tests.cluster.etcd_server import EtcdProcess
 from tests.cluster.faults import accepting, assert_one_history, keys_per_partition, map_history
-from tests.cluster.nodes import Cluster, first_map, replicas_caught_up, until, write_routed
+from tests.cluster.nodes import Cluster, started_in_sync, until
 
 pytestmark = pytest.mark.slow
 
@@ -44,11 +44,7 @@ def test_a_paused_orchestrator_never_forks_the_map_or_leaves_two_writers(tmp_pat
     keys = keys_per_partition(PARTITIONS)
     names = ["n1", "n2", "n3"]
     try:
-        for name in names:
-            cluster.start(name)
-        view = first_map(cluster, "n1")
-        write_routed(cluster, view, [f"doc-{i}" for i in range(100)], "v1")
-        until(lambda: replicas_caught_up(cluster), what="every replica in sync")
+        view = started_in_sync(cluster, names, [f"doc-{i}" for i in range(100)])
         old = until(lambda: cluster.view("n1")["orchestrator"], what="an orchestrator elected")
         owned = [p["partition"] for p in view["map"]["partitions"] if p["active"] == old]
         assert owned, "a balanced first map gives every node actives"
