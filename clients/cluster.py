@@ -37,6 +37,7 @@ import httpx
 from engine.protocol.client.actions import StartMode
 from engine.protocol.client.checkpoint import ConsumerState, PartitionCheckpoint
 from engine.protocol.client.offset import StreamOffset
+from engine.protocol.client.position import PartitionPosition
 from engine.protocol.client.routing import (
     Close,
     MapFormatError,
@@ -48,10 +49,10 @@ from engine.protocol.client.routing import (
     revision_in,
 )
 
-from .errors import AuthFailed, ConnectionFailed
+from .errors import AuthFailed, ConnectionFailed, UsageError
 from engine.protocol import messages as M
 
-from .events import BarrierReached, PartitionMoved, PartitionsUnavailable
+from .events import BarrierReached, PartitionMoved, PartitionsUnavailable, StreamEnd
 from .redirects import parse_servers
 from .state import StateStore
 
@@ -59,6 +60,10 @@ from .state import StateStore
 __all__ = ["ClusterStreams", "NodeLost", "PartitionStates", "read_cluster_map", "split_servers"]
 
 log = logging.getLogger("upr.client")
+
+
+#: read-ahead events a seek does not drop: they are about the connection or the map, not the old stream
+_KEPT_AHEAD = (PartitionMoved, BarrierReached, StreamEnd)
 
 
 class NodeLost(Exception):
@@ -237,7 +242,12 @@ class ClusterStreams:
         self.opened: set[int] = set()
         #: ``until_now`` ends frozen at a partition's first handshake, carried to its next node
         self.ends: dict[int, int] = {}
+        #: those ends with the branch they were measured on (``ClientSession.goals``): a new active
+        #: whose history lost the last items lowers them as a reconnect on one node would
+        self.goals: dict[int, tuple[int, int, int | None]] = {}
         self._events: deque[Any] = deque()
+        #: router actions decided outside the stream loop (a seek reopening a finished partition)
+        self._later: list[RouteAction] = []
         self._armed: dict[Any, asyncio.Task[Any]] = {}
         self._reload: asyncio.Task[MapView | None] | None = None
         self._retired = {"rollbacks": 0, "resets": 0, "corrections": 0, "items_processed": 0}
@@ -269,6 +279,100 @@ class ClusterStreams:
         for s in self.live():
             out.update(s.session.committed())
         return out
+
+    def holder(self, partition: int) -> Any | None:
+        """The node stream that holds ``partition`` now (None: it waits for a node)."""
+        for s in self.live():
+            if partition in s.view.partitions:
+                return s
+        return None
+
+    def position(self, partition: int) -> StreamOffset:
+        """``partition``'s processed position, whichever node streams it (or none does now)."""
+        s = self.holder(partition)
+        if s is not None and partition in s.session.positions:
+            return s.session.positions[partition].offset()
+        cp = self.states.parts.get(partition)
+        if cp is not None:
+            return cp.offset
+        return self.owner.session.offsets.get(partition, StreamOffset())
+
+    def failover_log(self, partition: int) -> tuple[Any, ...]:
+        """The failover log ``partition`` last streamed with (its current node's, once opened there)."""
+        s = self.holder(partition)
+        if s is not None and partition in s.session.positions:
+            return s.session.positions[partition].failover_log
+        cp = self.states.parts.get(partition)
+        return cp.failover_log if cp is not None else ()
+
+    async def partition_info(self, partition: int) -> dict[str, Any]:
+        """``GET /partitions/{p}`` from the node ``partition`` streams from (else its active per the
+        map): the copy whose history the stream follows."""
+        s = self.holder(partition)
+        if s is not None:
+            return await s.http.partition(partition)
+        view = self.router.map
+        url = view.url_of(partition)[1] if view is not None else None
+        resp = await self.client.get(f"{url or self._good_url}/partitions/{partition}", timeout=self.owner.open_timeout,
+                                     headers={"Authorization": f"Bearer {self.owner.token}"} if self.owner.token else {})
+        if resp.status_code != 200:
+            raise ConnectionFailed(f"GET /partitions/{partition} from {url or self._good_url}: HTTP {resp.status_code}")
+        result: dict[str, Any] = resp.json()
+        return result
+
+    # ------------------------------------------------------------------ seeks
+    def seek(self, partition: int, offset: StreamOffset) -> None:
+        """``Consumer.seek`` on a cluster: the same rules as on one node, wherever the partition is.
+
+        * On a node stream: that stream's seek (a streaming partition reconnects to the same
+          node; the other nodes' partitions are not touched), and an event of the partition that
+          stream already read ahead is dropped: nothing of the old stream is handed over after this.
+        * Waiting for a node (moved, unserved, not opened yet): its checkpoint becomes ``offset``,
+          so whichever node streams it next starts there.
+        * Its bounded stream ended: placed again, from ``offset``."""
+        r = self.router
+        if partition not in r.partitions:
+            raise UsageError(f"partition {partition} is not one of the consumer's partitions", partition=partition)
+        if not isinstance(offset, StreamOffset):
+            raise UsageError(f"seek needs a StreamOffset, got {type(offset).__name__}", partition=partition,
+                             field="offset")
+        s = self.holder(partition)
+        if s is not None and s.session.positions:
+            s.seek(partition, offset)
+            task = self._armed.get(s)
+            if task is not None and task.done() and not task.cancelled() and task.exception() is None:
+                ahead = task.result()
+                if getattr(ahead, "partition", None) == partition and type(ahead) not in _KEPT_AHEAD:
+                    del self._armed[s]  # its stream resumes with the seek (a reconnect or a new request)
+            return
+        end = self.ends.get(partition, self.owner.session.end_seqnos.get(partition))
+        if end is not None and offset.seqno > end:
+            raise UsageError(f"partition {partition}: cannot seek to seqno {offset.seqno}, after the stream's end "
+                             f"{end}", partition=partition, seqno=offset.seqno, field="offset")
+        if s is not None or partition not in self.opened:
+            # not resolved by any handshake yet: a start offset like any other
+            target = s.session if s is not None else self.owner.session
+            target.offsets[partition] = offset
+            self._forget_above(partition, offset, None)
+        else:
+            old = self.states.parts.get(partition)
+            log = tuple(e for e in (old.failover_log if old is not None else ()) if e.seqno <= offset.seqno)
+            moved = PartitionPosition(partition, offset, log)
+            self.states.put(partition, PartitionCheckpoint(moved.offset(), moved.failover_log, moved.last_complete))
+            self._forget_above(partition, offset, old.offset if old is not None else None)
+        if partition in r.done:
+            self._later.extend(r.reopen(partition, time.monotonic()))
+
+    def _forget_above(self, partition: int, offset: StreamOffset, old: StreamOffset | None) -> None:
+        """Nothing above ``offset`` counts as applied (the shared ring's rule of ``ClientSession.seek``)."""
+        ring = self.owner.ring
+        if ring is None:
+            return
+        model = ring.model
+        model.drop_above(partition, offset.seqno)
+        floor = model.floor(partition)
+        if floor is None or floor > offset.seqno or old is None or offset.seqno > old.seqno:
+            model.set_floor(partition, offset.seqno)
 
     @property
     def done(self) -> bool:
@@ -351,6 +455,9 @@ class ClusterStreams:
                 first, self._first = self._first, None
                 await self._apply(self.router.map_loaded(first, time.monotonic()))
             while True:
+                if self._later:
+                    later, self._later = self._later, []
+                    await self._apply(later)
                 while self._events:
                     yield self._events.popleft()
                 if self.barriers:
@@ -473,8 +580,11 @@ class ClusterStreams:
         else:
             options.update(start=StartMode.SAVED, until_now=False, offsets=None,
                            end_seqnos={p: e for p, e in self.ends.items() if p in partitions} or None)
-        return self._node_stream(action.conn, action.node, self.states.view(partitions), action.url,
-                                 partitions=partitions, ring=o.ring, **options)
+        stream = self._node_stream(action.conn, action.node, self.states.view(partitions), action.url,
+                                   partitions=partitions, ring=o.ring, **options)
+        if not initial:
+            stream.session.adopt_goals({p: g for p, g in self.goals.items() if p in partitions})
+        return stream
 
     async def _close_conn(self, conn: int) -> None:
         for s in self.streams.pop(conn, []):
@@ -503,6 +613,7 @@ class ClusterStreams:
         self.opened.update(s.session.positions)
         for p, end in s.session.end_seqnos.items():
             self.ends[p] = end
+        self.goals.update(s.session.goals(s.session.end_seqnos))
         for name in ("rollbacks", "resets"):
             self._retired[name] += getattr(s.session, name)
         self._retired["corrections"] += s.corrections
@@ -517,6 +628,7 @@ class ClusterStreams:
         end = s.session.end_seqnos.get(p)
         if end is not None:
             self.ends[p] = end
+        self.goals.update(s.session.goals([p]))
         self.opened.add(p)
         checkpoint = s.session.release(p)
         s.view.partitions.discard(p)

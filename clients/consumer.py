@@ -43,6 +43,7 @@ from typing import TYPE_CHECKING, Any
 
 import httpx
 
+from engine.core.types import FailoverEntry
 from engine.protocol import messages as M
 from engine.protocol.client.acks import AckTracker
 from engine.protocol.client.actions import RollbackPolicy, SeekAction, StartMode
@@ -356,8 +357,21 @@ class Consumer(ReceiveLoop):
 
     def position(self, partition: int) -> StreamOffset:
         if self._cluster is not None:
-            return self._cluster.committed()[partition]
+            return self._cluster.position(partition)
         return self.session.positions[partition].offset()
+
+    def failover_log(self, partition: int) -> tuple[FailoverEntry, ...]:
+        """The failover log ``partition`` streams with (in a cluster: its current node's)."""
+        if self._cluster is not None:
+            return self._cluster.failover_log(partition)
+        return self.session.positions[partition].failover_log
+
+    async def partition_info(self, partition: int) -> dict[str, Any]:
+        """``GET /partitions/{p}`` from the node that streams ``partition`` (its failover log,
+        high seqno): the history a rollback point or a seek offset must be read from."""
+        if self._cluster is not None:
+            return await self._cluster.partition_info(partition)
+        return await self.http.partition(partition)
 
     def seek(self, partition: int, offset: StreamOffset) -> None:
         """Restart ``partition`` from ``offset`` (java-dcp-client's ``rollbackAndRestartStream``).
@@ -375,7 +389,8 @@ class Consumer(ReceiveLoop):
         if self._closed or self._done:
             raise UsageError("seek() after the streams ended or the consumer was closed", partition=partition)
         if self._cluster is not None:
-            raise UsageError("seek() is not supported when following a cluster's map", partition=partition)
+            self._cluster.seek(partition, offset)
+            return
         action = self.session.seek(partition, offset)
         if action is SeekAction.REQUEST:
             self._seek_requests.add(partition)
@@ -471,6 +486,7 @@ class NodeStream(Consumer):
         self.conn_id = conn
         self.node = node
         self.view = states
+        self._seek_reopen = False
 
     async def _open(self) -> None:
         try:
@@ -480,7 +496,22 @@ class NodeStream(Consumer):
         except ConnectionFailed as exc:
             raise NodeLost(str(exc)) from None
 
+    def seek(self, partition: int, offset: StreamOffset) -> None:
+        super().seek(partition, offset)
+        if self._seek_reconnect:
+            self._seek_reopen = True  # a new stream on this same node, not a lost node
+
     async def _reconnect(self, why: str) -> None:
+        if self._seek_reopen:  # a seek of a streaming partition: hello again here, once
+            self._seek_reopen = False
+            self.session.connection_lost()
+            self._pending.clear()
+            if self._conn is not None:
+                conn, self._conn = self._conn, None
+                await conn.close()
+            await self._open()  # NodeLost if this node is gone meanwhile: then the map decides
+            self.reconnects += 1
+            return
         self.session.connection_lost()
         raise NodeLost(why)
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -24,6 +24,7 @@ from clients.backup.driver import Driver
 from clients.backup.manifest import RunManifest
 from clients.backup.runwriter import RunWriter
 from clients.backup.segment import DEFAULT_BLOCK_BYTES, DEFAULT_LEVEL
+from clients.errors import ConnectionFailed, HttpError
 from clients.http import HttpApi
 from engine.protocol.client.offset import StreamOffset
 
@@ -56,17 +57,50 @@ class CreateResult:
         }
 
 
-def server_keyspace(server: str, token: str | None) -> tuple[str, int, dict[int, dict[str, Any]]]:
-    """(node id, partition count, partition infos) from the HTTP API: checked before anything is written."""
-    with HttpApi(server, token) as api:
-        status = api.status()
-        parts = api.partitions()
-    return str(status["node_id"]), len(parts), {int(p["partition"]): p for p in parts}
+#: the keyspace an archive of a cluster is bound to.  A cluster has no id of its own (each node's
+#: store has its node's); a foreign or recreated history is caught per partition by its failover
+#: log instead (the stream rolls the partition back, to 0 at worst, and the run retakes it).
+CLUSTER_KEYSPACE = "cluster"
+
+
+def server_keyspace(server: str | Sequence[str], token: str | None) -> tuple[str, int, dict[int, dict[str, Any]]]:
+    """(keyspace id, partition count, partition infos) from the HTTP API: checked before anything
+    is written.  A cluster (``GET /cluster`` answers a map, from any of the nodes named): each
+    partition's info from its active node, and ``CLUSTER_KEYSPACE``."""
+    with HttpApi(_address(server), token) as api:
+        try:
+            view = api.cluster()
+        except HttpError as exc:
+            if exc.status != 404:
+                raise
+            view = None
+        if view is None or not view.get("map", {}).get("partitions"):
+            status = api.status()
+            parts = api.partitions()
+            return str(status["node_id"]), len(parts), {int(p["partition"]): p for p in parts}
+    actives = {int(e["partition"]): e.get("active") for e in view["map"]["partitions"]}
+    urls = {n["name"]: n["url"] for n in view["nodes"] if n.get("url") and n.get("state", "up") == "up"}
+    infos: dict[int, dict[str, Any]] = {}
+    for node, url in sorted(urls.items()):
+        mine = {p for p, a in actives.items() if a == node}
+        if not mine:
+            continue
+        try:
+            with HttpApi(url, token) as api:
+                infos.update({int(i["partition"]): i for i in api.partitions() if int(i["partition"]) in mine})
+        except ConnectionFailed:
+            continue  # only the progress total needs them; the stream follows the map
+    return CLUSTER_KEYSPACE, len(actives), infos
+
+
+def _address(server: str | Sequence[str]) -> str:
+    """One URL, "URL,URL" or a list: the comma form every client here parses (``parse_servers``)."""
+    return server if isinstance(server, str) else ",".join(server)
 
 
 def create_backup(
     archive_dir: str | Path,
-    server: str,
+    server: str | Sequence[str],
     *,
     token: str | None = None,
     block_bytes: int = DEFAULT_BLOCK_BYTES,
@@ -78,8 +112,13 @@ def create_backup(
     reconnect_attempts: int = 10,
 ) -> CreateResult:
     """Take one run (``full=True``: every partition from 0 even when earlier runs exist; an
-    interrupted run is always continued as what it started as)."""
+    interrupted run is always continued as what it started as).
+
+    ``server``: one node, or a cluster's nodes (a list or "URL,URL"; any will do): each partition
+    is then streamed from its active node, following the map through moves and failovers, and
+    its positions stay per partition whichever node served them."""
     t0 = time.perf_counter()
+    server = _address(server)
     node_id, count, infos = server_keyspace(server, token)
     archive = Archive.open_or_create(archive_dir, node_id, count)
     with archive.lock("write"):

@@ -17,7 +17,7 @@ the last checkpoint their segment kept (``PartitionWriter.adopt``), or from the 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 from clients.backup.chain import links
@@ -62,7 +62,7 @@ class Driver:
     and the consumer is told to restart it from B (``seek``) while it reports the rollback.
     """
 
-    def __init__(self, run: RunWriter, server: str, token: str | None, offsets: dict[int, StreamOffset],
+    def __init__(self, run: RunWriter, server: str | Sequence[str], token: str | None, offsets: dict[int, StreamOffset],
                  idle_timeout: float, progress: Callable[[int, int], None] | None, total: int, name: str,
                  reconnect_attempts: int = 10) -> None:
         self.reconnect_attempts = reconnect_attempts
@@ -142,7 +142,7 @@ class Driver:
         elif isinstance(ev, StreamEnd):
             if ev.reason == StreamEndReason.END_SEQNO_REACHED and p in remaining:
                 end = consumer.position(p)
-                log = tuple((e.uuid, e.seqno) for e in consumer.session.positions[p].failover_log)
+                log = tuple((e.uuid, e.seqno) for e in consumer.failover_log(p))
                 self.writers[p].finish(end, failover_log=log, purge_seqno=self.purge_seqnos.get(p, 0))
                 remaining.discard(p)
             elif ev.reason == StreamEndReason.CLOSED:
@@ -178,7 +178,7 @@ class Driver:
 
     async def _offset_at(self, consumer: Consumer, p: int, seqno: int) -> StreamOffset:
         """A position at ``seqno`` on the server's current branch (from 0 if no branch reaches it)."""
-        info = await consumer.http.partition(p)
+        info = await consumer.partition_info(p)  # in a cluster: the node the partition streams from
         for entry in info.get("failover_log", []):  # newest first
             if int(entry["seqno"]) <= seqno:
                 return StreamOffset.at(int(entry["uuid"]), seqno)
@@ -192,8 +192,8 @@ class Driver:
 
     def _stuck(self, parts: set[int], why: str) -> str:
         def where(p: int) -> str:
-            pos = self.consumer.session.positions.get(p) if self.consumer else None  # None before its handshake
-            return f"partition {p} at seqno {pos.offset().seqno if pos is not None else self.offsets[p].seqno}"
+            pos = self.consumer.committed().get(p) if self.consumer else None  # None before its handshake
+            return f"partition {p} at seqno {pos.seqno if pos is not None else self.offsets[p].seqno}"
 
         shown = ", ".join(where(p) for p in sorted(parts)[:8])
         more = f" and {len(parts) - 8} more" if len(parts) > 8 else ""

@@ -28,6 +28,7 @@ from clients.backup.errors import RestoreFailed
 from clients.backup.fsutil import atomic_write
 from clients.backup.manifest import RunManifest
 from clients.backup.plan import plan_partitions, runs_upto
+from clients.backup.targets import MOVED_STATUSES, PartitionTargets
 from clients.errors import ConnectionFailed, HttpError
 from clients.http import HttpApi
 from engine.core.errors import InvalidPartition
@@ -49,31 +50,66 @@ class RestoreReport:
 
 class BulkClient:
     """The one endpoint restore needs (``HttpApi.bulk``), with retries for what is safe to retry
-    (everything: idempotent)."""
+    (everything: idempotent).  In a cluster each partition's batch goes to its active node
+    (``targets``), and a batch that met a moved partition or a lost node is sent again after
+    the map was read again."""
 
-    def __init__(self, server: str, token: str | None = None, *, timeout: float = 60.0, retries: int = 5) -> None:
+    def __init__(self, server: str, token: str | None = None, *, timeout: float = 60.0, retries: int = 8,
+                 targets: PartitionTargets | None = None) -> None:
         self.server = server.rstrip("/")
-        self._api = HttpApi(self.server, token, timeout=timeout)
+        self.token = token
+        self.timeout = timeout
+        self.targets = targets
+        self._apis: dict[str, HttpApi] = {}
         self.retries = retries
 
-    def close(self) -> None:
-        self._api.close()
+    def _api(self, url: str) -> HttpApi:
+        api = self._apis.get(url)
+        if api is None:
+            api = self._apis[url] = HttpApi(url, self.token, timeout=self.timeout)
+        return api
 
-    def write(self, ops: list[dict[str, Any]], *, persist: bool) -> list[dict[str, Any]]:
+    def close(self) -> None:
+        for api in self._apis.values():
+            api.close()
+
+    def write(self, ops: list[dict[str, Any]], *, persist: bool, partition: int | None = None) -> list[dict[str, Any]]:
         durability = "persist" if persist else "memory"
         delay = 0.2
+        targets = self.targets if self.targets is not None and self.targets.cluster else None
+        why = "no attempt"
         for attempt in range(self.retries + 1):
+            url = self.server if targets is None or partition is None else targets.url_of(partition)
             try:
-                return self._api.bulk(ops, durability=durability)["results"]
-            except ConnectionFailed:
+                if url is None:
+                    why = f"partition {partition} has no active node (map revision {targets.revision})"  # type: ignore[union-attr]
+                else:
+                    results: list[dict[str, Any]] = self._api(url).bulk(ops, durability=durability)["results"]
+                    moved = [r for r in results if r.get("status") in MOVED_STATUSES]
+                    if targets is None or not moved:
+                        return results
+                    why = f"partition {partition}: {url} answered {moved[0].get('status')}"
+                if attempt == self.retries:
+                    if url is None:
+                        break
+                    return results  # the 421s are reported as refused items
+            except ConnectionFailed as exc:
                 if attempt == self.retries:
                     raise
+                why = str(exc)
             except HttpError as exc:
                 if exc.status not in RETRY_STATUSES or attempt == self.retries:
                     raise
+                why = str(exc)
             time.sleep(delay)
             delay = min(delay * 2, 5.0)
-        raise AssertionError("unreachable")
+            if targets is not None:
+                try:
+                    targets.refresh()
+                except ConnectionFailed as exc:
+                    why = f"{why}; {exc}"
+        raise RestoreFailed(f"partition {partition}: gave up after {self.retries + 1} attempts ({why})",
+                            partition=partition)
 
 
 def _op(item: Item) -> dict[str, Any]:
@@ -142,7 +178,7 @@ def check_partitions(target: RunManifest, partitions: Sequence[int] | None) -> l
 
 def restore(
     archive: Archive,
-    server: str,
+    server: str | Sequence[str],
     *,
     token: str | None = None,
     run_spec: str | None = None,
@@ -158,8 +194,12 @@ def restore(
 
     ``parallel`` partitions are restored at once (each plans and writes its own partition): the
     server's write path, not the client, is the bottleneck, and overlapping requests hides each
-    partition's final ``durability=persist`` wait."""
+    partition's final ``durability=persist`` wait.
+
+    ``server``: one node, or a cluster's nodes (a list or "URL,URL"): each partition's writes go
+    to its active node per the map, following moves (``targets``)."""
     t0 = time.perf_counter()
+    server = server if isinstance(server, str) else ",".join(server)
     target, runs = runs_upto(archive, run_spec)
     parts = check_partitions(target, partitions)
     rx = re.compile(key_filter) if key_filter else None
@@ -183,10 +223,11 @@ def restore(
 
     local = threading.local()
     clients: list[BulkClient] = []
+    targets = PartitionTargets(server, token) if todo else None  # a cluster: each partition to its active
 
     def client_of_thread() -> BulkClient:
         if not hasattr(local, "client"):  # one connection pool per worker thread
-            local.client = BulkClient(server, token)
+            local.client = BulkClient(server, token, targets=targets)
             with lock:
                 clients.append(local.client)
         return local.client
@@ -230,7 +271,7 @@ def restore(
 def _write(client: BulkClient, p: int, batch: list[Item], *, persist: bool) -> None:
     """One bulk request; a server whose limits are lower than our batch (413) gets halves."""
     try:
-        results = client.write([_op(i) for i in batch], persist=persist)
+        results = client.write([_op(i) for i in batch], persist=persist, partition=p)
     except HttpError as exc:
         if exc.status != 413 or len(batch) == 1:
             raise

@@ -274,6 +274,14 @@ class Router:
             return [self._close(conn)]
         return []
 
+    def reopen(self, partition: int, now: float) -> list[RouteAction]:
+        """A partition whose bounded stream ended is to stream again (the application sought it):
+        placed like any waiting partition, from its saved position."""
+        if partition not in self.done:
+            return []
+        self.done.discard(partition)
+        return self._place(now) if self.map is not None else []
+
     def revision_seen(self, revision: int, now: float) -> list[RouteAction]:
         """Some node named map ``revision``: read the map if it is newer than the one held."""
         if revision <= self.seen_revision:

@@ -220,8 +220,9 @@ class ClientSession:
                     self.end_seqnos[p] = info.high_seqno
                     self._now_ends.add(p)
                     self._branches[p] = _branch(info)
-        else:
-            self._lower_ends(infos)
+        # goals carried from another connection (``adopt_goals``) meet this node's history now;
+        # the ones just measured here are on the branch they were measured on (a no-op for them)
+        self._lower_ends(infos)
         self.open.clear()
         self._rolling_back.clear()  # a rollback cut short by the lost connection is answered again
         for p in sorted(self.seeks):  # before the repairs: the caller's position replaces the old one
@@ -229,9 +230,27 @@ class ClientSession:
         self.repairs = self._repair_plans()
         return [self.request_for(p) for p in sorted(self.positions) if p not in self.finished and p not in self.repairs]
 
+    def goals(self, partitions: Iterable[int]) -> dict[int, tuple[int, int, int | None]]:
+        """The "until now" ends of ``partitions`` that a branched history may still lower: (end, the
+        branch uuid it was measured on, the original end if it was lowered already).  A cluster
+        consumer carries them to the connection that streams a moved partition next
+        (``adopt_goals``), so a failover that lost the last items lowers the goal there too."""
+        return {p: (self.end_seqnos[p], self._branches[p], self.lowered_ends.get(p))
+                for p in partitions if p in self._now_ends}
+
+    def adopt_goals(self, goals: Mapping[int, tuple[int, int, int | None]]) -> None:
+        """Take over ``goals`` (``goals()`` of an earlier connection) before the first handshake."""
+        for p, (end, branch, lowered_from) in goals.items():
+            self.end_seqnos[p] = end
+            self._now_ends.add(p)
+            self._branches[p] = branch
+            if lowered_from is not None:
+                self.lowered_ends[p] = lowered_from
+
     def _lower_ends(self, infos: Mapping[int, PartitionInfo]) -> None:
-        """Reconnect: an until_now end above the high seqno of a new branch can never be reached
-        by the history that exists; lower it to that high seqno (see the module docstring)."""
+        """Reconnect (or a goal carried from another node): an until_now end above the high seqno
+        of a new branch can never be reached by the history that exists; lower it to that high
+        seqno (see the module docstring)."""
         for p in sorted(self._now_ends - self.finished):
             info = infos.get(p)
             if info is None:
