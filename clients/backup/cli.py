@@ -40,8 +40,10 @@ def register(subparsers: Any) -> None:
     def common(p: argparse.ArgumentParser, server: bool = False) -> None:
         p.add_argument("--archive", required=True, metavar="DIR", help="archive directory")
         if server:
-            p.add_argument("--server", default=default_server(), metavar="URL",
-                           help="server base URL (default: $UPR_SERVER or http://127.0.0.1:8000)")
+            p.add_argument("--server", default=default_server(), metavar="URL[,URL...]",
+                           help="server base URL; for a cluster, any of its nodes (each partition is streamed "
+                                "from, or restored to, its active node as the map says) "
+                                "(default: $UPR_SERVER or http://127.0.0.1:8000)")
             p.add_argument("--token", default=default_token(), help="bearer token (default: $UPR_TOKEN)")
         p.add_argument("--json", action="store_true", help="print the result as JSON")
         p.add_argument("-q", "--quiet", action="store_true", help="no progress bars")

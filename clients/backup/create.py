@@ -27,6 +27,7 @@ from clients.backup.segment import DEFAULT_BLOCK_BYTES, DEFAULT_LEVEL
 from clients.errors import ConnectionFailed, HttpError
 from clients.http import HttpApi
 from engine.protocol.client.offset import StreamOffset
+from engine.protocol.client.session import DEFAULT_WINDOW
 
 
 @dataclass(slots=True)
@@ -110,13 +111,15 @@ def create_backup(
     name: str = "upr-backup",
     full: bool = False,
     reconnect_attempts: int = 10,
+    window_bytes: int = DEFAULT_WINDOW,
 ) -> CreateResult:
     """Take one run (``full=True``: every partition from 0 even when earlier runs exist; an
     interrupted run is always continued as what it started as).
 
     ``server``: one node, or a cluster's nodes (a list or "URL,URL"; any will do): each partition
     is then streamed from its active node, following the map through moves and failovers, and
-    its positions stay per partition whichever node served them."""
+    its positions stay per partition whichever node served them.  ``window_bytes``: how much
+    each stream connection may send ahead of what the archive took (flow control)."""
     t0 = time.perf_counter()
     server = _address(server)
     node_id, count, infos = server_keyspace(server, token)
@@ -132,7 +135,7 @@ def create_backup(
         if todo:
             offsets = {p: starts.get(p, StreamOffset()) for p in todo}
             driver = Driver(run, server, token, offsets, idle_timeout, progress, 0, f"{name}-{run.run_id}",
-                            reconnect_attempts=reconnect_attempts)
+                            reconnect_attempts=reconnect_attempts, window_bytes=window_bytes)
             driver.total = sum(max(0, int(infos.get(p, {}).get("high_seqno", 0)) - off.seqno)
                                for p, off in driver.offsets.items())
             asyncio.run(driver.run())

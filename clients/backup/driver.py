@@ -30,6 +30,7 @@ from clients.events import Rollback, SnapshotEnd, SnapshotStart, StreamEnd
 from clients.state import MemoryStateStore
 from engine.protocol.client.actions import RollbackPolicy
 from engine.protocol.client.offset import StreamOffset
+from engine.protocol.client.session import DEFAULT_WINDOW
 from engine.protocol.frames import ItemBatch
 from engine.protocol.messages import StreamEndReason
 
@@ -64,8 +65,9 @@ class Driver:
 
     def __init__(self, run: RunWriter, server: str | Sequence[str], token: str | None, offsets: dict[int, StreamOffset],
                  idle_timeout: float, progress: Callable[[int, int], None] | None, total: int, name: str,
-                 reconnect_attempts: int = 10) -> None:
+                 reconnect_attempts: int = 10, window_bytes: int = DEFAULT_WINDOW) -> None:
         self.reconnect_attempts = reconnect_attempts
+        self.window_bytes = window_bytes
         self.run_writer = run
         self.server = server
         self.token = token
@@ -92,7 +94,8 @@ class Driver:
     def _consumer(self) -> Consumer:
         return Consumer(self.server, token=self.token, name=self.name, partitions=sorted(self.offsets),
                         start="beginning", state=MemoryStateStore(), ring_size=0, on_rollback=RollbackPolicy.REPORT,
-                        until_now=True, offsets=self.offsets, max_reconnect_attempts=self.reconnect_attempts)
+                        until_now=True, offsets=self.offsets, max_reconnect_attempts=self.reconnect_attempts,
+                        window_bytes=self.window_bytes)
 
     async def run(self) -> None:
         consumer = self.consumer = self._consumer()

@@ -1,0 +1,138 @@
+"""The backup client follows the partition map: a real etcd, three real nodes (8 partitions, 1 replica).
+
+A full backup, then an incremental one during which a node is SIGKILLed (from inside the run,
+at its first progress report, so the kill lands while partitions stream): the run finishes
+anyway, each of the dead node's partitions resumed on its new active from its saved position,
+and the archive verifies.  The cluster is then emptied and restored through ``upr backup restore
+--server`` naming the dead node first (any node will do): every key equals the source's state at
+the backup, each partition's writes sent to its active node."""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from clients.backup import Archive, create_backup, verify
+from tests.backup.live import cli
+from tests.cluster.etcd_server import EtcdProcess, start_etcd
+from tests.cluster.nodes import Cluster, partition_of, replicas_caught_up, started_in_sync, until
+
+pytestmark = pytest.mark.slow
+
+PARTS = 8
+
+
+@pytest.fixture(scope="module")
+def etcd_module(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EtcdProcess]:
+    server = start_etcd(tmp_path_factory.mktemp("etcd"))
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+def actives(view: dict[str, Any]) -> dict[int, str]:
+    urls = {n["name"]: n["url"] for n in view["nodes"] if n["url"] and n["state"] == "up"}
+    return {e["partition"]: urls[e["active"]] for e in view["map"]["partitions"]}
+
+
+def write(view: dict[str, Any], ops: list[dict[str, Any]]) -> None:
+    """Each op to its partition's active node (``memory``; the test waits for the replicas itself)."""
+    where = actives(view)
+    by_url: dict[str, list[dict[str, Any]]] = {}
+    for op in ops:
+        by_url.setdefault(where[partition_of(op["key"], PARTS)], []).append(op)
+    with httpx.Client(timeout=60) as client:
+        for url, batch in by_url.items():
+            for i in range(0, len(batch), 1000):
+                r = client.post(f"{url}/docs/_bulk", params={"durability": "memory"}, json=batch[i:i + 1000])
+                assert r.status_code == 200, r.text[:300]
+                bad = [x for x in r.json()["results"] if x["status"] not in (200, 404)]
+                assert not bad, bad[:3]
+
+
+def state(view: dict[str, Any], keys: list[str]) -> dict[str, bytes | None]:
+    """Every key's value (None: absent) read from its partition's active node."""
+    where = actives(view)
+    out: dict[str, bytes | None] = {}
+    with httpx.Client(timeout=30) as client:
+        for key in keys:
+            r = client.get(f"{where[partition_of(key, PARTS)]}/docs/{key}")
+            assert r.status_code in (200, 404), (key, r.status_code, r.text)
+            out[key] = r.content if r.status_code == 200 else None
+    return out
+
+
+def test_backup_and_restore_follow_the_map_through_a_sigkill(tmp_path: Path, etcd_module: EtcdProcess,
+                                                           caplog: pytest.LogCaptureFixture) -> None:
+    cluster = Cluster(tmp_path, etcd_module.url, partitions=PARTS, replicas=1, initial_nodes=3,
+                      prefix=f"/upr/{uuid.uuid4().hex[:8]}")
+    try:
+        view = started_in_sync(cluster, ["n1", "n2", "n3"])
+        urls = [cluster.nodes[n].url for n in ("n1", "n2", "n3")]
+        keys = [f"doc-{i}" for i in range(1500)]
+        write(view, [{"op": "set", "key": k, "value": f"v1-{k}-" + "x" * 200} for k in keys])
+        until(lambda: replicas_caught_up(cluster), what="every replica in sync")
+
+        archive_dir = tmp_path / "archive"
+        r = cli("create", "--archive", str(archive_dir), "--server", ",".join(urls), "--json", "--quiet")
+        assert r.returncode == 0, r.stderr[-2000:]
+        assert json.loads(r.stdout)["partitions_taken"] == PARTS
+
+        # changes for the incremental run: updates, deletions, new keys
+        more = [f"new-{i}" for i in range(1000)]
+        write(view, [{"op": "set", "key": k, "value": f"v2-{k}-" + "y" * 1000} for k in keys[:750]]
+              + [{"op": "delete", "key": k} for k in keys[1250:]]
+              + [{"op": "set", "key": k, "value": os.urandom(500).hex()} for k in more])
+        until(lambda: replicas_caught_up(cluster), what="every replica in sync")
+        victim = "n1"
+        owned = sorted(p for p, a in ((e["partition"], e["active"]) for e in view["map"]["partitions"]) if a == victim)
+        assert owned
+        killed: list[tuple[int, int]] = []
+
+        def kill_mid_run(done: int, total: int) -> None:
+            if not killed:
+                killed.append((done, total))
+                cluster.nodes[victim].kill()
+
+        with caplog.at_level(logging.INFO, logger="upr.client"):
+            # a small flow-control window: the killed node cannot have sent its partitions ahead
+            result = create_backup(archive_dir, urls, idle_timeout=60, progress=kill_mid_run, name="cluster-backup",
+                                   window_bytes=64 << 10)
+        assert killed and killed[0][0] < killed[0][1], killed  # the kill landed inside the run
+        assert result.partitions_taken == PARTS and not result.resumed
+        lost = [rec for rec in caplog.records if f"node {victim}" in rec.getMessage()
+                and ("lost" in rec.getMessage() or "left" in rec.getMessage())]
+        assert lost, "the run never lost its stream of the killed node"
+        archive = Archive.open(archive_dir)
+        assert len(archive.runs()) == 2 and verify(archive).ok
+        print(f"\nincremental run: {result.mutations} mutations, {result.deletions} deletions, "
+              f"{result.seconds:.2f}s; killed {victim} (active for {owned}) at {killed[0][0]}/{killed[0][1]} items")
+
+        survivor = "n2"
+        after = until(lambda: (lambda v: v if all(e["active"] not in (None, victim) for e in v["map"]["partitions"])
+                               else None)(cluster.view(survivor)), what="the failover of n1's partitions")
+        everything = keys + more
+        source = state(after, everything)
+        assert sum(v is not None for v in source.values()) == 1250 + 1000
+
+        # empty the cluster, then restore it; the dead node's URL first: any node will do
+        write(after, [{"op": "delete", "key": k} for k in everything])
+        assert set(state(after, everything[::50]).values()) == {None}
+        live = [cluster.nodes[n].url for n in ("n2", "n3")]
+        r = cli("restore", "--archive", str(archive_dir), "--server", ",".join([urls[0], *live]), "--json",
+                "--quiet")
+        assert r.returncode == 0, r.stderr[-2000:]
+        report = json.loads(r.stdout)
+        assert report["partitions"] == list(range(PARTS)), report
+        restored = state(cluster.view(survivor), everything)
+        assert restored == source
+    finally:
+        cluster.stop_all()
