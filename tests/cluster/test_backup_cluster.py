@@ -8,6 +8,7 @@ and the archive verifies.  The cluster is then emptied and restored through ``up
 the backup, each partition's writes sent to its active node."""
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import os
@@ -19,9 +20,10 @@ from typing import Any
 import httpx
 import pytest
 
+from clients import Consumer, Mutation, StreamOffset
 from clients.backup import Archive, create_backup, verify
 from tests.backup.live import cli
-from tests.cluster.etcd_server import EtcdProcess, start_etcd
+from tests.cluster.etcd_server import start_etcd
 from tests.cluster.nodes import Cluster, partition_of, replicas_caught_up, started_in_sync, until
 
 pytestmark = pytest.mark.slow
@@ -30,12 +32,17 @@ PARTS = 8
 
 
 @pytest.fixture(scope="module")
-def etcd_module(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EtcdProcess]:
-    server = start_etcd(tmp_path_factory.mktemp("etcd"))
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+    """One etcd and three nodes for the module (the last test kills one of them)."""
+    etcd = start_etcd(tmp_path_factory.mktemp("etcd"))
+    nodes = Cluster(tmp_path_factory.mktemp("nodes"), etcd.url, partitions=PARTS, replicas=1, initial_nodes=3,
+                    prefix=f"/upr/{uuid.uuid4().hex[:8]}")
     try:
-        yield server
+        started_in_sync(nodes, ["n1", "n2", "n3"])
+        yield nodes
     finally:
-        server.stop()
+        nodes.stop_all()
+        etcd.stop()
 
 
 def actives(view: dict[str, Any]) -> dict[int, str]:
@@ -70,69 +77,112 @@ def state(view: dict[str, Any], keys: list[str]) -> dict[str, bytes | None]:
     return out
 
 
-def test_backup_and_restore_follow_the_map_through_a_sigkill(tmp_path: Path, etcd_module: EtcdProcess,
-                                                           caplog: pytest.LogCaptureFixture) -> None:
-    cluster = Cluster(tmp_path, etcd_module.url, partitions=PARTS, replicas=1, initial_nodes=3,
-                      prefix=f"/upr/{uuid.uuid4().hex[:8]}")
+def test_seek_and_positions_on_a_cluster_consumer(cluster: Cluster) -> None:
+    """``seek`` of a streaming partition restarts it on its node (the other nodes' partitions are
+    not handed over again); ``position``, ``failover_log`` and ``partition_info`` answer from the
+    partition's node."""
+    view = cluster.view("n1")
+    keys = [f"seek-{i}" for i in range(PARTS * 20)]
+    write(view, [{"op": "set", "key": k, "value": f"s-{k}"} for k in keys])
+    per_part: dict[int, int] = {}
+    for k in keys:
+        per_part[partition_of(k, PARTS)] = per_part.get(partition_of(k, PARTS), 0) + 1
+    asyncio.run(_seek(cluster, view, per_part))
+
+
+async def _seek(cluster: Cluster, view: dict[str, Any], per_part: dict[int, int]) -> None:
+    urls = [cluster.nodes[n].url for n in ("n1", "n2", "n3")]
+    target = next(e["partition"] for e in view["map"]["partitions"] if e["active"] == "n2")
+    seen: dict[int, list[int]] = {p: [] for p in range(PARTS)}
+    consumer = Consumer(urls, name="seeker", start="beginning")
+    sought = False
+    first_pass: list[int] = []
     try:
-        view = started_in_sync(cluster, ["n1", "n2", "n3"])
-        urls = [cluster.nodes[n].url for n in ("n1", "n2", "n3")]
-        keys = [f"doc-{i}" for i in range(1500)]
-        write(view, [{"op": "set", "key": k, "value": f"v1-{k}-" + "x" * 200} for k in keys])
-        until(lambda: replicas_caught_up(cluster), what="every replica in sync")
+        async def consume() -> None:
+            nonlocal sought
+            async for event in consumer:
+                if type(event) is not Mutation or not event.key.startswith("seek-"):
+                    continue
+                seen[event.partition].append(event.seqno)
+                if not sought and all(len(seen[p]) >= per_part[p] for p in range(PARTS)):
+                    assert consumer._cluster is not None
+                    high = consumer.position(target)
+                    assert high.seqno >= per_part[target] and consumer.failover_log(target)
+                    info = await consumer.partition_info(target)
+                    assert info["partition"] == target and int(info["high_seqno"]) >= high.seqno
+                    first_pass.extend(seen[target])
+                    for p in seen:
+                        seen[p] = []
+                    consumer.seek(target, StreamOffset())  # from the beginning again
+                    sought = True
+                elif sought and len(seen[target]) >= per_part[target]:
+                    return
 
-        archive_dir = tmp_path / "archive"
-        r = cli("create", "--archive", str(archive_dir), "--server", ",".join(urls), "--json", "--quiet")
-        assert r.returncode == 0, r.stderr[-2000:]
-        assert json.loads(r.stdout)["partitions_taken"] == PARTS
-
-        # changes for the incremental run: updates, deletions, new keys
-        more = [f"new-{i}" for i in range(1000)]
-        write(view, [{"op": "set", "key": k, "value": f"v2-{k}-" + "y" * 1000} for k in keys[:750]]
-              + [{"op": "delete", "key": k} for k in keys[1250:]]
-              + [{"op": "set", "key": k, "value": os.urandom(500).hex()} for k in more])
-        until(lambda: replicas_caught_up(cluster), what="every replica in sync")
-        victim = "n1"
-        owned = sorted(p for p, a in ((e["partition"], e["active"]) for e in view["map"]["partitions"]) if a == victim)
-        assert owned
-        killed: list[tuple[int, int]] = []
-
-        def kill_mid_run(done: int, total: int) -> None:
-            if not killed:
-                killed.append((done, total))
-                cluster.nodes[victim].kill()
-
-        with caplog.at_level(logging.INFO, logger="upr.client"):
-            # a small flow-control window: the killed node cannot have sent its partitions ahead
-            result = create_backup(archive_dir, urls, idle_timeout=60, progress=kill_mid_run, name="cluster-backup",
-                                   window_bytes=64 << 10)
-        assert killed and killed[0][0] < killed[0][1], killed  # the kill landed inside the run
-        assert result.partitions_taken == PARTS and not result.resumed
-        lost = [rec for rec in caplog.records if f"node {victim}" in rec.getMessage()
-                and ("lost" in rec.getMessage() or "left" in rec.getMessage())]
-        assert lost, "the run never lost its stream of the killed node"
-        archive = Archive.open(archive_dir)
-        assert len(archive.runs()) == 2 and verify(archive).ok
-        print(f"\nincremental run: {result.mutations} mutations, {result.deletions} deletions, "
-              f"{result.seconds:.2f}s; killed {victim} (active for {owned}) at {killed[0][0]}/{killed[0][1]} items")
-
-        survivor = "n2"
-        after = until(lambda: (lambda v: v if all(e["active"] not in (None, victim) for e in v["map"]["partitions"])
-                               else None)(cluster.view(survivor)), what="the failover of n1's partitions")
-        everything = keys + more
-        source = state(after, everything)
-        assert sum(v is not None for v in source.values()) == 1250 + 1000
-
-        # empty the cluster, then restore it; the dead node's URL first: any node will do
-        write(after, [{"op": "delete", "key": k} for k in everything])
-        assert set(state(after, everything[::50]).values()) == {None}
-        live = [cluster.nodes[n].url for n in ("n2", "n3")]
-        r = cli("restore", "--archive", str(archive_dir), "--server", ",".join([urls[0], *live]), "--json",
-                "--quiet")
-        assert r.returncode == 0, r.stderr[-2000:]
-        report = json.loads(r.stdout)
-        assert report["partitions"] == list(range(PARTS)), report
-        restored = state(cluster.view(survivor), everything)
-        assert restored == source
+        await asyncio.wait_for(consume(), 60)
+        assert seen[target][:len(first_pass)] == first_pass  # the same items, from the beginning
+        assert not any(seen[p] for p in seen if p != target), "a seek must not replay other partitions"
     finally:
-        cluster.stop_all()
+        await consumer.close()
+
+
+def test_backup_and_restore_follow_the_map_through_a_sigkill(tmp_path: Path, cluster: Cluster,
+                                                       caplog: pytest.LogCaptureFixture) -> None:
+    view = cluster.view("n1")
+    urls = [cluster.nodes[n].url for n in ("n1", "n2", "n3")]
+    keys = [f"doc-{i}" for i in range(1500)]
+    write(view, [{"op": "set", "key": k, "value": f"v1-{k}-" + "x" * 200} for k in keys])
+    until(lambda: replicas_caught_up(cluster), what="every replica in sync")
+
+    archive_dir = tmp_path / "archive"
+    r = cli("create", "--archive", str(archive_dir), "--server", ",".join(urls), "--json", "--quiet")
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert json.loads(r.stdout)["partitions_taken"] == PARTS
+
+    # changes for the incremental run: updates, deletions, new keys
+    more = [f"new-{i}" for i in range(1000)]
+    write(view, [{"op": "set", "key": k, "value": f"v2-{k}-" + "y" * 1000} for k in keys[:750]]
+          + [{"op": "delete", "key": k} for k in keys[1250:]]
+          + [{"op": "set", "key": k, "value": os.urandom(500).hex()} for k in more])
+    until(lambda: replicas_caught_up(cluster), what="every replica in sync")
+    victim = "n1"
+    owned = sorted(p for p, a in ((e["partition"], e["active"]) for e in view["map"]["partitions"]) if a == victim)
+    assert owned
+    killed: list[tuple[int, int]] = []
+
+    def kill_mid_run(done: int, total: int) -> None:
+        if not killed:
+            killed.append((done, total))
+            cluster.nodes[victim].kill()
+
+    with caplog.at_level(logging.INFO, logger="upr.client"):
+        # a small flow-control window: the killed node cannot have sent its partitions ahead
+        result = create_backup(archive_dir, urls, idle_timeout=60, progress=kill_mid_run, name="cluster-backup",
+                               window_bytes=64 << 10)
+    assert killed and killed[0][0] < killed[0][1], killed  # the kill landed inside the run
+    assert result.partitions_taken == PARTS and not result.resumed
+    lost = [rec for rec in caplog.records if f"node {victim}" in rec.getMessage()
+            and ("lost" in rec.getMessage() or "left" in rec.getMessage())]
+    assert lost, "the run never lost its stream of the killed node"
+    archive = Archive.open(archive_dir)
+    assert len(archive.runs()) == 2 and verify(archive).ok
+    print(f"\nincremental run: {result.mutations} mutations, {result.deletions} deletions, "
+          f"{result.seconds:.2f}s; killed {victim} (active for {owned}) at {killed[0][0]}/{killed[0][1]} items")
+
+    survivor = "n2"
+    after = until(lambda: (lambda v: v if all(e["active"] not in (None, victim) for e in v["map"]["partitions"])
+                           else None)(cluster.view(survivor)), what="the failover of n1's partitions")
+    everything = keys + more
+    source = state(after, everything)
+    assert sum(v is not None for v in source.values()) == 1250 + 1000
+
+    # empty the cluster, then restore it; the dead node's URL first: any node will do
+    write(after, [{"op": "delete", "key": k} for k in everything])
+    assert set(state(after, everything[::50]).values()) == {None}
+    live = [cluster.nodes[n].url for n in ("n2", "n3")]
+    r = cli("restore", "--archive", str(archive_dir), "--server", ",".join([urls[0], *live]), "--json",
+            "--quiet")
+    assert r.returncode == 0, r.stderr[-2000:]
+    report = json.loads(r.stdout)
+    assert report["partitions"] == list(range(PARTS)), report
+    restored = state(cluster.view(survivor), everything)
+    assert restored == source
