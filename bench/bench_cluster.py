@@ -45,6 +45,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from bench.cluster_consume import consume_figure
 from bench.cluster_failover import failover_figure, failover_rounds
 from bench.cluster_figures import Figure, table
 from bench.cluster_ingest import ingest, majority_figure, ratio_figure
@@ -52,7 +53,7 @@ from bench.cluster_lag import lag_figure, measure_lag
 from bench.cluster_procs import BenchCluster, progress, start_etcd
 from bench.suite.procs import SPAWNED, ProcessGroup, stop_everything
 
-FIGURES = ("failover", "lag", "majority", "aggregate")
+FIGURES = ("failover", "lag", "majority", "aggregate", "consume")
 
 
 def run(args: argparse.Namespace) -> list[Figure]:
@@ -99,6 +100,8 @@ def run(args: argparse.Namespace) -> list[Figure]:
                              f"two nodes {pairs[-1].rate:,.0f}/s")
                 figures.append(ratio_figure("aggregate ingest, two nodes / one node (no replicas)", pairs, singles,
                                             1.6, args, "a one-node cluster gets the same total"))
+            if "consume" in wanted:  # bench/cluster_consume.py
+                figures += consume_figure(group, work, etcd, args)
     finally:
         if args.keep:
             progress(f"logs and data kept in {work}")
@@ -133,6 +136,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--durable", default="majority",
                    help="the durability level whose ingest is compared with memory (persist tries the harness "
                         "on a server without majority)")
+    p.add_argument("--consume-items", type=int, default=200_000, help="items the consume figure reads")
+    p.add_argument("--consume-value-bytes", type=int, default=100)
     p.add_argument("--seed", type=int, default=14, help="seeds the pause before each kill")
     p.add_argument("--only", type=lambda v: v.split(","), default=list(FIGURES),
                    help=f"comma-separated subset of {','.join(FIGURES)}")
@@ -140,7 +145,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--json", type=Path, help="also write the figures (and the PIDs of every process started) here")
     if "--quick" in (sys.argv[1:] if argv is None else argv):  # smaller defaults; explicit flags still win
         p.set_defaults(rounds=2, partitions=16, seed_items=200, lag_seconds=2.0, lag_drain=10.0, ingest_seconds=1.0,
-                       ingest_rounds=1, warmup=0.5, clients=1, concurrency=2, batch=200)
+                       ingest_rounds=1, warmup=0.5, clients=1, concurrency=2, batch=200,
+                       consume_items=20_000)
     args = p.parse_args(argv)
     if not args.only or set(args.only) - set(FIGURES):
         p.error(f"--only takes a comma-separated subset of {','.join(FIGURES)}")
