@@ -66,6 +66,13 @@ log = logging.getLogger("upr.client")
 _KEPT_AHEAD = (PartitionMoved, BarrierReached, StreamEnd)
 
 
+def _all_streaming(s: Any) -> bool:
+    """Every unfinished partition of node stream ``s`` has its stream requested (none waits for a
+    rollback's or a repair's new request)."""
+    session = s.session
+    return all(p in session.open or p in session.finished for p in s.view.partitions)
+
+
 class NodeLost(Exception):
     """A node stream's connection broke or would not open: its partitions follow the map."""
 
@@ -250,7 +257,9 @@ class ClusterStreams:
         self._later: list[RouteAction] = []
         self._armed: dict[Any, asyncio.Task[Any]] = {}
         self._reload: asyncio.Task[MapView | None] | None = None
-        self._retired = {"rollbacks": 0, "resets": 0, "corrections": 0, "items_processed": 0}
+        self._retired = {"rollbacks": 0, "resets": 0, "corrections": 0, "items_processed": 0, "acked": 0}
+        #: map reads in a row that no node answered (``max_reconnect_attempts`` bounds them)
+        self._map_failures = 0
         self._current: Any = None  # the node stream whose event the application is handling
         #: pending barrier cookies: node stream -> the seqnos it returned (see ``request_barrier``)
         self.barriers: dict[str, dict[Any, dict[int, int]]] = {}
@@ -270,8 +279,11 @@ class ClusterStreams:
         return [s for streams in self.streams.values() for s in streams]
 
     def total(self, counter: str) -> int:
-        live = sum(getattr(s, counter) if counter in ("corrections", "items_processed")
-                   else getattr(s.session, counter) for s in self.live())
+        if counter == "acked":
+            live = sum(s.session.acks.acked_total for s in self.live())
+        else:
+            live = sum(getattr(s, counter) if counter in ("corrections", "items_processed")
+                       else getattr(s.session, counter) for s in self.live())
         return self._retired[counter] + live
 
     def committed(self) -> dict[int, StreamOffset]:
@@ -393,8 +405,11 @@ class ClusterStreams:
         """Send pending cookies on node streams that are open; True if some stream is not open yet."""
         unopened = False
         for s in self.live():
-            if s._conn is None:
-                unopened = True  # its handshake is not done: send after it (stream requests first)
+            if s._conn is None or not _all_streaming(s):
+                # its handshake is not done, or a partition of it is between a rollback answer and
+                # its new request: send after (a node's barrier covers only partitions streaming
+                # when the cookie arrives, so the new request must go first)
+                unopened = True
                 continue
             sent = self._sent.setdefault(s, set())
             for cookie in self.barriers:
@@ -406,6 +421,12 @@ class ClusterStreams:
     def _barrier_returned(self, s: Any, event: BarrierReached) -> BarrierReached | None:
         returned = self.barriers.get(event.cookie)
         if returned is None:
+            return None
+        held = {p for p in s.view.partitions if p not in s.session.finished}
+        if not held <= event.seqnos.keys():
+            # some partition was not streaming there when the cookie arrived (its request was
+            # answered with a rollback meanwhile): that node's cut does not cover it; ask again
+            self._sent.get(s, set()).discard(event.cookie)
             return None
         returned[s] = {p: q for p, q in event.seqnos.items() if p in s.view.partitions}
         return self._completed(event.cookie)
@@ -512,6 +533,7 @@ class ClusterStreams:
                 except NodeLost as exc:
                     log.warning("consumer %s: connection to node %s lost (partitions %s): %s", self.owner.name,
                                 s.node, sorted(s.view.partitions), exc)
+                    self.owner.reconnects += 1  # its partitions open again where the map says
                     await self._apply(self.router.connection_lost(s.conn_id, time.monotonic()))
                     continue
                 if type(x) is PartitionMoved:
@@ -618,6 +640,7 @@ class ClusterStreams:
             self._retired[name] += getattr(s.session, name)
         self._retired["corrections"] += s.corrections
         self._retired["items_processed"] += s.items_processed
+        self._retired["acked"] += s.session.acks.acked_total
         if s is self._current:
             self._current = None
 
@@ -668,9 +691,15 @@ class ClusterStreams:
         except AuthFailed:
             raise
         except ConnectionFailed as exc:
+            self._map_failures += 1
+            limit = self.owner.max_reconnect_attempts
+            if limit is not None and self._map_failures > limit:  # as one node gives up reconnecting
+                raise ConnectionFailed(f"no node of the cluster answered the partition map {self._map_failures} "
+                                       f"times in a row: {exc}") from None
             log.warning("consumer %s: cannot read the partition map: %s", self.owner.name, exc)
             await self._apply(self.router.map_failed(now))
             return
+        self._map_failures = 0
         if view is None:  # that node left the cluster (or never was in one): ask the others
             await self._apply(self.router.map_failed(now))
             return

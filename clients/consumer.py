@@ -421,7 +421,12 @@ class Consumer(ReceiveLoop):
 
     @property
     def acks(self) -> AckTracker:
-        """Flow-control acknowledgements (``acked_total``: bytes acknowledged so far)."""
+        """Flow-control acknowledgements (``acked_total``: bytes acknowledged so far; in a cluster,
+        a snapshot of the sum over every node connection)."""
+        if self._cluster is not None:
+            acks = AckTracker(self.window_bytes, self.session.acks.threshold / self.window_bytes)
+            acks.acked_total = self._cluster.total("acked")
+            return acks
         return self.session.acks
 
     async def close(self) -> None:
