@@ -1,5 +1,9 @@
-"""The backup client follows the partition map: a real etcd, three real nodes (8 partitions, 1 replica).
+"""Clients over a cluster: a real etcd, three real nodes (8 partitions, 1 replica) for the module.
 
+The consumer's API on a cluster: ``seek`` restarts one partition on its node; a barrier requested
+while a partition is between a rollback answer and its new request still covers that partition.
+
+The backup client follows the partition map.
 A full backup, then an incremental one during which a node is SIGKILLed (from inside the run,
 at its first progress report, so the kill lands while partitions stream): the run finishes
 anyway, each of the dead node's partitions resumed on its new active from its saved position,
@@ -20,7 +24,7 @@ from typing import Any
 import httpx
 import pytest
 
-from clients import Consumer, Mutation, StreamOffset
+from clients import BarrierReached, Consumer, Mutation, Rollback, StreamOffset
 from clients.backup import Archive, create_backup, verify
 from tests.backup.live import cli
 from tests.cluster.etcd_server import start_etcd
@@ -121,6 +125,49 @@ async def _seek(cluster: Cluster, view: dict[str, Any], per_part: dict[int, int]
         await asyncio.wait_for(consume(), 60)
         assert seen[target][:len(first_pass)] == first_pass  # the same items, from the beginning
         assert not any(seen[p] for p in seen if p != target), "a seek must not replay other partitions"
+    finally:
+        await consumer.close()
+
+
+def test_a_cluster_barrier_covers_a_partition_that_is_rolling_back(cluster: Cluster) -> None:
+    """The barrier is requested while the application handles a ``Rollback`` (``on_rollback=
+    "report"``: the partition's new request waits for the handler), right after a write to that
+    partition was acknowledged: the merged cut must name the partition and cover the write."""
+    view = cluster.view("n1")
+    target = next(e["partition"] for e in view["map"]["partitions"] if e["active"] == "n2")
+    keys = [k for k in (f"rb-{i}" for i in range(400)) if partition_of(k, PARTS) == target][:6]
+    write(view, [{"op": "set", "key": k, "value": "before"} for k in keys[:5]])
+    asyncio.run(_barrier_during_rollback(cluster, view, target, keys[5]))
+
+
+async def _barrier_during_rollback(cluster: Cluster, view: dict[str, Any], target: int, key: str) -> None:
+    urls = [cluster.nodes[n].url for n in ("n1", "n2", "n3")]
+    active = actives(view)[target]
+    # a position on a branch the cluster never had: the partition's request is answered with a rollback
+    consumer = Consumer(urls, name="barrier-rollback", start="beginning", on_rollback="report",
+                        offsets={target: StreamOffset.at(12345, 3)})
+    cookie = None
+    acked = 0
+    delivered: dict[int, float] = {}
+    try:
+        async def consume() -> Any:
+            nonlocal cookie, acked
+            async for event in consumer:
+                if type(event) is Rollback and event.partition == target and cookie is None:
+                    async with httpx.AsyncClient() as client:
+                        r = await client.put(f"{active}/docs/{key}", content=b"acked", timeout=30)
+                    assert r.status_code == 200, r.text
+                    acked = int(r.json()["seqno"])
+                    cookie = consumer.request_barrier()  # the partition is not streaming now
+                    await asyncio.sleep(0.3)  # a handler that takes its time: a cookie sent now reaches the node first
+                elif type(event) is Mutation and event.partition == target:
+                    delivered[event.seqno] = 1
+                elif type(event) is BarrierReached and event.cookie == cookie:
+                    return event
+
+        reached = await asyncio.wait_for(consume(), 60)
+        assert set(reached.seqnos) == set(range(PARTS)), reached.seqnos
+        assert reached.seqnos[target] >= acked and acked in delivered, (reached.seqnos, acked, sorted(delivered))
     finally:
         await consumer.close()
 
