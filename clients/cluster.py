@@ -343,7 +343,10 @@ class ClusterStreams:
           so whichever node streams it next starts there.
         * Its bounded stream ended: placed again, from ``offset``."""
         r = self.router
-        if partition not in r.partitions:
+        first = self._first  # before the first iteration the router has not seen the map yet
+        known = r.partitions or (r.wanted if r.wanted is not None else
+                                 tuple(range(first.num_partitions)) if first is not None else ())
+        if partition not in known:
             raise UsageError(f"partition {partition} is not one of the consumer's partitions", partition=partition)
         if not isinstance(offset, StreamOffset):
             raise UsageError(f"seek needs a StreamOffset, got {type(offset).__name__}", partition=partition,

@@ -26,6 +26,8 @@ import pytest
 
 from clients import BarrierReached, Consumer, Mutation, Rollback, StreamOffset
 from clients.backup import Archive, create_backup, verify
+from clients.backup.restore import BulkClient
+from clients.backup.targets import PartitionTargets
 from tests.backup.live import cli
 from tests.cluster.etcd_server import start_etcd
 from tests.cluster.nodes import Cluster, partition_of, replicas_caught_up, started_in_sync, until
@@ -170,6 +172,27 @@ async def _barrier_during_rollback(cluster: Cluster, view: dict[str, Any], targe
         assert reached.seqnos[target] >= acked and acked in delivered, (reached.seqnos, acked, sorted(delivered))
     finally:
         await consumer.close()
+
+
+def test_restore_writes_follow_the_map_past_a_stale_target(cluster: Cluster) -> None:
+    """A restore worker holding a stale map sends a partition's batch to a node that is not its
+    active: the items come back 421, the map is read again and the batch goes to the active."""
+    view = cluster.view("n1")
+    urls = [cluster.nodes[n].url for n in ("n1", "n2", "n3")]
+    target = next(e["partition"] for e in view["map"]["partitions"] if e["active"] == "n3")
+    key = next(k for k in (f"stale-{i}" for i in range(400)) if partition_of(k, PARTS) == target)
+    targets = PartitionTargets(",".join(urls), None)
+    assert targets.cluster and targets.urls is not None and targets.url_of(target) == cluster.nodes["n3"].url
+    targets.urls[target] = cluster.nodes["n1"].url  # as if the partition had moved since the map was read
+    client = BulkClient(",".join(urls), targets=targets)
+    try:
+        [result] = client.write([{"op": "set", "key": key, "value": "restored"}], persist=True, partition=target)
+    finally:
+        client.close()
+    assert result["status"] == 200 and result["partition"] == target
+    assert targets.url_of(target) == cluster.nodes["n3"].url
+    stored = httpx.get(f"{cluster.nodes['n3'].url}/docs/{key}", timeout=10).content
+    assert stored == b'"restored"'  # a JSON value is kept as its text
 
 
 def test_backup_and_restore_follow_the_map_through_a_sigkill(tmp_path: Path, cluster: Cluster,
