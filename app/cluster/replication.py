@@ -215,32 +215,41 @@ class ReplicationStreams:
                         sync.requested(info.high_seqno, engine.replica_mark(p)[1].complete_end)
             await self._carry_out(conn, session, session.receive_handshake(first, nbytes))
             log.info("node %s: replicating partitions %s from node %s", self.node, _ranges(partitions), active)
-            while True:
-                received: tuple[Any, int] | None = await conn.receive()
-                run: list[tuple[Any, int]] = []
-                while received is not None:
-                    msg, nbytes = received
-                    if type(msg) is ItemBatch or isinstance(msg, M.SnapshotMarker):
-                        run.append(received)  # data: gathered, applied together below
-                    else:
-                        await self._apply_run(conn, session, acker, run)
-                        run = []
-                        if isinstance(msg, M.StreamResponse) and msg.status is M.StreamStatus.OK:
-                            await asyncio.to_thread(engine.adopt_failover_log, msg.partition,
-                                                    msg.failover_log or ())
-                            # a new connection speaks for the copy only once it acks: say at once
-                            # what is held, not only after the next snapshot (there may be none)
-                            acker.applied(msg.partition)
-                        await self._carry_out(conn, session, session.receive(msg))
-                        await self._processed(conn, session, nbytes)
-                    received = conn.receive_buffered()
-                await self._apply_run(conn, session, acker, run)
-                if acks.done():
-                    acks.result()  # the acker's failure (a closed connection) ends this one
+            inbox = Inbox()
+            reader = asyncio.create_task(inbox.fill(conn), name=f"replication from {active}: receive")
+            try:
+                while True:
+                    await self._process(conn, session, acker, await inbox.take_all())
+                    if acks.done():
+                        acks.result()  # the acker's failure (a closed connection) ends this one
+            finally:
+                reader.cancel()
+                await asyncio.gather(reader, return_exceptions=True)
         finally:
             acks.cancel()
             await asyncio.gather(acks, return_exceptions=True)
             await conn.close()
+
+    async def _process(self, conn: StreamConnection, session: ClientSession, acker: ReplicaAcker,
+                       received: list[tuple[Any, int]]) -> None:
+        """Everything received since the last call, in order: runs of markers and batches are
+        applied together (``_apply_run``), any other message between them on its own."""
+        engine = self.engine
+        run: list[tuple[Any, int]] = []
+        for msg, nbytes in received:
+            if type(msg) is ItemBatch or isinstance(msg, M.SnapshotMarker):
+                run.append((msg, nbytes))
+                continue
+            await self._apply_run(conn, session, acker, run)
+            run = []
+            if isinstance(msg, M.StreamResponse) and msg.status is M.StreamStatus.OK:
+                await asyncio.to_thread(engine.adopt_failover_log, msg.partition, msg.failover_log or ())
+                # a new connection speaks for the copy only once it acks: say at once what is
+                # held, not only after the next snapshot (there may be none)
+                acker.applied(msg.partition)
+            await self._carry_out(conn, session, session.receive(msg))
+            await self._processed(conn, session, nbytes)
+        await self._apply_run(conn, session, acker, run)
 
     @staticmethod
     async def _processed(conn: StreamConnection, session: ClientSession, nbytes: int) -> None:
@@ -251,7 +260,7 @@ class ReplicationStreams:
     async def _apply_run(self, conn: StreamConnection, session: ClientSession, acker: ReplicaAcker,
                          run: list[tuple[Any, int]]) -> None:
         """Markers and batches that arrived together, applied with one thread hop: a hop per
-        message cannot keep up with a busy active (bench/cluster_lag.py).  The session sees
+        message, or per WebSocket message, cannot keep up with a busy active (bench/cluster_lag.py).  The session sees
         each message in order and positions move with it; what reads the engine (snapshot
         syncs, acks) and the flow-control acks come after the engine holds them all."""
         if not run:
@@ -338,6 +347,51 @@ def _apply_all(engine: Engine, messages: list[Any]) -> None:
             engine.apply_replicated(msg.partition, list(msg.items()), last=msg.last)
         else:
             engine.replica_marker(msg.partition, msg.start, msg.end)
+
+
+class Inbox:
+    """What one replication connection received and nobody processed yet, in arrival order.
+
+    A receiving task (``fill``) reads the socket while the applier works; the applier takes
+    everything that arrived meanwhile in one go (``take_all``), so a busy active's many small
+    messages cost one thread hop per take instead of one per message: the applier's pace is
+    set by the hops it makes, not by how the active cut its sends.  Bounded by flow control:
+    the active sends at most its window of bytes the replica has not acknowledged, and bytes
+    are acknowledged only once applied."""
+
+    def __init__(self) -> None:
+        self._items: list[tuple[Any, int]] = []
+        self._ready = asyncio.Event()
+        self._failure: BaseException | None = None
+
+    async def fill(self, conn: StreamConnection) -> None:
+        """Receive until the connection fails; the failure is ``take_all``'s to raise."""
+        try:
+            while True:
+                self.put(await conn.receive())
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - handed to the applier, which ends the connection
+            self.fail(exc)
+
+    def put(self, received: tuple[Any, int]) -> None:
+        self._items.append(received)
+        self._ready.set()
+
+    def fail(self, exc: BaseException) -> None:
+        self._failure = exc
+        self._ready.set()
+
+    async def take_all(self) -> list[tuple[Any, int]]:
+        """Everything received so far (waiting for at least one message); once the receiver
+        failed and everything before the failure was taken, its exception."""
+        while not self._items:
+            if self._failure is not None:
+                raise self._failure
+            self._ready.clear()
+            await self._ready.wait()
+        items, self._items = self._items, []
+        return items
 
 
 class ReplicaAcker:
