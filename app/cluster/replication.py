@@ -11,7 +11,7 @@ the engine:
 session says                 done here
 ===========================  ================================================================
 stream ``ok`` + failover log ``Engine.adopt_failover_log``: the copy's history is the active's
-snapshot marker, item batch  ``Engine.replica_marker`` / ``apply_replicated`` (the active's
+snapshot marker, item batch  ``Engine.apply_replica_run``, a received run at a time (the active's
                              seqno, CAS, rev and deletions); a whole snapshot moves the
                              copy's progress (``engine.cluster.replica_sync``)
 rollback (``Repair``)        ``Engine.reset_partition``, then stream from 0: undoing key by key
@@ -51,6 +51,7 @@ from engine.protocol.client.offset import StreamOffset
 from engine.protocol.client.session import ClientSession
 from engine.protocol.frames import ItemBatch
 from engine.protocol.session import REPLICATION_PREFIX
+from engine.replica import ItemsStep, MarkerStep
 
 log = logging.getLogger("upr.cluster")
 
@@ -354,12 +355,12 @@ class ReplicationStreams:
 
 
 def _apply_all(engine: Engine, messages: list[Any]) -> None:
-    """Apply replicated markers and batches in order (on a worker thread: LMDB reads)."""
-    for msg in messages:
-        if type(msg) is ItemBatch:
-            engine.apply_replicated(msg.partition, list(msg.items()), last=msg.last)
-        else:
-            engine.replica_marker(msg.partition, msg.start, msg.end)
+    """Apply replicated markers and batches in order, in one engine call (on a worker thread:
+    it takes the engine's locks and may read LMDB)."""
+    engine.apply_replica_run([
+        ItemsStep(msg.partition, list(msg.items()), msg.last) if type(msg) is ItemBatch
+        else MarkerStep(msg.partition, msg.start, msg.end)
+        for msg in messages])
 
 
 class Inbox:
