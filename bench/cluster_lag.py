@@ -225,6 +225,13 @@ def wait_until_held(replica_of: dict[int, str], acks: list[Ack], deadline: float
     return False
 
 
+def cpu_per_write_us(res: LagResult) -> float:
+    """Both nodes' CPU time per write sent in the window, in µs (nan without a CPU reading)."""
+    if not res.sent:
+        return float("nan")
+    return sum(res.node_cpu) * res.seconds / res.sent * 1e6
+
+
 def lag_figure(res: LagResult, args: argparse.Namespace, baseline: bool = False) -> Figure:
     """The goal's row (``baseline`` False), or the same method at a low rate: what the machine's
     scheduling alone costs, so that a missed goal can be told apart from a rate the replicas
@@ -248,5 +255,7 @@ def lag_figure(res: LagResult, args: argparse.Namespace, baseline: bool = False)
               f"writer vs the midpoint of the first GET /partitions poll of the replica's node whose high seqno "
               f"covers it (same-host monotonic clock); resolution: one poll period, median {res.period_ms:.1f} ms "
               f"({res.polls:,} polls); CPU (1 core = 100%) nodes {'+'.join(f'{c:.0%}' for c in res.node_cpu)}, "
-              f"poller {res.poller_cpu:.0%}")
+              f"poller {res.poller_cpu:.0%}; both nodes' CPU per write {cpu_per_write_us(res):.0f} µs (each write "
+              f"is taken over HTTP by its active, streamed and applied on its replica, polled: what the two cores "
+              f"can carry is about 2 s / that)")
     return Figure(name, result, goal, "—" if baseline else verdict(s["p99"], 20.0, False), method)

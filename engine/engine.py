@@ -54,7 +54,7 @@ from engine.core.types import (
 from engine.flush_health import FlushFault
 from engine.flusher import Flusher, lmdb_turn
 from engine.partition import Partition
-from engine.replica import apply_items
+from engine.replica import ByKeyReader, ItemsStep, MarkerStep, ReplicaStep, append_items, apply_items
 from engine.snapshot import PartitionSnapshot, capture, capture_memory_only, memory_backlog
 from engine.storage.store import Store
 from engine.writequeue import WriteQueue
@@ -369,6 +369,37 @@ class Engine:
             if max_cas > self._writer.last_cas:  # a promoted copy's CAS must keep increasing
                 self._writer.last_cas = max_cas
         self._notify((partition,))
+
+    def apply_replica_run(self, steps: Sequence[ReplicaStep]) -> None:
+        """Apply received markers and item batches in order (``replica_marker`` and
+        ``apply_replicated`` each), under one writer lock, one LMDB turn and one read
+        transaction.  WHY: a busy active sends each partition's snapshots as a marker and a
+        batch of a few items, and a replica taking both locks and a transaction per message
+        waited for the flusher and the writers between every two of them.  A bad step
+        (``InvalidInput``) changes nothing of its own; the steps before it stay applied."""
+        for step in steps:
+            self._replica(step.partition)
+        moved: dict[int, None] = {}
+        try:
+            with self._lock:
+                self._check_open()
+                reader = ByKeyReader(self._store)
+                try:
+                    with self._turn:
+                        for step in steps:
+                            part = self._replica(step.partition)
+                            if type(step) is MarkerStep:
+                                part.snapshots = part.snapshots.marker(step.start, step.end, part.high_seqno)
+                                continue
+                            assert type(step) is ItemsStep
+                            max_cas = append_items(part, reader, step.items, last=step.last)
+                            moved[step.partition] = None
+                            if max_cas > self._writer.last_cas:  # a promoted copy's CAS must keep increasing
+                                self._writer.last_cas = max_cas
+                finally:
+                    reader.close()
+        finally:
+            self._notify(moved)
 
     def adopt_failover_log(self, partition: int, log: Sequence[FailoverEntry]) -> None:
         """Replica ``partition``'s history is its active's: store the active's failover log."""

@@ -107,6 +107,8 @@ class DurableWrites:
         self._owner: dict[tuple[str, int], object] = {}
         #: connection -> partitions it claimed (each once: a superseded connection never reclaims)
         self._claimed: dict[object, set[int]] = {}
+        #: connection -> partition -> the last ``seqno_ack`` taken from it (each message object once)
+        self._seen: dict[object, dict[int, object]] = {}
         #: told the partitions whose ``majority_seqno`` may have moved (an ack moved, a new map):
         #: the stream server's ``visibility: majority`` ceilings wake on it
         self.on_advance: Callable[[int], None] | None = None
@@ -156,13 +158,21 @@ class DurableWrites:
         node = hello.name[len(REPLICATION_PREFIX):]
         claimed = self._claimed.setdefault(conn, set())
         acks = self.tracker.acks
-        for p in session.positions:
-            if p not in claimed:
-                claimed.add(p)
-                self._owner[(node, p)] = conn
-                acks.stream_started(node, p)
+        if not claimed.issuperset(session.positions):
+            for p in session.positions:
+                if p not in claimed:
+                    claimed.add(p)
+                    self._owner[(node, p)] = conn
+                    acks.stream_started(node, p)
+        # WHY only the acks not seen yet: this runs after every message of the connection, and a
+        # replica acks each of its partitions on its own, so rereading them all made each ack
+        # cost as many steps as the connection has partitions
+        seen = self._seen.setdefault(conn, {})
         moved = []
         for p, ack in session.replica_acks.items():
+            if seen.get(p) is ack:
+                continue
+            seen[p] = ack
             if self._owner.get((node, p)) is conn:
                 before = acks.get(node, p)
                 if acks.acknowledged(node, p, ack.received, ack.persisted) != before:
@@ -176,6 +186,7 @@ class DurableWrites:
     def closed(self, conn: object, session: ServerSession) -> None:
         """A stream connection ended: the copies it spoke for are unknown until they ack again."""
         claimed = self._claimed.pop(conn, set())
+        self._seen.pop(conn, None)
         hello = session.hello
         if hello is None or not hello.name.startswith(REPLICATION_PREFIX):
             return

@@ -11,7 +11,7 @@ the engine:
 session says                 done here
 ===========================  ================================================================
 stream ``ok`` + failover log ``Engine.adopt_failover_log``: the copy's history is the active's
-snapshot marker, item batch  ``Engine.replica_marker`` / ``apply_replicated`` (the active's
+snapshot marker, item batch  ``Engine.apply_replica_run``, a received run at a time (the active's
                              seqno, CAS, rev and deletions); a whole snapshot moves the
                              copy's progress (``engine.cluster.replica_sync``)
 rollback (``Repair``)        ``Engine.reset_partition``, then stream from 0: undoing key by key
@@ -40,7 +40,7 @@ import logging
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from app.cluster.etcd import EtcdClient, EtcdError
+from app.cluster.etcd import Delete, EtcdClient, EtcdError, Put
 from app.cluster.layout import Layout
 from clients.connection import ReconnectNeeded, StreamConnection, stream_url
 from engine.cluster.replica_sync import Progress, ReplicaSync
@@ -51,9 +51,12 @@ from engine.protocol.client.offset import StreamOffset
 from engine.protocol.client.session import ClientSession
 from engine.protocol.frames import ItemBatch
 from engine.protocol.session import REPLICATION_PREFIX
+from engine.replica import ItemsStep, MarkerStep
 
 log = logging.getLogger("upr.cluster")
 
+#: operations per progress transaction (etcd refuses more than ``--max-txn-ops``, 128 by default)
+PUBLISH_OPS = 64
 
 
 def replication_name(node: str) -> str:
@@ -148,20 +151,31 @@ class ReplicationStreams:
                 log.warning("node %s: publishing replica progress failed (retrying): %s", self.node, exc)
 
     async def publish_once(self) -> None:
-        for p in sorted(self._gone):
-            await self.etcd.delete(self.layout.replica_progress(p, self.node))
-            self._gone.discard(p)
+        """Withdraw the progress of copies gone, publish the progress that changed: in etcd
+        transactions of at most ``PUBLISH_OPS`` operations, not one request per copy.  WHY:
+        under writes every copy's progress moves every round, and each request costs this
+        node's loop an HTTP round trip and every node's watcher a wake-up (bench/cluster_lag.py
+        profiles showed the control plane as the nodes' largest CPU user)."""
+        ops: list[Put | Delete] = []
+        gone = sorted(self._gone)
+        ops += [Delete(self.layout.replica_progress(p, self.node)) for p in gone]
         lease = self.lease()
         now = asyncio.get_running_loop().time()
+        changed: list[tuple[ReplicaSync, Progress]] = []
         for p, sync in list(self.syncs.items()):
             source = self._source_of.get(p)
             sync.tick(now, source is not None and self.is_live(source), self.max_down_s)
-            changed = sync.changed()
-            if changed is None:
+            progress = sync.changed()
+            if progress is None:
                 continue
-            await self.etcd.put(self.layout.replica_progress(p, self.node), json.dumps(changed.to_json()).encode(),
-                                lease=lease)
-            sync.published(changed)
+            ops.append(Put(self.layout.replica_progress(p, self.node), json.dumps(progress.to_json()).encode(),
+                           lease))
+            changed.append((sync, progress))
+        for i in range(0, len(ops), PUBLISH_OPS):
+            await self.etcd.txn((), ops[i:i + PUBLISH_OPS])
+        self._gone.difference_update(gone)
+        for sync, progress in changed:
+            sync.published(progress)
 
     # ------------------------------------------------------------------ streams
     async def _run(self, active: str, url: str, partitions: frozenset[int]) -> None:
@@ -215,32 +229,41 @@ class ReplicationStreams:
                         sync.requested(info.high_seqno, engine.replica_mark(p)[1].complete_end)
             await self._carry_out(conn, session, session.receive_handshake(first, nbytes))
             log.info("node %s: replicating partitions %s from node %s", self.node, _ranges(partitions), active)
-            while True:
-                received: tuple[Any, int] | None = await conn.receive()
-                run: list[tuple[Any, int]] = []
-                while received is not None:
-                    msg, nbytes = received
-                    if type(msg) is ItemBatch or isinstance(msg, M.SnapshotMarker):
-                        run.append(received)  # data: gathered, applied together below
-                    else:
-                        await self._apply_run(conn, session, acker, run)
-                        run = []
-                        if isinstance(msg, M.StreamResponse) and msg.status is M.StreamStatus.OK:
-                            await asyncio.to_thread(engine.adopt_failover_log, msg.partition,
-                                                    msg.failover_log or ())
-                            # a new connection speaks for the copy only once it acks: say at once
-                            # what is held, not only after the next snapshot (there may be none)
-                            acker.applied(msg.partition)
-                        await self._carry_out(conn, session, session.receive(msg))
-                        await self._processed(conn, session, nbytes)
-                    received = conn.receive_buffered()
-                await self._apply_run(conn, session, acker, run)
-                if acks.done():
-                    acks.result()  # the acker's failure (a closed connection) ends this one
+            inbox = Inbox()
+            reader = asyncio.create_task(inbox.fill(conn), name=f"replication from {active}: receive")
+            try:
+                while True:
+                    await self._process(conn, session, acker, await inbox.take_all())
+                    if acks.done():
+                        acks.result()  # the acker's failure (a closed connection) ends this one
+            finally:
+                reader.cancel()
+                await asyncio.gather(reader, return_exceptions=True)
         finally:
             acks.cancel()
             await asyncio.gather(acks, return_exceptions=True)
             await conn.close()
+
+    async def _process(self, conn: StreamConnection, session: ClientSession, acker: ReplicaAcker,
+                       received: list[tuple[Any, int]]) -> None:
+        """Everything received since the last call, in order: runs of markers and batches are
+        applied together (``_apply_run``), any other message between them on its own."""
+        engine = self.engine
+        run: list[tuple[Any, int]] = []
+        for msg, nbytes in received:
+            if type(msg) is ItemBatch or isinstance(msg, M.SnapshotMarker):
+                run.append((msg, nbytes))
+                continue
+            await self._apply_run(conn, session, acker, run)
+            run = []
+            if isinstance(msg, M.StreamResponse) and msg.status is M.StreamStatus.OK:
+                await asyncio.to_thread(engine.adopt_failover_log, msg.partition, msg.failover_log or ())
+                # a new connection speaks for the copy only once it acks: say at once what is
+                # held, not only after the next snapshot (there may be none)
+                acker.applied(msg.partition)
+            await self._carry_out(conn, session, session.receive(msg))
+            await self._processed(conn, session, nbytes)
+        await self._apply_run(conn, session, acker, run)
 
     @staticmethod
     async def _processed(conn: StreamConnection, session: ClientSession, nbytes: int) -> None:
@@ -251,7 +274,7 @@ class ReplicationStreams:
     async def _apply_run(self, conn: StreamConnection, session: ClientSession, acker: ReplicaAcker,
                          run: list[tuple[Any, int]]) -> None:
         """Markers and batches that arrived together, applied with one thread hop: a hop per
-        message cannot keep up with a busy active (bench/cluster_lag.py).  The session sees
+        message, or per WebSocket message, cannot keep up with a busy active (bench/cluster_lag.py).  The session sees
         each message in order and positions move with it; what reads the engine (snapshot
         syncs, acks) and the flow-control acks come after the engine holds them all."""
         if not run:
@@ -332,12 +355,57 @@ class ReplicationStreams:
 
 
 def _apply_all(engine: Engine, messages: list[Any]) -> None:
-    """Apply replicated markers and batches in order (on a worker thread: LMDB reads)."""
-    for msg in messages:
-        if type(msg) is ItemBatch:
-            engine.apply_replicated(msg.partition, list(msg.items()), last=msg.last)
-        else:
-            engine.replica_marker(msg.partition, msg.start, msg.end)
+    """Apply replicated markers and batches in order, in one engine call (on a worker thread:
+    it takes the engine's locks and may read LMDB)."""
+    engine.apply_replica_run([
+        ItemsStep(msg.partition, list(msg.items()), msg.last) if type(msg) is ItemBatch
+        else MarkerStep(msg.partition, msg.start, msg.end)
+        for msg in messages])
+
+
+class Inbox:
+    """What one replication connection received and nobody processed yet, in arrival order.
+
+    A receiving task (``fill``) reads the socket while the applier works; the applier takes
+    everything that arrived meanwhile in one go (``take_all``), so a busy active's many small
+    messages cost one thread hop per take instead of one per message: the applier's pace is
+    set by the hops it makes, not by how the active cut its sends.  Bounded by flow control:
+    the active sends at most its window of bytes the replica has not acknowledged, and bytes
+    are acknowledged only once applied."""
+
+    def __init__(self) -> None:
+        self._items: list[tuple[Any, int]] = []
+        self._ready = asyncio.Event()
+        self._failure: BaseException | None = None
+
+    async def fill(self, conn: StreamConnection) -> None:
+        """Receive until the connection fails; the failure is ``take_all``'s to raise."""
+        try:
+            while True:
+                self.put(await conn.receive())
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - handed to the applier, which ends the connection
+            self.fail(exc)
+
+    def put(self, received: tuple[Any, int]) -> None:
+        self._items.append(received)
+        self._ready.set()
+
+    def fail(self, exc: BaseException) -> None:
+        self._failure = exc
+        self._ready.set()
+
+    async def take_all(self) -> list[tuple[Any, int]]:
+        """Everything received so far (waiting for at least one message); once the receiver
+        failed and everything before the failure was taken, its exception."""
+        while not self._items:
+            if self._failure is not None:
+                raise self._failure
+            self._ready.clear()
+            await self._ready.wait()
+        items, self._items = self._items, []
+        return items
 
 
 class ReplicaAcker:

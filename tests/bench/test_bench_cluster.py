@@ -18,6 +18,7 @@ import orjson
 import pytest
 
 from bench.cluster_figures import Ack, Figure, Poll, median_ratio, poll_period, replica_lags, table, verdict
+from bench.cluster_lag import LagResult, cpu_per_write_us
 from bench.cluster_load import routed_bodies
 from bench.cluster_procs import key_in_partition, partition_of
 
@@ -134,3 +135,14 @@ def test_the_cluster_benchmark_runs_end_to_end_and_cleans_up(tmp_path: Path) -> 
         assert f["verdict"] in (("—",) if "baseline" in f["name"] else ("met", "NOT met")), f
         assert f["result"] and f["method"]
     assert proc.stdout.count("\n| ") == 6  # header row and five figures (the separator row starts with |-)
+
+
+@pytest.mark.parametrize(("node_cpu", "seconds", "sent", "expected_us"), [
+    ([0.5, 0.5], 20.0, 100_000, 200.0),  # a core's worth of CPU for 5,000 writes/s: 200 µs each
+    ([0.25, 0.15], 10.0, 50_000, 80.0),
+    ([0.5, 0.5], 20.0, 0, math.nan),
+])
+def test_cpu_per_write(node_cpu, seconds, sent, expected_us) -> None:
+    res = LagResult(5000.0, [], 0, sent, 0, seconds, 5.0, 0, node_cpu, 0.0)
+    got = cpu_per_write_us(res)
+    assert (math.isnan(got) and math.isnan(expected_us)) or got == pytest.approx(expected_us)

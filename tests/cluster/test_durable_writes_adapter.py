@@ -245,3 +245,24 @@ async def test_a_batch_refused_for_one_partition_parks_nothing_for_the_others(en
         await durable.wait({P: write(engine, P), 5: 1}, False, 5.0)  # 5 is not ours
     assert durable.waiting == 0 and durable.tracker.waiting == 0
     await durable.wait({}, False, 5.0)  # nothing written: nothing to wait for
+
+
+async def test_each_ack_counts_once_and_a_stream_opened_later_is_claimed_then(engine: Engine) -> None:
+    durable = DurableWrites(engine, "n1")
+    advanced: list[int] = []
+    durable.on_advance = advanced.append
+    durable.follow_map(map_of((P, "n1", ("n2",)), (1, "n1", ("n2",))))
+    advanced.clear()
+    conn = replica_connection()
+    first = write(engine, P)
+    ack(durable, conn, first, 0)
+    assert advanced == [P]
+    conn.open(1)  # a second partition on the same connection, after acks of the first
+    later = write(engine, 1)
+    ack(durable, conn, later, 0, partition=1)
+    assert advanced == [P, 1] and durable.majority_seqno(1, False) == later
+    durable.acked(conn, conn.session)  # a message that is not an ack: nothing new
+    assert advanced == [P, 1]
+    second = write(engine, P)
+    ack(durable, conn, second, 0)
+    assert advanced == [P, 1, P] and durable.majority_seqno(P, False) == second

@@ -110,3 +110,35 @@ async def test_a_replica_with_a_foreign_history_resyncs_from_zero(tmp_path: Path
         engine.set_state(p, PartitionState.REPLICA)
     streams = await replicate_and_compare(tmp_path, etcd, data, engine)
     assert streams.resets >= 1
+
+
+async def test_progress_of_more_copies_than_one_transaction_holds_is_published_and_withdrawn(
+        tmp_path: Path, etcd: EtcdProcess) -> None:
+    """Progress goes out in transactions of at most ``PUBLISH_OPS`` operations: every copy's
+    key appears under the lease, and the keys of copies no longer held are withdrawn."""
+    from app.cluster.replication import PUBLISH_OPS
+    from engine.cluster.replica_sync import ReplicaSync
+
+    client = EtcdClient([etcd.url])
+    layout = Layout(f"/upr/{uuid.uuid4().hex[:8]}")
+    try:
+        lease, _ttl = await client.grant(10)
+        streams = ReplicationStreams(None, "r1", client, layout, lambda: lease,  # type: ignore[arg-type]
+                                     ack_poll_s=0.01)
+        copies = 2 * PUBLISH_OPS + 5
+        streams.syncs = {p: ReplicaSync(p) for p in range(copies)}
+        await streams.publish_once()
+        kvs, _ = await client.get_prefix(layout.progress)
+        got = {layout.progress_owner(kv.key): (json.loads(kv.value)["seqno"], kv.lease) for kv in kvs}
+        assert got == {(p, "r1"): (p, lease) for p in range(copies)}
+        for p in range(PUBLISH_OPS + 3):  # as ``update`` does for copies left behind
+            del streams.syncs[p]
+            streams._gone.add(p)
+        streams.syncs[copies - 1].snapshot_applied(10 * copies)
+        await streams.publish_once()
+        kvs, _ = await client.get_prefix(layout.progress)
+        got = {layout.progress_owner(kv.key): json.loads(kv.value)["seqno"] for kv in kvs}
+        assert got == {(p, "r1"): 10 * copies if p == copies - 1 else p for p in range(PUBLISH_OPS + 3, copies)}
+        assert not streams._gone
+    finally:
+        await client.aclose()
