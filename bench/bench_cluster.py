@@ -136,7 +136,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--durable", default="majority",
                    help="the durability level whose ingest is compared with memory (persist tries the harness "
                         "on a server without majority)")
-    p.add_argument("--consume-items", type=int, default=200_000, help="items the consume figure reads")
+    p.add_argument("--consume-items", type=int, default=500_000, help="items the consume figure reads")
     p.add_argument("--consume-value-bytes", type=int, default=100)
     p.add_argument("--seed", type=int, default=14, help="seeds the pause before each kill")
     p.add_argument("--only", type=lambda v: v.split(","), default=list(FIGURES),
