@@ -28,6 +28,7 @@ What each figure measures (every process on one host, so one monotonic clock):
    against one node (a one-node cluster, so that only the node count differs), same client
    processes and the same total requests in flight, alternately; the median of the per-round
    ratios.
+5. **Consumer throughput** (only with ``--only consume``): ``bench/cluster_consume.py``.
 
 Performance is never asserted: the goals are printed beside the figures.  Every process started
 here is stopped by its PID on exit, Ctrl-C or error (``bench.suite.procs.ProcessGroup``).
@@ -54,6 +55,8 @@ from bench.cluster_procs import BenchCluster, progress, start_etcd
 from bench.suite.procs import SPAWNED, ProcessGroup, stop_everything
 
 FIGURES = ("failover", "lag", "majority", "aggregate", "consume")
+#: what a run without --only measures ("consume", bench/cluster_consume.py, only when asked for)
+DEFAULT_FIGURES = ("failover", "lag", "majority", "aggregate")
 
 
 def run(args: argparse.Namespace) -> list[Figure]:
@@ -136,10 +139,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--durable", default="majority",
                    help="the durability level whose ingest is compared with memory (persist tries the harness "
                         "on a server without majority)")
-    p.add_argument("--consume-items", type=int, default=200_000, help="items the consume figure reads")
+    p.add_argument("--consume-items", type=int, default=500_000, help="items the consume figure reads")
     p.add_argument("--consume-value-bytes", type=int, default=100)
     p.add_argument("--seed", type=int, default=14, help="seeds the pause before each kill")
-    p.add_argument("--only", type=lambda v: v.split(","), default=list(FIGURES),
+    p.add_argument("--only", type=lambda v: v.split(","), default=list(DEFAULT_FIGURES),
                    help=f"comma-separated subset of {','.join(FIGURES)}")
     p.add_argument("--keep", action="store_true", help="keep the run's directory (node logs, data dirs)")
     p.add_argument("--json", type=Path, help="also write the figures (and the PIDs of every process started) here")

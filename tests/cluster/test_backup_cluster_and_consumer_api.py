@@ -103,9 +103,10 @@ async def _seek(cluster: Cluster, view: dict[str, Any], per_part: dict[int, int]
     consumer = Consumer(urls, name="seeker", start="beginning")
     sought = False
     first_pass: list[int] = []
+    high = StreamOffset()
     try:
         async def consume() -> None:
-            nonlocal sought
+            nonlocal sought, high
             async for event in consumer:
                 if type(event) is not Mutation or not event.key.startswith("seek-"):
                     continue
@@ -129,6 +130,18 @@ async def _seek(cluster: Cluster, view: dict[str, Any], per_part: dict[int, int]
         assert not any(seen[p] for p in seen if p != target), "a seek must not replay other partitions"
     finally:
         await consumer.close()
+
+    # before the first iteration (the map is read, no node stream open yet): the start offset
+    later = Consumer(urls, name="seeker-2", start="beginning", until_now=True)
+    try:
+        await later.connect()
+        assert later._cluster is not None
+        middle = first_pass[len(first_pass) // 2]
+        later.seek(target, StreamOffset.at(high.uuid, middle))
+        got = [e.seqno async for e in later if type(e) is Mutation and e.partition == target]
+        assert got and min(got) > middle and max(got) >= first_pass[-1], (middle, got)
+    finally:
+        await later.close()
 
 
 def test_a_cluster_barrier_covers_a_partition_that_is_rolling_back(cluster: Cluster) -> None:
