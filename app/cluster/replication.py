@@ -59,6 +59,10 @@ log = logging.getLogger("upr.cluster")
 PUBLISH_OPS = 64
 
 
+#: items applied per engine call (one writer lock hold) at most, give or take one batch
+RUN_ITEMS = 1024
+
+
 def replication_name(node: str) -> str:
     return REPLICATION_PREFIX + node
 
@@ -355,12 +359,23 @@ class ReplicationStreams:
 
 
 def _apply_all(engine: Engine, messages: list[Any]) -> None:
-    """Apply replicated markers and batches in order, in one engine call (on a worker thread:
-    it takes the engine's locks and may read LMDB)."""
-    engine.apply_replica_run([
-        ItemsStep(msg.partition, list(msg.items()), msg.last) if type(msg) is ItemBatch
-        else MarkerStep(msg.partition, msg.start, msg.end)
-        for msg in messages])
+    """Apply replicated markers and batches in order (on a worker thread: it takes the engine's
+    locks and may read LMDB): one engine call per ``RUN_ITEMS`` items or so, so that a large
+    take never holds the writer lock long against this node's own writes."""
+    steps: list[ItemsStep | MarkerStep] = []
+    items = 0
+    for msg in messages:
+        if type(msg) is ItemBatch:
+            batch = list(msg.items())
+            steps.append(ItemsStep(msg.partition, batch, msg.last))
+            items += len(batch)
+        else:
+            steps.append(MarkerStep(msg.partition, msg.start, msg.end))
+        if items >= RUN_ITEMS:
+            engine.apply_replica_run(steps)
+            steps, items = [], 0
+    if steps:
+        engine.apply_replica_run(steps)
 
 
 class Inbox:

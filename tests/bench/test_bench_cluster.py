@@ -146,3 +146,25 @@ def test_cpu_per_write(node_cpu, seconds, sent, expected_us) -> None:
     res = LagResult(5000.0, [], 0, sent, 0, seconds, 5.0, 0, node_cpu, 0.0)
     got = cpu_per_write_us(res)
     assert (math.isnan(got) and math.isnan(expected_us)) or got == pytest.approx(expected_us)
+
+
+def test_the_apply_bench_runs_at_a_tiny_size(capsys) -> None:
+    from bench import cluster_apply
+
+    assert cluster_apply.main(["--items", "300", "--partitions", "4", "--run", "16"]) == 0
+    out = capsys.readouterr().out
+    assert out.count(" µs | ") == 3 and out.count("\n| one engine call") == 3
+
+
+def test_the_apply_bench_feeds_whole_snapshots_in_order() -> None:
+    from bench.cluster_apply import passes
+    from engine.replica import ItemsStep, MarkerStep
+
+    steps = passes(4, 50, 1)
+    assert sum(len(s.items) for s in steps if type(s) is ItemsStep) == 50
+    high = {p: 0 for p in range(4)}
+    for marker, batch in zip(steps[::2], steps[1::2]):
+        assert type(marker) is MarkerStep and type(batch) is ItemsStep and batch.last
+        assert marker.start == high[marker.partition] + 1
+        assert [i.seqno for i in batch.items] == list(range(marker.start, marker.end + 1))
+        high[marker.partition] = marker.end

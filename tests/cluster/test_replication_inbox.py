@@ -1,13 +1,17 @@
-"""The replication connection's inbox: the applier takes everything received meanwhile, in
-arrival order, and the receiver's failure only after what arrived before it."""
+"""The replication connection's inbox and applier, without sockets: the applier takes everything
+received meanwhile, in arrival order, and the receiver's failure only after what arrived before
+it; a take is applied in order, in engine calls of about ``RUN_ITEMS`` items."""
 from __future__ import annotations
 
 import asyncio
 
 import pytest
 
-from app.cluster.replication import Inbox
+from app.cluster.replication import RUN_ITEMS, Inbox, _apply_all
 from clients.connection import ReconnectNeeded
+from engine.protocol.frames import ItemBatch
+from engine.protocol.messages import SnapshotMarker, SnapshotSource
+from engine.replica import ItemsStep, MarkerStep
 
 
 class FakeFeed:
@@ -61,3 +65,37 @@ def test_a_receive_failure_comes_after_what_arrived_before_it() -> None:
             await inbox.take_all()
 
     asyncio.run(scenario())
+
+
+class RecordingEngine:
+    def __init__(self) -> None:
+        self.calls: list[list[object]] = []
+
+    def apply_replica_run(self, steps: list[object]) -> None:
+        self.calls.append(list(steps))
+
+
+def batch(partition: int, first: int, n: int, last: bool = False) -> ItemBatch:
+    seqnos = list(range(first, first + n))
+    return ItemBatch(partition, last, seqnos, [1] * n, [1] * n, bytes(n), [f"k{s}".encode() for s in seqnos],
+                     [b"v"] * n)
+
+
+def test_a_large_take_is_applied_in_engine_calls_of_about_run_items_each_in_order() -> None:
+    engine = RecordingEngine()
+    per = RUN_ITEMS // 4
+    messages = [SnapshotMarker(0, 1, 10 * per, SnapshotSource.MEMORY)] + [batch(0, 1 + i * per, per, last=i == 9) for i in range(10)]
+    _apply_all(engine, messages)  # type: ignore[arg-type]
+    assert [sum(len(s.items) for s in call if type(s) is ItemsStep) for call in engine.calls] == [
+        RUN_ITEMS, RUN_ITEMS, 2 * per]
+    steps = [s for call in engine.calls for s in call]
+    assert steps[0] == MarkerStep(0, 1, 10 * per)
+    assert [s.items[0].seqno for s in steps[1:]] == [1 + i * per for i in range(10)]
+    assert [s.last for s in steps[1:]] == [False] * 9 + [True]
+
+
+def test_a_small_take_is_one_engine_call() -> None:
+    engine = RecordingEngine()
+    _apply_all(engine, [SnapshotMarker(2, 1, 3, SnapshotSource.MEMORY), batch(2, 1, 3, last=True), SnapshotMarker(1, 1, 1, SnapshotSource.MEMORY),  # type: ignore[arg-type]
+                        batch(1, 1, 1, last=True)])
+    assert len(engine.calls) == 1 and len(engine.calls[0]) == 4
