@@ -1,0 +1,98 @@
+"""``GET /events?since=ID``: the node's event log (``app.events``), pushed by long polling.
+
+WHY long polling and not a WebSocket: the answer is plain JSON any tool reads (curl, a
+monitoring script), authenticated by the usual ``Authorization`` header, and a reader that
+passes ``wait_s`` is answered the moment an event is recorded, which is the push the console
+needs.  Waiting readers are limited (``MAX_WAITERS``); past the limit a request is answered at
+once, as if ``wait_s`` were 0, so a client cannot pin the node's connections.
+"""
+from __future__ import annotations
+
+import asyncio
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Query, Request
+from pydantic import BaseModel, Field
+
+from app.deps import ReadCtx
+from app.events import EventLog
+from app.routes.responses import problems
+
+router = APIRouter(tags=["status"])
+
+MAX_WAIT_S = 25.0
+MAX_WAITERS = 64
+
+
+class EventOut(BaseModel):
+    id: int
+    time: float = Field(description="seconds since the epoch")
+    kind: str = Field(description="failover, promotion, takeover, rebalance, node, rollback, unclean_restart, "
+                                  "flush_error, flush_recovered, state")
+    severity: str = Field(description="info, warning or error")
+    message: str
+    partition: int | None
+    node: str | None
+    details: dict[str, Any]
+
+
+class EventList(BaseModel):
+    events: list[EventOut]
+    last_id: int = Field(description="pass it as `since` to get what follows")
+    truncated: bool = Field(description="events after `since` fell off the ring (it holds the newest "
+                                        "`capacity`): some were missed")
+    reset: bool = Field(description="`since` was past the newest id: the node restarted and this is its new "
+                                    "log, read from the start")
+    capacity: int
+
+
+class EventFeed:
+    """Wakes long-polling readers when the log records (from any thread)."""
+
+    def __init__(self, log: EventLog, loop: asyncio.AbstractEventLoop) -> None:
+        self.log = log
+        self._loop = loop
+        self._changed = asyncio.Event()
+        self.waiters = 0
+        log.on_record = lambda _event: loop.call_soon_threadsafe(self._wake)
+
+    def _wake(self) -> None:
+        changed, self._changed = self._changed, asyncio.Event()
+        changed.set()
+
+    async def wait(self, since: int, timeout: float) -> None:
+        """Return once the log holds an id past ``since`` (or a reset), or after ``timeout``."""
+        if self.log.last_id != since or timeout <= 0 or self.waiters >= MAX_WAITERS:
+            return
+        self.waiters += 1
+        try:
+            changed = self._changed
+            if self.log.last_id == since:
+                await asyncio.wait_for(changed.wait(), timeout)
+        except TimeoutError:
+            pass
+        finally:
+            self.waiters -= 1
+
+    def detach(self) -> None:
+        self.log.on_record = None
+
+
+@router.get("/events", summary="Node events (failovers, rollbacks, unclean restarts, flush errors)",
+            response_model=EventList, responses=problems(401, 403, 503))
+async def list_events(
+    request: Request,
+    ctx: ReadCtx,
+    since: Annotated[int, Query(ge=0, le=2**63 - 1, description="last id already seen (0: from the oldest kept)")] = 0,
+    wait_s: Annotated[float, Query(ge=0, le=MAX_WAIT_S, description="wait up to this long for a new event")] = 0,
+    limit: Annotated[int, Query(ge=1, le=1000)] = 500,
+) -> EventList:
+    """Events with an id greater than `since`, oldest first.  With `wait_s` and nothing new, the
+    answer waits until an event is recorded (long polling)."""
+    log: EventLog = request.app.state.events
+    feed: EventFeed | None = getattr(request.app.state, "event_feed", None)
+    if feed is not None and wait_s > 0:
+        await feed.wait(since, wait_s)
+    page = log.since(since, limit)
+    return EventList(events=[EventOut(**e.to_dict()) for e in page.events], last_id=page.last_id,
+                     truncated=page.truncated, reset=page.reset, capacity=log.capacity)
