@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import enum
 import itertools
+import secrets
 import threading
 import time
 import weakref
@@ -90,6 +91,9 @@ class EventLog:
         if capacity < 1:
             raise ValueError("an event log holds at least one event")
         self._ring: deque[Event] = deque(maxlen=capacity)
+        #: names this log: ids restart at 1 with every process, so a reader that kept an id from
+        #: before a restart learns from a different ``log_id`` that its id means nothing here
+        self.log_id = secrets.token_hex(8)
         self._ids = itertools.count(1)
         self._last_id = 0
         self._lock = threading.Lock()
@@ -121,12 +125,13 @@ class EventLog:
             callback(event)
         return event
 
-    def since(self, since: int = 0, limit: int = 500) -> EventPage:
-        """Events with ``id > since``, oldest first, at most ``limit`` of them."""
+    def since(self, since: int = 0, limit: int = 500, log_id: str | None = None) -> EventPage:
+        """Events with ``id > since``, oldest first, at most ``limit`` of them.  ``log_id``: the
+        log ``since`` came from; another one (a restarted node) reads from the start."""
         with self._lock:
             events = list(self._ring)
             last = self._last_id
-        reset = since > last
+        reset = since > last or (log_id is not None and log_id != self.log_id)
         if reset or since < 0:
             since = 0
         oldest = events[0].id if events else last + 1

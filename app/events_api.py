@@ -44,6 +44,7 @@ class EventList(BaseModel):
     reset: bool = Field(description="`since` was past the newest id: the node restarted and this is its new "
                                     "log, read from the start")
     capacity: int
+    log_id: str = Field(description="names this log (ids restart with the node): pass it back as `log`")
 
 
 class EventFeed:
@@ -60,9 +61,11 @@ class EventFeed:
         changed, self._changed = self._changed, asyncio.Event()
         changed.set()
 
-    async def wait(self, since: int, timeout: float) -> None:
+    async def wait(self, since: int, timeout: float, log_id: str | None = None) -> None:
         """Return once the log holds an id past ``since`` (or a reset), or after ``timeout``."""
         if self.log.last_id != since or timeout <= 0 or self.waiters >= MAX_WAITERS:
+            return
+        if log_id is not None and log_id != self.log.log_id:
             return
         self.waiters += 1
         try:
@@ -86,13 +89,17 @@ async def list_events(
     since: Annotated[int, Query(ge=0, le=2**63 - 1, description="last id already seen (0: from the oldest kept)")] = 0,
     wait_s: Annotated[float, Query(ge=0, le=MAX_WAIT_S, description="wait up to this long for a new event")] = 0,
     limit: Annotated[int, Query(ge=1, le=1000)] = 500,
+    log: Annotated[str | None, Query(max_length=64, description="the `log_id` that `since` came from")] = None,
 ) -> EventList:
     """Events with an id greater than `since`, oldest first.  With `wait_s` and nothing new, the
-    answer waits until an event is recorded (long polling)."""
-    log: EventLog = request.app.state.events
+    answer waits until an event is recorded (long polling).  Ids restart with the node: pass the
+    `log_id` of the answer `since` came from as `log`, and after a restart the answer says
+    `reset` and starts from the new log's first event."""
+    events: EventLog = request.app.state.events
+    log_id = log
     feed: EventFeed | None = getattr(request.app.state, "event_feed", None)
     if feed is not None and wait_s > 0:
-        await feed.wait(since, wait_s)
-    page = log.since(since, limit)
+        await feed.wait(since, wait_s, log_id)
+    page = events.since(since, limit, log_id)
     return EventList(events=[EventOut(**e.to_dict()) for e in page.events], last_id=page.last_id,
-                     truncated=page.truncated, reset=page.reset, capacity=log.capacity)
+                     truncated=page.truncated, reset=page.reset, capacity=events.capacity, log_id=events.log_id)

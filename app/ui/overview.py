@@ -15,12 +15,14 @@ from app.ui.monitor import NodeMonitor, Reading
 
 
 def _stream_rows(app: Any) -> list[dict[str, Any]]:
-    """Open streams with per-partition lag in seqnos and in seconds.
+    """Open streams with per-partition lag in seqnos (the partition's high seqno minus the last
+    seqno sent) and in seconds.
 
     Lag in seconds is how long the oldest change the stream has not yet delivered has waited
     (the connection's own record of when it was notified); null when the stream is behind
     without a pending notification (reading history from disk), where no change time is known."""
     now = time.monotonic()
+    engine = app.state.runner.engine if app.state.runner is not None else None
     rows = []
     registry = app.state.streams
     # both walk the registry in connection order, with no await between them
@@ -28,9 +30,12 @@ def _stream_rows(app: Any) -> list[dict[str, Any]]:
         notified: dict[int, float] = dict(getattr(handle, "_notified_at", {}) or {})
         parts = []
         for p in s.partitions:
+            # behind the partition's high seqno, not only the snapshot being sent: a stalled
+            # consumer that never got to a partition is as far behind as its writes
+            lag = max(p.lag, engine.high_seqno(p.partition) - p.last_sent_seqno if engine is not None else 0)
             since = notified.get(p.partition)
-            lag_s = round(max(0.0, now - since), 3) if since is not None and p.lag > 0 else (0.0 if p.lag == 0 else None)
-            parts.append({"partition": p.partition, "last_sent_seqno": p.last_sent_seqno, "lag": p.lag, "lag_s": lag_s,
+            lag_s = round(max(0.0, now - since), 3) if since is not None and lag > 0 else (0.0 if lag == 0 else None)
+            parts.append({"partition": p.partition, "last_sent_seqno": p.last_sent_seqno, "lag": lag, "lag_s": lag_s,
                           "purge_seqno": p.purge_seqno, "purge_distance": p.purge_distance})
         rows.append({
             "id": s.id, "name": s.name, "kind": "replication" if is_replication(s.name) else "consumer",

@@ -116,3 +116,10 @@ def test_ranges_and_cluster_facts() -> None:
     facts = cluster_facts({"nodes": [{"name": "a", "state": "up"}], "map": {"revision": 3, "partitions": [
         {"partition": 0, "active": "a", "replicas": [{"node": "b"}]}]}})
     assert facts == ClusterFacts({"a": "up"}, {0: ("a", ("b",))}, 3)
+
+
+def test_an_id_from_another_log_reads_this_one_from_the_start() -> None:
+    before, after = _log(3), _log(1)  # a node's log before and after a restart: ids restart at 1
+    page = after.since(1, log_id=before.log_id)
+    assert page.reset and [e.id for e in page.events] == [1]
+    assert not after.since(1, log_id=after.log_id).reset

@@ -16,6 +16,7 @@ const S = {
   lastOk: 0,
   authFailed: false,
   eventsSince: 0,
+  eventsLog: null,
   events: [],
   sort: { key: "partition", dir: 1 },
   openFailover: new Set(),
@@ -127,9 +128,11 @@ async function pollOverview() {
 async function pollEvents() {
   while (!S.authFailed) {
     try {
-      const page = await api(`/events?since=${S.eventsSince}&wait_s=${EVENT_WAIT_S}`, { signal: AbortSignal.timeout((EVENT_WAIT_S + 10) * 1000) });
+      const log = S.eventsLog ? `&log=${encodeURIComponent(S.eventsLog)}` : "";
+      const page = await api(`/events?since=${S.eventsSince}&wait_s=${EVENT_WAIT_S}${log}`, { signal: AbortSignal.timeout((EVENT_WAIT_S + 10) * 1000) });
       if (page.reset) S.events = [];
       S.eventsSince = page.last_id;
+      S.eventsLog = page.log_id;
       if (page.events.length || page.reset) {
         S.events = S.events.concat(page.events).slice(-MAX_EVENTS_SHOWN);
         renderEvents();
