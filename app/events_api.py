@@ -2,13 +2,15 @@
 
 WHY long polling and not a WebSocket: the answer is plain JSON any tool reads (curl, a
 monitoring script), authenticated by the usual ``Authorization`` header, and a reader that
-passes ``wait_s`` is answered the moment an event is recorded, which is the push the console
-needs.  Waiting readers are limited (``MAX_WAITERS``); past the limit a request is answered at
-once, as if ``wait_s`` were 0, so a client cannot pin the node's connections.
+sends ``Prefer: wait=N`` (RFC 7240's preference for exactly this) is answered the moment an
+event is recorded, which is the push the console needs.  Waiting readers are limited
+(``MAX_WAITERS``); past the limit a request is answered at once, as if it had not asked to
+wait, so a client cannot pin the node's connections.
 """
 from __future__ import annotations
 
 import asyncio
+import re
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Query, Request
@@ -16,12 +18,22 @@ from pydantic import BaseModel, Field
 
 from app.deps import ReadCtx
 from app.events import EventLog
+from app.problems import INVALID_INPUT, Problem
 from app.routes.responses import problems
 
 router = APIRouter(tags=["status"])
 
 MAX_WAIT_S = 25.0
 MAX_WAITERS = 64
+_QUERY = frozenset({"since", "limit", "log"})
+_PREFER_WAIT = re.compile(r"(?:^|[,;\s])wait\s*=\s*(\d{1,6})(?:\.\d+)?(?=$|[,;\s])", re.IGNORECASE)
+
+
+def preferred_wait(prefer: str | None) -> float:
+    """Seconds asked for by ``Prefer: wait=N`` (RFC 7240), capped at ``MAX_WAIT_S``; 0 without one.
+    A preference the server cannot honour is ignored, as RFC 7240 says, never an error."""
+    match = _PREFER_WAIT.search(prefer or "")
+    return min(float(match.group(1)), MAX_WAIT_S) if match else 0.0
 
 
 class EventOut(BaseModel):
@@ -82,22 +94,26 @@ class EventFeed:
 
 
 @router.get("/events", summary="Node events (failovers, rollbacks, unclean restarts, flush errors)",
-            response_model=EventList, responses=problems(401, 403, 503))
+            response_model=EventList, responses=problems(401, 403, 422, 503))
 async def list_events(
     request: Request,
     ctx: ReadCtx,
     since: Annotated[int, Query(ge=0, le=2**63 - 1, description="last id already seen (0: from the oldest kept)")] = 0,
-    wait_s: Annotated[float, Query(ge=0, le=MAX_WAIT_S, description="wait up to this long for a new event")] = 0,
     limit: Annotated[int, Query(ge=1, le=1000)] = 500,
     log: Annotated[str | None, Query(max_length=64, description="the `log_id` that `since` came from")] = None,
 ) -> EventList:
-    """Events with an id greater than `since`, oldest first.  With `wait_s` and nothing new, the
-    answer waits until an event is recorded (long polling).  Ids restart with the node: pass the
+    """Events with an id greater than `since`, oldest first.  With `Prefer: wait=N` (seconds, at
+    most 25) and nothing new, the answer waits until an event is recorded (long polling).  Ids restart with the node: pass the
     `log_id` of the answer `since` came from as `log`, and after a restart the answer says
     `reset` and starts from the new log's first event."""
+    unknown = sorted(set(request.query_params) - _QUERY)
+    if unknown:  # a misspelt `since` would otherwise read the whole log, silently
+        raise Problem(INVALID_INPUT, f"unknown query parameter {unknown[0]!r}; known: limit, log, since",
+                      field=f"query.{unknown[0]}")
     events: EventLog = request.app.state.events
     log_id = log
     feed: EventFeed | None = getattr(request.app.state, "event_feed", None)
+    wait_s = preferred_wait(request.headers.get("prefer"))
     if feed is not None and wait_s > 0:
         await feed.wait(since, wait_s, log_id)
     page = events.since(since, limit, log_id)

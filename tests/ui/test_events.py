@@ -123,3 +123,13 @@ def test_an_id_from_another_log_reads_this_one_from_the_start() -> None:
     page = after.since(1, log_id=before.log_id)
     assert page.reset and [e.id for e in page.events] == [1]
     assert not after.since(1, log_id=after.log_id).reset
+
+
+@pytest.mark.parametrize(("prefer", "seconds"), [
+    (None, 0.0), ("", 0.0), ("wait=20", 20.0), ("respond-async, wait=5", 5.0), ("WAIT = 3", 3.0),
+    ("wait=999", 25.0), ("wait=abc", 0.0), ("nowait=5", 0.0), ("wait=2.5", 2.0),
+])
+def test_prefer_wait(prefer: str | None, seconds: float) -> None:
+    from app.events_api import preferred_wait
+
+    assert preferred_wait(prefer) == seconds

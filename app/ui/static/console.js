@@ -52,8 +52,9 @@ const fmtTime = (t) => new Date(t * 1000).toISOString().replace("T", " ").slice(
 
 class AuthError extends Error {}
 
-async function api(path, { signal } = {}) {
+async function api(path, { signal, wait } = {}) {
   const headers = { "Accept": "application/json" };
+  if (wait) headers["Prefer"] = "wait=" + wait;
   if (S.token) headers["Authorization"] = "Bearer " + S.token;
   const r = await fetch(path, { headers, signal, cache: "no-store", credentials: "omit" });
   if (r.status === 401 || r.status === 403) {
@@ -129,7 +130,7 @@ async function pollEvents() {
   while (!S.authFailed) {
     try {
       const log = S.eventsLog ? `&log=${encodeURIComponent(S.eventsLog)}` : "";
-      const page = await api(`/events?since=${S.eventsSince}&wait_s=${EVENT_WAIT_S}${log}`, { signal: AbortSignal.timeout((EVENT_WAIT_S + 10) * 1000) });
+      const page = await api(`/events?since=${S.eventsSince}${log}`, { wait: EVENT_WAIT_S, signal: AbortSignal.timeout((EVENT_WAIT_S + 10) * 1000) });
       if (page.reset) S.events = [];
       S.eventsSince = page.last_id;
       S.eventsLog = page.log_id;
