@@ -170,7 +170,7 @@ def test_a_consumer_appears_with_its_lag(page: Any, node: Node, loop_thread: Loo
         assert card.locator("dd[data-field=codec]").inner_text() == "json"
         assert "64.0 KiB" in card.locator("dd[data-field=window]").inner_text()
         show(page, "events")
-        rollback = page.locator("#events li[data-kind=rollback]").first
+        rollback = page.locator("#event-list li[data-kind=rollback]").first
         rollback.wait_for(timeout=DEADLINE_S * 1000)
         assert "ui-stranger" in rollback.inner_text() and "unknown_uuid" in rollback.inner_text()
         assert "warning" in rollback.locator(".badge").inner_text()  # severity in words, not colour only
@@ -224,7 +224,7 @@ def test_sigkill_shows_connection_lost_then_the_unclean_restart(page: Any, node:
     assert node.url.endswith(":" + port)
     until("the page live again", lambda: "live" in conn.inner_text())
     show(page, "events")
-    event = page.locator("#events li[data-kind=unclean_restart]")
+    event = page.locator("#event-list li[data-kind=unclean_restart]")
     event.wait_for(timeout=DEADLINE_S * 1000)
     assert f"new failover entry in {PARTITIONS} partition(s)" in event.inner_text()
     assert "error" in event.locator(".badge").inner_text()

@@ -265,7 +265,7 @@ function drawChart(canvas, times, values, fmt) {
   g.strokeStyle = "#ccd"; g.lineWidth = 1;
   g.beginPath(); g.moveTo(0, h - 0.5); g.lineTo(w, h - 0.5); g.stroke();
   g.fillStyle = "#445"; g.font = "11px sans-serif";
-  g.fillText("max " + (fmt ? fmt(max) : fmtInt(Math.round(max))) + " · last " + (values.length ? (fmt ? fmt(values[values.length - 1]) : fmtInt(Math.round(values[values.length - 1]))) : "–") + " · " + Math.round(values.length / 60) + " min", 4, 12);
+  g.fillText("max " + (fmt ? fmt(max) : fmtInt(Math.round(max))) + " · last " + (values.length ? (fmt ? fmt(values[values.length - 1]) : fmtInt(Math.round(values[values.length - 1]))) : "–") + " · last " + (values.length < 120 ? values.length + " s" : Math.round(values.length / 60) + " min"), 4, 12);
   if (values.length < 2) return;
   g.strokeStyle = "#2563eb"; g.lineWidth = 1.5;
   g.beginPath();
@@ -297,6 +297,7 @@ function renderPartitions() {
     (!txt || String(r.partition) === txt || String(r.partition).startsWith(txt)));
   const { key, dir } = S.sort;
   rows.sort((a, b) => (a[key] < b[key] ? -1 : a[key] > b[key] ? 1 : a.partition - b.partition) * dir);
+  $("#partitions-table").classList.toggle("no-cluster", !o.cluster);
   $("#part-count").textContent = `${rows.length} of ${o.partitions.length} partitions`;
   const cols = ["partition", "state", "high_seqno", "persisted_seqno", "purge_seqno", "queue_depth", "item_count", "active"];
   $("#partitions-table tbody").replaceChildren(...rows.map((r) => {
@@ -332,7 +333,7 @@ function fillSelect(sel, values) {
 function renderStreams() {
   const streams = S.overview.streams;
   $("#streams-empty").hidden = streams.length > 0;
-  $("#streams").replaceChildren(...streams.map((s) => {
+  $("#stream-list").replaceChildren(...streams.map((s) => {
     const maxLag = Math.max(0, ...s.partitions.map((p) => p.lag));
     const lagS = s.partitions.map((p) => p.lag_s).filter((x) => x !== null);
     const atRisk = s.partitions.filter((p) => p.purge_seqno > 0 && p.purge_distance < PURGE_WARN_SEQNOS);
@@ -365,7 +366,7 @@ function renderEvents() {
   const k = $("#filter-kind").value;
   const shown = S.events.filter((e) => !k || e.kind === k).slice().reverse();
   $("#events-empty").hidden = shown.length > 0;
-  $("#events").replaceChildren(...shown.map((e) => el("li", { class: "event sev-" + e.severity, "data-kind": e.kind },
+  $("#event-list").replaceChildren(...shown.map((e) => el("li", { class: "event sev-" + e.severity, "data-kind": e.kind },
     el("time", { dateTime: new Date(e.time * 1000).toISOString() }, fmtTime(e.time)),
     el("span", { class: "badge sev-" + e.severity }, { error: "✖ error", warning: "⚠ warning", info: "ℹ info" }[e.severity] || e.severity),
     el("span", { class: "kind" }, e.kind.replace("_", " ")),
