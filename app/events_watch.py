@@ -149,17 +149,21 @@ class StateWatch:
             if old is None:
                 continue
             old_active, old_replicas = old
-            if active != old_active:
-                lost = old_active is not None and now.nodes.get(old_active) != "up"
+            if active != old_active and old_active is None:
+                moved[(EventKind.REBALANCE, old_active, active)].append(p)  # placed, nothing moved
+            elif active != old_active:
+                lost = now.nodes.get(old_active) != "up"
                 moved[(EventKind.FAILOVER if lost else EventKind.TAKEOVER, old_active, active)].append(p)
             elif set(replicas) != set(old_replicas):
                 replicas_changed.append(p)
         for (kind, src, dst), parts in sorted(moved.items(), key=lambda kv: (kv[0][0], str(kv[0][1]), str(kv[0][2]))):
             if kind is EventKind.FAILOVER:
                 text = f"failed over from node {src} (down) to {dst or 'no node'}"
+            elif kind is EventKind.REBALANCE:
+                text = f"active placed on node {dst}"
             else:
                 text = f"active moved from node {src or 'none'} to {dst or 'none'}"
-            found.append(_grouped(kind, Severity.WARNING, dst, parts, text,
+            found.append(_grouped(kind, Severity.INFO if kind is EventKind.REBALANCE else Severity.WARNING, dst, parts, text,
                                   {"from": src, "to": dst, "revision": now.revision}))
         if replicas_changed:
             found.append(_grouped(EventKind.REBALANCE, Severity.INFO, None, replicas_changed,

@@ -18,7 +18,7 @@ from fastapi import FastAPI
 
 from app import events as ev
 from app.events_api import EventFeed
-from app.ui.monitor import NodeMonitor, unclean_restart_event
+from app.ui.monitor import NodeMonitor, node_name, unclean_restart_event
 
 
 def install(app: FastAPI) -> None:
@@ -35,7 +35,7 @@ async def start(app: FastAPI, engine: Any, runner: Any) -> None:
     events: ev.EventLog = app.state.events
     ev.bind(engine, events)
     app.state.event_feed = EventFeed(events, asyncio.get_running_loop())
-    await runner.read(unclean_restart_event, engine, events)
+    await runner.read(unclean_restart_event, engine, events, node_name(app, engine))
     monitor = NodeMonitor(app, engine, runner, events)
     await monitor.tick()  # the baseline, so the first page load has numbers
     monitor.start()

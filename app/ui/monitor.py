@@ -42,7 +42,13 @@ def _read_engine(engine: Any) -> tuple[list[Any], dict[str, Any], str | None]:
     return engine.all_stats(), engine.engine_stats(), (fault.describe() if fault is not None else None)
 
 
-def unclean_restart_event(engine: Any, log_: ev.EventLog) -> None:
+def node_name(app: Any, engine: Any) -> str:
+    """The cluster's name for this node (``--node``), else the engine's node id."""
+    cluster = getattr(app.state, "cluster", None)
+    return str(getattr(cluster, "name", None) or engine.node_id)
+
+
+def unclean_restart_event(engine: Any, log_: ev.EventLog, name: str) -> None:
     """The engine opened after a stop that did not flush: each partition began a new history
     branch (failover entry) at its persisted seqno; name them so an operator sees which."""
     if getattr(engine, "opened_clean", True):
@@ -52,9 +58,9 @@ def unclean_restart_event(engine: Any, log_: ev.EventLog) -> None:
                for s in stats if s.failover_log]
     log_.record(
         ev.EventKind.UNCLEAN_RESTART,
-        f"node {engine.node_id} restarted after an unclean stop: new failover entry in {len(entries)} partition(s); "
+        f"node {name} restarted after an unclean stop: new failover entry in {len(entries)} partition(s); "
         "seqnos continue from each partition's persisted seqno, consumers past it are told to roll back",
-        severity=ev.Severity.ERROR, node=str(engine.node_id),
+        severity=ev.Severity.ERROR, node=name,
         details={"new_failover_entries": entries[:1024]},
     )
 
@@ -112,7 +118,7 @@ class NodeMonitor:
                          delivered=float(self._deliveries.delta(positions)),
                          flushes=float(counters.get("flush_count", 0)), queue_bytes=float(counters.get("queue_bytes", 0)))
         observation = Observation(
-            node=str(self._engine.node_id),
+            node=node_name(self._app, self._engine),
             partitions=tuple(PartitionFacts(s.partition, s.state.value,
                                             (s.failover_log[0].uuid, s.failover_log[0].seqno) if s.failover_log else (0, 0))
                              for s in stats),

@@ -11,7 +11,7 @@ import time
 from typing import Any
 
 from app.cluster.replication import is_replication
-from app.ui.monitor import NodeMonitor, Reading
+from app.ui.monitor import NodeMonitor, Reading, node_name
 
 
 def _stream_rows(app: Any) -> list[dict[str, Any]]:
@@ -51,7 +51,8 @@ def build_overview(app: Any, monitor: NodeMonitor, reading: Reading) -> dict[str
     stats = reading.stats
     engine = monitor._engine  # noqa: SLF001 - the monitor's engine is the node's
     return {
-        "node": str(engine.node_id),
+        "node": node_name(app, engine),
+        "node_id": str(engine.node_id),
         "time": reading.wall,
         "uptime_s": round(time.monotonic() - app.state.started_at, 1),
         "partition_count": len(stats),

@@ -1,10 +1,12 @@
 """Regenerate the console screenshots in docs/ui/ (shown in the README).
 
-    python -m tests.ui.screenshots [--out docs/ui] [--partitions 256]
+    python -m tests.ui.screenshots [--out docs/ui] [--partitions 256] [--no-cluster]
 
 A real node on a scratch data dir, stopped once uncleanly (so the Events page has an unclean
 restart), some writes and deletes, a consumer that stalls (so the Streams page has lag) and one
 told to roll back; then each page at 1280x800 in Debian's chromium (``tests.ui.browser``).
+Then a three-node cluster (etcd from the dev extra) where one node is killed: the cluster's
+Overview and Events (``cluster-overview.png``, ``cluster-events.png``).
 """
 from __future__ import annotations
 
@@ -31,10 +33,44 @@ async def _consumers(url: str, partitions: int) -> tuple[RawStream, RawStream]:
     return stalled, stranger
 
 
+def cluster_shots(out: Path, chromium: str, work: Path) -> None:
+    from playwright.sync_api import sync_playwright
+
+    from tests.cluster.etcd_server import start_etcd
+    from tests.cluster.nodes import Cluster, started_in_sync, until
+
+    (work / "etcd").mkdir(parents=True, exist_ok=True)
+    etcd = start_etcd(work / "etcd")
+    cluster = Cluster(work / "cluster", etcd.url, partitions=64, replicas=1, initial_nodes=3)
+    try:
+        started_in_sync(cluster, ["n1", "n2", "n3"])
+        url = cluster.nodes["n2"].url
+        with sync_playwright() as pw:
+            browser = pw.chromium.launch(executable_path=chromium)
+            page = browser.new_page(viewport={"width": 1280, "height": 800})
+            page.goto(url + "/ui/")
+            page.wait_for_selector("#nodes-table tbody tr")
+            cluster.nodes["n1"].kill()
+            until(lambda: all(p["active"] != "n1" for p in cluster.view("n2")["map"]["partitions"]),
+                  what="n1's partitions failed over")
+            page.wait_for_selector("#event-list li[data-kind=failover]", state="attached", timeout=30_000)
+            page.wait_for_timeout(2500)
+            page.screenshot(path=str(out / "cluster-overview.png"))
+            page.evaluate("() => { location.hash = '#events'; }")
+            page.wait_for_timeout(600)
+            page.screenshot(path=str(out / "cluster-events.png"))
+            print(f"wrote {out / 'cluster-overview.png'} and cluster-events.png")
+            browser.close()
+    finally:
+        cluster.stop_all()
+        etcd.stop()
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=ROOT / "docs" / "ui")
     parser.add_argument("--partitions", type=int, default=256)
+    parser.add_argument("--no-cluster", action="store_true", help="skip the cluster screenshots")
     args = parser.parse_args()
     from playwright.sync_api import sync_playwright
 
@@ -75,6 +111,8 @@ def main() -> int:
         finally:
             loop.close()
             node.kill()
+        if not args.no_cluster:
+            cluster_shots(args.out, chromium, work)
     return 0
 
 

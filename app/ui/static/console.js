@@ -157,7 +157,7 @@ function onOverview(data) {
   S.lastOk = Date.now();
   document.body.classList.remove("stale");
   $("#main").hidden = false;
-  setConn("ok", "live · node " + data.node.slice(0, 12) + " · updated " + new Date().toLocaleTimeString());
+  setConn("ok", "live · node " + (data.node.length > 16 ? data.node.slice(0, 12) : data.node) + " · updated " + new Date().toLocaleTimeString());
   render();
 }
 
@@ -193,7 +193,7 @@ function renderOverview() {
   const hist = o.history;
   const last = (a) => a.length ? a[a.length - 1] : 0;
   const cards = [
-    ["Node", o.node.slice(0, 12)],
+    ["Node", o.node.length > 16 ? o.node.slice(0, 12) : o.node],
     ["Uptime", fmtDuration(o.uptime_s)],
     ["Partitions", fmtInt(o.partition_count)],
     ["Items", fmtInt(t.items)],
@@ -239,18 +239,20 @@ function renderOverview() {
     const pl = place.get(p.partition);
     let cls = "cell s-" + p.state, sym = p.state[0].toUpperCase(), title = `partition ${p.partition}: ${p.state}, high ${p.high_seqno}, persisted ${p.persisted_seqno}`;
     if (pl) {
-      const lagging = pl.replicas.filter((r) => !r.in_sync);
+      const up = new Set(cluster.nodes.filter((nd) => nd.state === "up").map((nd) => nd.name));
+      const down = pl.replicas.filter((r) => !up.has(r.node));
+      const lagging = pl.replicas.filter((r) => up.has(r.node) && !r.in_sync);
       sym = pl.active ? String(nodeIndex.get(pl.active) || "?") : "✖";
-      cls = "cell " + (!pl.active ? "s-dead" : lagging.length ? "s-catching" : "s-active");
-      if (lagging.length) sym += "…";
-      title += `; active ${pl.active || "none"}; replicas ${pl.replicas.map((r) => r.node + (r.in_sync ? " in sync" : " catching up")).join(", ") || "none"}`;
+      cls = "cell " + (!pl.active ? "s-dead" : down.length || lagging.length ? "s-catching" : "s-active");
+      if (down.length) sym += "↓"; else if (lagging.length) sym += "…";
+      title += `; active ${pl.active || "none"}; replicas ${pl.replicas.map((r) => r.node + (!up.has(r.node) ? " DOWN" : r.in_sync ? " in sync" : " catching up")).join(", ") || "none"}`;
     }
     if (p.queue_depth > 0) title += `; backlog ${p.queue_depth}`;
     return el("div", { class: cls, role: "listitem", title, "data-partition": p.partition, "aria-label": title }, sym);
   });
   map.replaceChildren(...cells);
   $("#map-legend").textContent = cluster
-    ? "Each cell is a partition: the number is its active node (row in the table above), “…” = a replica is catching up, ✖ = no active. Hover for details."
+    ? "Each cell is a partition: the number is its active node (row in the table above), “…” = a replica is catching up, “↓” = a replica's node is down, ✖ = no active. Hover for details."
     : "Each cell is a partition: A = active, R = replica, P = pending, D = dead. Hover for details.";
 }
 
