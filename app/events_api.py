@@ -67,7 +67,13 @@ class EventFeed:
         self._loop = loop
         self._changed = asyncio.Event()
         self.waiters = 0
-        log.on_record = lambda _event: loop.call_soon_threadsafe(self._wake)
+        log.on_record = self._recorded
+
+    def _recorded(self, _event: object) -> None:
+        try:
+            self._loop.call_soon_threadsafe(self._wake)
+        except RuntimeError:  # the loop closed (shutdown) while a thread recorded: nobody waits
+            pass
 
     def _wake(self) -> None:
         changed, self._changed = self._changed, asyncio.Event()

@@ -78,8 +78,6 @@ class NodeMonitor:
         self._tick = 0
         self.reading: Reading | None = None
         self._json: tuple[int, bytes] | None = None
-        #: seconds of CPU the monitor's ticks took (bench/console.py reports it)
-        self.cpu_s = 0.0
 
     def start(self) -> None:
         self._task = asyncio.get_running_loop().create_task(self._run(), name="upr-console-monitor")
@@ -105,9 +103,7 @@ class NodeMonitor:
             await asyncio.sleep(max(0.05, TICK_S - (time.monotonic() - started)))
 
     async def tick(self) -> Reading:
-        cpu0 = time.thread_time()
         stats, counters, fault = await self._runner.read(_read_engine, self._engine)
-        cpu0 -= time.thread_time()  # the reader thread's share is counted by the bench's process figure
         cluster_node = getattr(self._app.state, "cluster", None)
         view = cluster_node.view() if cluster_node is not None else None
         self._tick += 1
@@ -129,7 +125,6 @@ class NodeMonitor:
             self.events.record(found.kind, found.message, severity=found.severity, partition=found.partition,
                                node=found.node, details=found.details)
         self.reading = reading
-        self.cpu_s += time.thread_time() + cpu0
         return reading
 
     def overview_json(self, build: Any) -> bytes:
