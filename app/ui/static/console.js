@@ -117,13 +117,15 @@ function checkLost() {
 
 // ------------------------------------------------------------------ loops
 async function pollOverview() {
+  const started = Date.now();
   try {
     onOverview(await api("/ui/api/overview", { signal: AbortSignal.timeout(5000) }));
   } catch (e) {
     if (e instanceof AuthError) { S.token = null; sessionStorage.removeItem(TOKEN_KEY); showLogin("Token refused: " + e.message); return; }
   }
   checkLost();
-  setTimeout(pollOverview, POLL_MS);
+  // a fixed rhythm, not a fixed pause: an answer that took 300 ms still leaves one update a second
+  setTimeout(pollOverview, Math.max(100, POLL_MS - (Date.now() - started)));
 }
 
 async function pollEvents() {
