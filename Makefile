@@ -21,8 +21,10 @@ run: $(STAMP)
 cluster: $(STAMP)
 	$(BIN)/python -m app.cluster.local
 
+# tests.ui.browser installs Debian's chromium for the console's browser tests when missing (as root)
 test: $(STAMP)
 	$(BIN)/lint-imports
+	$(BIN)/python -m tests.ui.browser
 	$(BIN)/python -m pytest
 
 # Full size, by hand (several minutes); installs the peers' Debian packages and Python clients if missing.

@@ -25,7 +25,7 @@ from fastapi.routing import APIRoute
 from fastapi.openapi.utils import get_openapi
 from starlette.responses import Response
 
-from app import api_docs, problems
+from app import api_docs, problems, ui
 from app.auth import TokenTable
 from app.limits import BodyLimit, BodyTooLarge
 from app.metrics import Metrics, MetricsMiddleware
@@ -98,9 +98,11 @@ def create_app(
             app.state.cluster = node
             app.state.metrics.attach_cluster(ClusterCollector(node.view))
             app.state.stream_server.owner_of = node.misdirected
+        await ui.start(app, engine, runner)
         try:
             yield
         finally:
+            await ui.stop(app)
             cluster, app.state.cluster = app.state.cluster, None
             if cluster is not None:
                 await cluster.stop()
@@ -159,6 +161,7 @@ def create_app(
     app.include_router(stream.router)
     app.include_router(positions.router)
     api_docs.install(app)
+    ui.install(app)
 
     app.openapi = lambda: _openapi(app)  # type: ignore[method-assign]
     return app

@@ -49,6 +49,7 @@ from typing import Any, Protocol
 
 from starlette.websockets import WebSocketDisconnect
 
+from app import events
 from app.stream.ceilings import VisibleCeilings
 from app.stream.cursor import PartitionCursor
 from app.stream.hub import ChangeHub
@@ -395,6 +396,7 @@ class StreamConnection(PassSender):
         elif r.status is M.StreamStatus.ROLLBACK:
             self.rollbacks += 1
             self._on_rollback(str(r.reason))
+            events.rollback_answered(self.engine, self.name, self.remote, r)
             log.warning("stream %s (%s): partition %d told to roll back to %s (%s): %s", self.name, self.remote, p,
                         r.rollback_seqno, r.reason, r.detail)
 
