@@ -79,19 +79,22 @@ class Handover:
     target: str
     #: the source's high seqno when it stopped taking writes; None until it has
     fenced_at: int | None = None
+    #: whose record: a graceful failover's or a rebalance's (``engine.cluster.rebalance``); each
+    #: driver advances only its own, the nodes carry out both alike
+    kind: str = "failover"
 
     def fenced(self, seqno: int) -> Handover:
-        return Handover(self.partition, self.source, self.target, seqno)
+        return Handover(self.partition, self.source, self.target, seqno, self.kind)
 
     def to_json(self) -> dict[str, Any]:
         return {"partition": self.partition, "source": self.source, "target": self.target,
-                "fenced_at": self.fenced_at}
+                "fenced_at": self.fenced_at, "kind": self.kind}
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> Handover:
         fenced = data.get("fenced_at")
         return cls(int(data["partition"]), str(data["source"]), str(data["target"]),
-                   int(fenced) if fenced is not None else None)
+                   int(fenced) if fenced is not None else None, str(data.get("kind", "failover")))
 
 
 @dataclass(frozen=True, slots=True)
