@@ -27,6 +27,7 @@ from app.cluster.mapstore import MapStore
 from engine.cluster.handover import Handover, HandoverRequest, HandoverView, advance, takes_over
 from engine.cluster.orchestration import ClusterView
 from engine.cluster.partition_map import PartitionMap
+from engine.cluster.rebalance import REBALANCE
 from engine.core.types import PartitionState
 from engine.engine import Engine
 
@@ -97,7 +98,8 @@ class HandoverDriver:
 
     async def cycle(self, view: ClusterView, map_mod_revision: int) -> None:
         requests = await self.store.requests()
-        stored = await self.store.records()
+        # a rebalance's takeover records are the rebalance driver's to advance
+        stored = {p: s for p, s in (await self.store.records()).items() if s.handover.kind != REBALANCE}
         if not requests and not stored:
             return
         step = advance(HandoverView(view.map, view.live_nodes, view.progress, requests,

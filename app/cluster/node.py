@@ -45,6 +45,7 @@ from app.cluster.mapstore import MapStore
 from app.cluster.membership import ClusterSettings, Membership, join_settings
 from app.cluster.orchestrator import Orchestrator
 from app.cluster.outage import Outage
+from app.cluster.rebalance import RebalanceStore
 from app.cluster.replication import ReplicationStreams
 from engine.cluster.partition_map import PartitionMap
 from engine.cluster.promotion import ReplicaProgress
@@ -133,6 +134,8 @@ class ClusterNode:
         self._apply_lock = asyncio.Lock()
         #: graceful failover: where this node stops writes or takes over (``app.cluster.handover``)
         self.handover = HandoverParticipant(self.etcd, self.layout, engine, self.name)
+        #: the operator's rebalance requests (``/cluster/rebalance``); the orchestrator carries them out
+        self.rebalance = RebalanceStore(self.etcd, self.layout)
         self._changed = asyncio.Event()
 
     def _lease(self) -> int:

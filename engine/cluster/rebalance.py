@@ -70,6 +70,8 @@ class RebalanceRequest:
     target: tuple[Placement, ...] | None = None
     #: partitions the plan moves (placement differs between origin and target)
     total: int = 0
+    #: names this run, so whoever started it can tell its outcome from another run's
+    id: str = ""
 
     @property
     def planned(self) -> bool:
@@ -78,14 +80,14 @@ class RebalanceRequest:
     def to_json(self) -> dict[str, Any]:
         return {"eject": list(self.eject), "stopped": self.stopped, "refused": self.refused,
                 "origin": _placements_json(self.origin), "target": _placements_json(self.target),
-                "total": self.total}
+                "total": self.total, "id": self.id}
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> RebalanceRequest:
         refused = data.get("refused")
         return cls(tuple(str(n) for n in data.get("eject", ())), bool(data.get("stopped", False)),
                    str(refused) if refused else None, _placements_from_json(data.get("origin")),
-                   _placements_from_json(data.get("target")), int(data.get("total", 0)))
+                   _placements_from_json(data.get("target")), int(data.get("total", 0)), str(data.get("id", "")))
 
 
 @dataclass(frozen=True, slots=True)
