@@ -41,6 +41,8 @@ def progress_line(status: dict[str, Any]) -> str:
     request = status["request"]
     if request is not None and not request["planned"]:
         return "rebalance: planning"
+    if request is not None and request.get("waiting"):
+        return f"rebalance: waiting: {request['waiting']}"
     takeovers = ", ".join(f"{m['partition']} {m['source']}->{m['target']}"
                           + (f" (writes paused at seqno {m['fenced_at']})" if m["fenced_at"] is not None else "")
                           for m in status["takeovers"])

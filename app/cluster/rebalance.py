@@ -139,6 +139,8 @@ class RebalanceDriver:
             if (await self.etcd.txn(guard, [Put(self.store.request_key, _dumps(step.store.to_json()))])).succeeded:
                 if step.store.refused is not None:
                     log.error("rebalance refused: %s", step.store.refused)
+                elif step.store.waiting is not None:
+                    log.warning("rebalance waiting: %s", step.store.waiting)
                 elif step.store.planned and request is not None and not request.planned:
                     log.warning("rebalance planned at map revision %d: %d partition(s) to move%s", view.map.revision,
                                 step.store.total, f", removing {', '.join(step.store.eject)}" if step.store.eject else "")

@@ -55,7 +55,8 @@ class RebalanceRequestInfo(BaseModel):
     id: str
     remove: list[str]
     stopped: bool = Field(description="stopping: moves in flight wind down, then the request goes")
-    refused: str | None = Field(description="why the orchestrator cannot go on (null: in progress)")
+    refused: str | None = Field(description="why the orchestrator cannot plan it (null: in progress)")
+    waiting: str | None = Field(description="why no move goes on right now, e.g. a node down (null: moving)")
     planned: bool
 
 
@@ -100,7 +101,8 @@ async def _status(cluster: Any) -> RebalanceStatus:
                                              in_sync=bool(reported and reported.in_sync)))
     return RebalanceStatus(
         request=RebalanceRequestInfo(id=request.id, remove=list(request.eject), stopped=request.stopped,
-                            refused=request.refused, planned=request.planned) if request is not None else None,
+                            refused=request.refused, waiting=request.waiting,
+                                     planned=request.planned) if request is not None else None,
         **figures,
         takeovers=[RebalanceTakeover(partition=p, source=s.handover.source, target=s.handover.target,
                             fenced_at=s.handover.fenced_at) for p, s in sorted(observed.records.items())],
@@ -113,8 +115,9 @@ async def start_rebalance(body: RebalanceBody, request: Request, ctx: AdminCtx) 
     """Move partitions until every live node (less the removed ones) holds its share of actives
     and replicas: a new copy streams as a replica until in sync, then the active is handed over
     by takeover (writes pause for a moment: a retryable 503; no failover-log entry, so no consumer
-    rolls back), then the copy no longer wanted is dropped.  Refused later, with the reason in
-    `request.refused`, if a node is or goes down (fail it over or bring it back first)."""
+    rolls back), then the copy no longer wanted is dropped.  Refused, with the reason in
+    `request.refused`, when it cannot be planned (a node down); a node going down later pauses
+    the moves (`request.waiting`) until it is back."""
     cluster = _cluster(request)
     known = set(cluster.nodes) | set(cluster.map.nodes())
     for node in body.remove:

@@ -33,8 +33,11 @@ again); a partition whose active already moved is finished (its extras trimmed o
 target's copies are in sync); elsewhere the copies the rebalance added are dropped.  Once
 nothing is in motion the request is deleted; running it again plans afresh from the map as it
 then is, so what moved stays moved: that is resuming.  A node that goes down, or a partition
-that loses its active, refuses the rebalance with the reason (its partitions are failover's
-business); re-running it once the cluster is healthy resumes.
+that loses its active, pauses the moves (``waiting`` says why; takeovers not yet switched are
+called off) until the cluster is whole again: a lease lost under load comes back in seconds, and
+the partitions of a node really gone are failover's business (the plan itself waits the same
+way).  A rebalance is refused only when it can never be planned (no map yet, an unknown node to
+remove, no node left).
 
 ``hold``: partitions whose placement belongs to the rebalance right now; the orchestrator's own
 step (``orchestration.step``) leaves them as they are, or it would trim a copy being built.
@@ -72,6 +75,8 @@ class RebalanceRequest:
     total: int = 0
     #: names this run, so whoever started it can tell its outcome from another run's
     id: str = ""
+    #: why no move goes on right now (a node down, a partition without active); None: moving
+    waiting: str | None = None
 
     @property
     def planned(self) -> bool:
@@ -80,14 +85,15 @@ class RebalanceRequest:
     def to_json(self) -> dict[str, Any]:
         return {"eject": list(self.eject), "stopped": self.stopped, "refused": self.refused,
                 "origin": _placements_json(self.origin), "target": _placements_json(self.target),
-                "total": self.total, "id": self.id}
+                "total": self.total, "id": self.id, "waiting": self.waiting}
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> RebalanceRequest:
         refused = data.get("refused")
         return cls(tuple(str(n) for n in data.get("eject", ())), bool(data.get("stopped", False)),
                    str(refused) if refused else None, _placements_from_json(data.get("origin")),
-                   _placements_from_json(data.get("target")), int(data.get("total", 0)), str(data.get("id", "")))
+                   _placements_from_json(data.get("target")), int(data.get("total", 0)), str(data.get("id", "")),
+                   str(data["waiting"]) if data.get("waiting") else None)
 
 
 @dataclass(frozen=True, slots=True)
@@ -160,8 +166,14 @@ def advance(view: RebalanceView) -> RebalanceStep:
     assert target is not None
     problem = _health_problem(view, target)
     if problem is not None:
-        return RebalanceStep(store=replace(request, refused=problem), based_on=current.revision,
-                             cancel=_call_off(records, current, problem))
+        # a node down (a lease lost under load comes back in seconds) pauses the moves rather
+        # than failing the run; failover meanwhile acts on the partitions whose nodes are gone
+        return RebalanceStep(store=replace(request, waiting=problem) if request.waiting != problem else None,
+                             based_on=current.revision, cancel=_call_off(records, current, problem),
+                             hold=frozenset(moves_left(current, target)))
+    if request.waiting is not None:
+        return RebalanceStep(store=replace(request, waiting=None), based_on=current.revision,
+                             hold=frozenset(moves_left(current, target)))
 
     placements = list(current.placements)
     start: list[Handover] = []
@@ -233,8 +245,13 @@ def _plan(view: RebalanceView, request: RebalanceRequest) -> RebalanceStep:
         return RebalanceStep(store=replace(request, refused=problem), based_on=current.revision)
     if request.stopped:
         return RebalanceStep(finished=True, based_on=current.revision)
+    unhealthy = _health_problem(view, ())
+    if unhealthy is not None:  # planned once the cluster is whole again
+        return RebalanceStep(store=replace(request, waiting=unhealthy) if request.waiting != unhealthy else None,
+                             based_on=current.revision, hold=hold)
     target = plan_target(current, view.live_nodes, view.replicas, request.eject)
-    planned = replace(request, origin=current.placements, target=target, total=len(moves_left(current, target)))
+    planned = replace(request, origin=current.placements, target=target, total=len(moves_left(current, target)),
+                      waiting=None)
     return RebalanceStep(store=planned, based_on=current.revision, hold=hold)
 
 
@@ -245,13 +262,6 @@ def _planning_problem(view: RebalanceView, request: RebalanceRequest) -> str | N
     for node in request.eject:
         if node not in view.live_nodes and node not in current.nodes():
             return f"unknown node {node!r}: it is neither up nor named by the map"
-    down = sorted(current.nodes() - view.live_nodes)
-    if down:
-        return (f"node {', '.join(down)} is down: fail it over or bring it back, then rebalance "
-                f"(a rebalance moves data between live nodes)")
-    homeless = [p for p, placement in enumerate(current.placements) if placement.active is None]
-    if homeless:
-        return f"partition {homeless[0]} has no active node ({len(homeless)} such): fail it over first"
     if not view.live_nodes - set(request.eject):
         return "no node would be left: at least one node must stay"
     return None
@@ -261,11 +271,10 @@ def _health_problem(view: RebalanceView, target: Sequence[Placement]) -> str | N
     wanted = {n for placement in target for n in placement.nodes}
     down = sorted((wanted | view.map.nodes()) - view.live_nodes)
     if down:
-        return (f"node {', '.join(down)} went down during the rebalance: the moves in flight were called off; "
-                f"run the rebalance again once the cluster is healthy (what moved stays moved)")
+        return f"node {', '.join(down)} is down: the moves wait for it (stop the rebalance to give up)"
     homeless = [p for p, placement in enumerate(view.map.placements) if placement.active is None]
     if homeless:
-        return f"partition {homeless[0]} lost its active node during the rebalance; run it again after failover"
+        return f"partition {homeless[0]} has no active node: the moves wait for its failover"
     return None
 
 

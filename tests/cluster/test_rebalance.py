@@ -52,15 +52,23 @@ def test_the_first_cycle_fixes_the_plan_and_holds_every_partition() -> None:
 
 @pytest.mark.parametrize(("current", "live", "eject", "reason"), [
     (PartitionMap.empty(4), THREE, (), "no map yet"),
-    (TWO, {"a"}, (), "node b is down"),
     (TWO, THREE, ("zz",), "unknown node 'zz'"),
-    (PartitionMap(3, (Placement(None, ("a",)), Placement("a"))), {"a"}, (), "partition 0 has no active"),
     (PartitionMap(3, (Placement("a"),)), {"a"}, ("a",), "no node would be left"),
 ])
 def test_planning_refusals_name_the_reason(current, live, eject, reason) -> None:
     step = advance(view(current, RebalanceRequest(eject=eject), live=live))
     assert step.store is not None and step.store.refused is not None and reason in step.store.refused
     assert step.new_map is None and not step.start
+
+
+@pytest.mark.parametrize(("current", "live", "reason"), [
+    (TWO, {"a"}, "node b is down"),
+    (PartitionMap(3, (Placement(None, ("a",)), Placement("a"))), {"a"}, "partition 0 has no active"),
+])
+def test_an_unhealthy_cluster_is_planned_once_whole_again(current, live, reason) -> None:
+    step = advance(view(current, RebalanceRequest(), live=live))
+    assert step.store is not None and step.store.refused is None and reason in (step.store.waiting or "")
+    assert not step.store.planned and step.new_map is None and not step.start
 
 
 def test_a_new_copy_is_built_as_a_replica_before_anything_moves() -> None:
@@ -115,13 +123,20 @@ def test_a_record_the_map_overtook_is_forgotten(current, record, why) -> None:
     assert advance(view(current, request, handovers=[record])).forget == (record,), why
 
 
-def test_a_node_going_down_mid_rebalance_refuses_it_and_calls_the_takeovers_off() -> None:
+def test_a_node_going_down_mid_rebalance_pauses_it_and_calls_the_takeovers_off_until_it_is_back() -> None:
     current = PartitionMap(6, (Placement("a", ("b", "c")), Placement("b", ("a",))))
     request = RebalanceRequest(origin=TWO.placements[:2], target=(Placement("c", ("a",)), Placement("b", ("a",))))
     record = Handover(0, "a", "c", 40, REBALANCE)
     step = advance(view(current, request, live={"a", "b"}, handovers=[record]))
-    assert step.store is not None and "node c went down" in (step.store.refused or "")
-    assert [h for h, _ in step.cancel] == [record] and step.new_map is None and step.hold == frozenset()
+    assert step.store is not None and "node c is down" in (step.store.waiting or "")
+    assert step.store.refused is None
+    assert [h for h, _ in step.cancel] == [record] and step.new_map is None and not step.start
+    assert step.hold == frozenset({0})  # the step itself holds only partitions whose nodes are all live
+    waiting = step.store
+    assert advance(view(current, waiting, live={"a", "b"})).store is None  # said once
+    back = advance(view(current, waiting))
+    assert back.store is not None and back.store.waiting is None and back.new_map is None
+    assert advance(view(current, back.store)).start == (Handover(0, "a", "c", kind=REBALANCE),)
 
 
 def test_withdrawn_calls_off_unswitched_records_only() -> None:
