@@ -133,10 +133,14 @@ class ClusterNode:
         self._tasks: list[asyncio.Task[Any]] = []
         self._apply_lock = asyncio.Lock()
         #: graceful failover: where this node stops writes or takes over (``app.cluster.handover``)
-        self.handover = HandoverParticipant(self.etcd, self.layout, engine, self.name)
+        self.handover = HandoverParticipant(self.etcd, self.layout, engine, self.name, acked=self._replica_received)
         #: the operator's rebalance requests (``/cluster/rebalance``); the orchestrator carries them out
         self.rebalance = RebalanceStore(self.etcd, self.layout)
         self._changed = asyncio.Event()
+
+    def _replica_received(self, node: str, partition: int) -> int | None:
+        ack = self.durable.replica_ack(node, partition)
+        return ack.received if ack is not None else None
 
     def _lease(self) -> int:
         return self.membership.lease if self.membership is not None else 0
@@ -290,6 +294,10 @@ class ClusterNode:
                 return
             engine = self.engine
             states = [engine.state(p) for p in range(engine.num_partitions)]
+            # durable writes learn the map first: a partition that becomes active below takes
+            # writes from then on (the loop yields between partitions), and a majority write
+            # accepted there must find it counted as ours, not be answered ambiguous at once
+            self.durable.follow_map(self.map)
             for change in changes(self.map, self.name, states):
                 if self.fenced:  # stalled past the lease meanwhile: nothing becomes active now
                     break

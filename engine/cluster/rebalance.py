@@ -195,7 +195,7 @@ def advance(view: RebalanceView) -> RebalanceStep:
             del records[p]
             continue
         reported = view.progress.get((p, h.target))
-        if h.fenced_at is not None and reported is not None and reported.seqno >= h.fenced_at:
+        if h.caught_up(reported.seqno if reported is not None else None):
             switched.append(h)
             placements[p] = switched_placement(placements[p], h)
 
