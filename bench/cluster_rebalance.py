@@ -7,9 +7,11 @@ keys (so a partition's seqno is its item count).  Then, in the same run:
 1. **Single-node backfill rate**: a ``clients.Consumer`` on the first node alone streams, from
    the beginning, the partitions it is active for, up to their high seqnos: items / second.
 2. **Rebalance**: a third node starts on an empty data dir and ``POST /cluster/rebalance``
-   (``add``) gives it its share.  ``GET /cluster/rebalance`` is polled every 50 ms: its
-   ``transferred`` (seqnos the new copies received) over the time from the first poll that saw
-   it grow to the last that did is the **move rate**, printed as a ratio of the backfill rate.
+   (``add``) gives it its share.  ``GET /cluster/rebalance`` is polled every 50 ms: each new
+   copy is seen building, then in sync with its seqno; the seqnos of those copies over the time
+   at least one was building (the union of their intervals) is the **move rate**, printed as a
+   ratio of the backfill rate (50 ms polls bound its resolution; a copy built between two polls
+   is not counted).
 3. **Write unavailability per partition during its handover**: while the rebalance runs, one
    probe per partition writes (``PUT``, ``memory``) to the node the newest map names, again as
    soon as the last answer came back (a 503, the takeover's pause, is retried after 2 ms; a 421
@@ -137,7 +139,8 @@ async def _rebalance(cluster: BenchCluster, new: Node, args: argparse.Namespace)
     probes = _Probes([n.url for n in cluster.live()], args.partitions)
     probing = asyncio.create_task(probes.run())
     await asyncio.sleep(0.5)
-    samples: list[tuple[float, int]] = []
+    #: (partition, node) of each new copy -> [first seen building, first seen in sync, its seqno then]
+    copies: dict[tuple[int, str], list] = {}
     async with httpx.AsyncClient(timeout=10) as client:
         started = time.monotonic()
         r = await client.post(f"{base}/cluster/rebalance", json={"add": [new.name]})
@@ -146,7 +149,11 @@ async def _rebalance(cluster: BenchCluster, new: Node, args: argparse.Namespace)
         deadline = started + args.rebalance_timeout
         while True:
             status = (await client.get(f"{base}/cluster/rebalance")).json()
-            samples.append((time.monotonic(), status["transferred"]))
+            now = time.monotonic()
+            for copy in status["building"]:
+                c = copies.setdefault((copy["partition"], copy["node"]), [now, None, 0])
+                if copy["in_sync"] and c[1] is None:
+                    c[1], c[2] = now, copy["seqno"] or 0
             request = status["request"]
             if request is None or request["id"] != run:
                 break
@@ -159,15 +166,18 @@ async def _rebalance(cluster: BenchCluster, new: Node, args: argparse.Namespace)
     await asyncio.sleep(0.5)
     probes.stop.set()
     await probing
-    last = status["last"] or {}
     after = {e["partition"]: e["active"] for e in cluster.view()["map"]["partitions"]}
     moved = [p for p in before if before[p] != after[p]]
-    grew = [t for (t, v), (_t0, v0) in zip(samples[1:], samples) if v > v0]
-    first = next((t0 for (t0, v0), (_t, v) in zip(samples, samples[1:]) if v > v0), started)
-    transfer_s = (grew[-1] - first) if grew else float("nan")
+    # the move rate: the items of the copies seen from building to in sync, over the time at
+    # least one of them was building (the union of their intervals)
+    spans = sorted((c[0], c[1]) for c in copies.values() if c[1] is not None)
+    busy, reach = 0.0, float("-inf")
+    for a, b in spans:
+        busy += max(0.0, b - max(a, reach))
+        reach = max(reach, b)
     return RebalanceRun(items=args.rebalance_items, backfill_items=0, backfill_s=0.0,
-                        transferred=int(last.get("transferred", samples[-1][1] if samples else 0)),
-                        transfer_s=transfer_s, rebalance_s=ended - started, moved=len(moved),
+                        transferred=sum(int(c[2]) for c in copies.values() if c[1] is not None),
+                        transfer_s=busy if spans else float("nan"), rebalance_s=ended - started, moved=len(moved),
                         pauses={p: probes.pauses.get(p, 0.0) for p in moved}, refused=probes.refused)
 
 
@@ -209,7 +219,7 @@ def rebalance_figures(run: RebalanceRun, args: argparse.Namespace) -> list[Figur
     return [
         Figure("rebalance move rate / single-node backfill rate", f"{ratio:.2f} ({moving:,.0f} vs {backfill:,.0f} items/s)",
                "report", "n/a" if ratio != ratio else "measured",
-               f"{run.transferred:,} seqnos to the new node over {run.transfer_s:.1f} s of transfer "
+               f"{run.transferred:,} seqnos to the new copies over {run.transfer_s:.1f} s while copies were building "
                f"({run.rebalance_s:.1f} s for the whole rebalance); backfill: a Consumer on one node, "
                f"{run.backfill_items:,} items in {run.backfill_s:.1f} s"),
         Figure("write unavailability per moved partition (handover)",

@@ -69,6 +69,8 @@ class NodeConfig:
     replica_replace_after_s: float = 60.0
     #: bearer token presented to the other nodes (replication streams need the admin role)
     token: str | None = None
+    #: a node joining a placed cluster starts a rebalance (else it holds nothing until one)
+    auto_rebalance: bool = False
 
 
 async def preflight(config: NodeConfig) -> None:
@@ -176,7 +178,8 @@ class ClusterNode:
         election = Election(self.etcd, self.layout, self.name, self.membership.lease)
         orchestrator = Orchestrator(self.etcd, self.layout, self.settings, election, tick_s=0.25,
                                     initial_nodes=self.config.initial_nodes,
-                                    replace_after_s=self.config.replica_replace_after_s)
+                                    replace_after_s=self.config.replica_replace_after_s,
+                                    auto_rebalance=self.config.auto_rebalance)
         self._orchestrator_task = asyncio.create_task(orchestrator.run(), name="orchestrator")
 
     # ------------------------------------------------------------------ fencing

@@ -42,6 +42,7 @@ class Orchestrator:
     def __init__(self, etcd: EtcdClient, layout: Layout, settings: ClusterSettings, election: Election, *,
                  auto_failover: bool = True, tick_s: float = 0.5, initial_nodes: int = 1,
                  replace_after_s: float = 60.0, clock: Callable[[], float] = time.monotonic,
+                 auto_rebalance: bool = False,
                  on_decision: Callable[[Decision], None] | None = None) -> None:
         self.etcd, self.layout, self.settings, self.election = etcd, layout, settings, election
         self.maps = MapStore(etcd, layout)
@@ -58,6 +59,8 @@ class Orchestrator:
         self.handover = HandoverDriver(etcd, layout, self.maps, election.guard)
         #: the operator's rebalance: it holds the partitions it moves out of the step's reach
         self.rebalance = RebalanceDriver(etcd, layout, self.maps, election.guard)
+        #: a node joining a placed cluster starts a rebalance on its own (else it waits for one)
+        self.auto_rebalance = auto_rebalance
 
     async def run(self) -> None:
         """Campaign, then run cycles until cancelled.  etcd being away only delays both."""
@@ -136,6 +139,8 @@ class Orchestrator:
         if decision.new_map is None:
             await self.handover.cycle(view, mod_revision)
             await self.rebalance.carry_out(moving, observed, view, mod_revision)
+            if self.auto_rebalance:
+                await self.rebalance.start_for_joined(view, observed)
         if self.on_decision is not None:
             self.on_decision(decision)
         return decision

@@ -30,7 +30,8 @@ from app.cluster.mapstore import MapStore
 from engine.cluster.orchestration import ClusterView
 from engine.cluster.partition_map import PartitionMap
 from engine.cluster.promotion import ReplicaProgress
-from engine.cluster.rebalance import REBALANCE, RebalanceRequest, RebalanceStep, RebalanceView, advance, moves_left
+from engine.cluster.rebalance import (REBALANCE, RebalanceRequest, RebalanceStep, RebalanceView, advance, moves_left,
+                                      unplaced_nodes)
 
 log = logging.getLogger("upr.cluster")
 
@@ -131,6 +132,15 @@ class RebalanceDriver:
         step = advance(RebalanceView(view.map, view.live_nodes, view.replicas, view.progress, observed.request,
                                      {p: s.handover for p, s in observed.records.items()}, self.max_parallel))
         return step, observed
+
+    async def start_for_joined(self, view: ClusterView, observed: Observed) -> None:
+        """``--cluster-auto-rebalance``: a node that joined holding nothing starts a rebalance."""
+        if observed.request is not None or observed.records:
+            return
+        joined = unplaced_nodes(view.map, view.live_nodes, observed.ejected)
+        if joined and await self.store.ask(RebalanceRequest(eject=tuple(sorted(observed.ejected & view.map.nodes())),
+                                                            id=f"auto-{view.map.revision}")):
+            log.warning("auto-rebalance: node %s joined holding nothing; rebalancing", ", ".join(joined))
 
     async def carry_out(self, step: RebalanceStep, observed: Observed, view: ClusterView, map_mod_revision: int) -> None:
         request = observed.request

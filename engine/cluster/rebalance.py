@@ -56,7 +56,7 @@ from engine.cluster.placement import place
 from engine.cluster.promotion import ReplicaProgress
 
 __all__ = ["REBALANCE", "RebalanceRequest", "RebalanceView", "RebalanceStep", "advance", "plan_target",
-           "moves_left"]
+           "moves_left", "unplaced_nodes"]
 
 #: the ``Handover.kind`` of a rebalance's takeover records
 REBALANCE = "rebalance"
@@ -145,6 +145,14 @@ def plan_target(current: PartitionMap, live: frozenset[str], replicas: int,
         else:
             pre.append(placement)
     return place(pre, staying, replicas, rebalance=True, create=True)
+
+
+def unplaced_nodes(current: PartitionMap, live: frozenset[str], excluded: frozenset[str] = frozenset()) -> tuple[str, ...]:
+    """Live nodes (not removed) that hold no copy of a placed map: joined and waiting for a
+    rebalance (what ``--cluster-auto-rebalance`` starts one for)."""
+    if current.revision == 0 or any(p.active is None for p in current.placements):
+        return ()
+    return tuple(sorted(live - excluded - current.nodes()))
 
 
 def moves_left(current: PartitionMap, target: Sequence[Placement]) -> tuple[int, ...]:

@@ -289,3 +289,12 @@ def test_stopping_at_any_cycle_winds_down_to_a_map_without_copies_in_motion(case
         return
     for p, pl in enumerate(final.placements):
         assert pl == request.target[p] or all(request.origin[p].holds(n) for n in pl.nodes)
+
+
+def test_a_node_holding_nothing_in_a_placed_map_is_unplaced_unless_removed() -> None:
+    from engine.cluster.rebalance import unplaced_nodes
+
+    assert unplaced_nodes(TWO, THREE) == ("c",)
+    assert unplaced_nodes(TWO, THREE, frozenset({"c"})) == ()
+    assert unplaced_nodes(PartitionMap.empty(4), THREE) == ()  # the first map places everyone
+    assert unplaced_nodes(PartitionMap(2, (Placement(None, ("a",)),)), THREE) == ()  # failover first

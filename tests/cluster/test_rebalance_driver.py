@@ -86,3 +86,20 @@ async def test_the_driver_plans_builds_hands_over_and_winds_a_stopped_run_down(c
     assert final.placements[1] == MAP.placements[1]  # its takeover was called off, its copy on c dropped
     last = await store.last()
     assert last is not None and last["id"] == "r1" and last["result"] == "stopped" and last["moved"] == len(moved)
+
+
+async def test_auto_rebalance_starts_a_run_for_a_node_that_joined_holding_nothing(client: EtcdClient) -> None:
+    layout = Layout(f"/upr/{uuid.uuid4().hex[:8]}")
+    lease, _ttl = await client.grant(30)
+    election = Election(client, layout, "a", lease)
+    await election.campaign()
+    maps = MapStore(client, layout)
+    assert await maps.publish(MAP, 0)
+    driver = RebalanceDriver(client, layout, maps, election.guard)
+    view = ClusterView(MAP, frozenset({"a", "b"}), 1, synced(MAP))
+    await driver.start_for_joined(view, await driver.store.observe())
+    assert (await driver.store.observe()).request is None  # every live node holds copies
+    view = ClusterView(MAP, LIVE, 1, synced(MAP))
+    await driver.start_for_joined(view, await driver.store.observe())
+    request = (await driver.store.observe()).request
+    assert request is not None and request.id.startswith("auto-") and not request.eject
