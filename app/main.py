@@ -31,7 +31,7 @@ from app.limits import BodyLimit, BodyTooLarge
 from app.metrics import Metrics, MetricsMiddleware
 from app.models import BulkItem
 from app.problems import PROBLEM_MEDIA_TYPE
-from app.routes import admin, bulk, cluster, docs, handover, health, partitions, stream_status, status
+from app.routes import admin, bulk, cluster, docs, handover, health, partitions, rebalance, stream_status, status
 from app.runner import EngineRunner
 from app.settings import Settings
 from app.streams_registry import StreamRegistry
@@ -150,7 +150,7 @@ def create_app(
     app.add_exception_handler(BodyTooLarge, _body_too_large)  # type: ignore[arg-type]
     app.add_middleware(BodyLimit, limit=settings.max_request_bytes)
     app.add_middleware(MetricsMiddleware, metrics=app.state.metrics)
-    modules = (health, bulk, docs, status, partitions, stream_status, cluster, handover, admin)
+    modules = (health, bulk, docs, status, partitions, stream_status, cluster, handover, rebalance, admin)
     for module in modules:
         # Added flat rather than with include_router: FastAPI's included-router matching cost
         # ~20% of a small request here.  The routers carry their prefixes and tags already.

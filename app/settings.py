@@ -148,6 +148,9 @@ class Settings(BaseSettings):
     replica_replace_after_s: float = Field(
         60.0, ge=0, description="a gone node keeps its replica slots this long (a restart resyncs them) before "
                                 "they are placed on other nodes")
+    cluster_auto_rebalance: bool = Field(
+        False, description="when a node joins a cluster whose map is placed, the orchestrator rebalances on its "
+                           "own (else the node holds nothing until `upr cluster add NODE` or `rebalance`)")
 
     @field_validator("log_level")
     @classmethod
@@ -212,7 +215,7 @@ class Settings(BaseSettings):
             raise ValueError(f"--advertise must be an http:// or https:// URL, got {url!r}")
         return NodeConfig(self.node, url.rstrip("/"), tuple(endpoints), self.cluster_prefix, self.partitions,
                           self.replicas, self.lease_ttl_s, self.cluster_initial_nodes, self.replica_replace_after_s,
-                          self.cluster_token)
+                          self.cluster_token, auto_rebalance=self.cluster_auto_rebalance)
 
     def engine_config(self) -> EngineConfig:
         """The engine's half of these settings."""

@@ -4,6 +4,7 @@ aggregate ingest, measured in one run on real etcd and real ``upr server --clust
     .venv/bin/python -m bench.bench_cluster              # 10 failover rounds, ~6 minutes
     .venv/bin/python -m bench.bench_cluster --quick      # tiny settings, for trying the harness
     .venv/bin/python -m bench.bench_cluster --rounds 20 --lag-seconds 30
+    .venv/bin/python -m bench.bench_cluster --only rebalance   # the rebalance figures alone
 
 What each figure measures (every process on one host, so one monotonic clock):
 
@@ -28,7 +29,12 @@ What each figure measures (every process on one host, so one monotonic clock):
    against one node (a one-node cluster, so that only the node count differs), same client
    processes and the same total requests in flight, alternately; the median of the per-round
    ratios.
-5. **Consumer throughput** (only with ``--only consume``): ``bench/cluster_consume.py``.
+
+5. **Rebalance** (``bench.cluster_rebalance``): two nodes seeded with ``--rebalance-items``, a third
+   added by rebalance: the rate data moves to it as a ratio of a single-node backfill in the same
+   run, and each moved partition's write unavailability during its handover (p50/p99).
+
+6. **Consumer throughput** (only with ``--only consume``): ``bench/cluster_consume.py``.
 
 Performance is never asserted: the goals are printed beside the figures.  Every process started
 here is stopped by its PID on exit, Ctrl-C or error (``bench.suite.procs.ProcessGroup``).
@@ -52,11 +58,12 @@ from bench.cluster_figures import Figure, table
 from bench.cluster_ingest import ingest, majority_figure, ratio_figure
 from bench.cluster_lag import lag_figure, measure_lag
 from bench.cluster_procs import BenchCluster, progress, start_etcd
+from bench.cluster_rebalance import measure_rebalance, rebalance_figures
 from bench.suite.procs import SPAWNED, ProcessGroup, stop_everything
 
-FIGURES = ("failover", "lag", "majority", "aggregate", "consume")
+FIGURES = ("failover", "lag", "majority", "aggregate", "rebalance", "consume")
 #: what a run without --only measures ("consume", bench/cluster_consume.py, only when asked for)
-DEFAULT_FIGURES = ("failover", "lag", "majority", "aggregate")
+DEFAULT_FIGURES = ("failover", "lag", "majority", "aggregate", "rebalance")
 
 
 def run(args: argparse.Namespace) -> list[Figure]:
@@ -105,6 +112,9 @@ def run(args: argparse.Namespace) -> list[Figure]:
                                             1.6, args, "a one-node cluster gets the same total"))
             if "consume" in wanted:  # bench/cluster_consume.py
                 figures += consume_figure(group, work, etcd, args)
+            if "rebalance" in wanted:
+                progress("rebalance: two nodes, one replica, then a third added by rebalance")
+                figures.extend(rebalance_figures(measure_rebalance(group, work, etcd, args), args))
     finally:
         if args.keep:
             progress(f"logs and data kept in {work}")
@@ -142,6 +152,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--consume-items", type=int, default=500_000, help="items the consume figure reads")
     p.add_argument("--consume-value-bytes", type=int, default=100)
     p.add_argument("--seed", type=int, default=14, help="seeds the pause before each kill")
+    p.add_argument("--rebalance-items", type=int, default=100_000,
+                   help="distinct keys seeded before the rebalance (each moved copy streams its share)")
+    p.add_argument("--rebalance-timeout", type=float, default=300.0, help="seconds the rebalance may take")
     p.add_argument("--only", type=lambda v: v.split(","), default=list(DEFAULT_FIGURES),
                    help=f"comma-separated subset of {','.join(FIGURES)}")
     p.add_argument("--keep", action="store_true", help="keep the run's directory (node logs, data dirs)")
@@ -149,7 +162,7 @@ def main(argv: list[str] | None = None) -> int:
     if "--quick" in (sys.argv[1:] if argv is None else argv):  # smaller defaults; explicit flags still win
         p.set_defaults(rounds=2, partitions=16, seed_items=200, lag_seconds=2.0, lag_drain=10.0, ingest_seconds=1.0,
                        ingest_rounds=1, warmup=0.5, clients=1, concurrency=2, batch=200,
-                       consume_items=20_000)
+                       consume_items=20_000, rebalance_items=5000)
     args = p.parse_args(argv)
     if not args.only or set(args.only) - set(FIGURES):
         p.error(f"--only takes a comma-separated subset of {','.join(FIGURES)}")

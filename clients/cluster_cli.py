@@ -1,5 +1,6 @@
-"""``upr cluster status``: the cluster's nodes and partition map, as a table or ``--json``
-(``upr cluster failover`` lives in ``clients.cluster_failover``).
+"""``upr cluster status``: the cluster's nodes, partition map and moves in progress, as a table or
+``--json`` (``upr cluster failover`` lives in ``clients.cluster_failover``, ``rebalance``/``add``/
+``remove`` in ``clients.cluster_rebalance``).
 
 A replica's lag is known on the node active for its partition (it holds the high seqno), so the
 command asks every node that is up and takes each partition's lag from its active's answer; a
@@ -58,8 +59,11 @@ def render(view: dict[str, Any]) -> str:
 
 
 def _cmd_status(args: argparse.Namespace) -> int:
+    server, token = args.server or default_server(), args.token if args.token is not None else default_token()
     try:
-        view = cluster_status(args.server or default_server(), args.token if args.token is not None else default_token())
+        view = cluster_status(server, token)
+        with HttpApi(server, token) as api:
+            view["rebalance"] = api.rebalance_status()
     except UprError as exc:
         print(f"upr: error: {exc.message}", file=sys.stderr)
         return exit_code(exc)
@@ -67,7 +71,27 @@ def _cmd_status(args: argparse.Namespace) -> int:
         sys.stdout.write(orjson.dumps(view, option=orjson.OPT_INDENT_2).decode() + "\n")
     else:
         print(render(view))
+        print(render_moves(view["rebalance"]))
     return EXIT_OK
+
+
+def render_moves(status: dict[str, Any]) -> str:
+    """The rebalance in progress (``GET /cluster/rebalance``), or that none is."""
+    from .cluster_rebalance import progress_line
+
+    lines = [""]
+    request = status["request"]
+    if request is None:
+        lines.append("no rebalance in progress")
+    elif request["refused"]:
+        lines.append(f"rebalance refused: {request['refused']}")
+    else:
+        lines.append(progress_line(status) + (" (stopping)" if request["stopped"] else ""))
+        lines += [f"  copy of partition {c['partition']} on {c['node']}: seqno {c['seqno'] if c['seqno'] is not None else '-'}"
+                  f", {'in sync' if c['in_sync'] else 'catching up'}" for c in status["building"]]
+    if status["removed"]:
+        lines.append(f"removed nodes (no new copy goes there): {', '.join(status['removed'])}")
+    return "\n".join(lines)
 
 
 def register(sub: Any) -> None:
@@ -82,5 +106,7 @@ def register(sub: Any) -> None:
     p.set_defaults(func=_cmd_status)
 
     from .cluster_failover import register as register_failover
+    from .cluster_rebalance import register as register_rebalance
 
     register_failover(commands)
+    register_rebalance(commands)

@@ -214,6 +214,18 @@ class HttpApi:
         """``DELETE /cluster/failover/{node}``: partitions not yet handed over take writes again."""
         return self._json("DELETE", f"/cluster/failover/{quote(node, safe='')}")
 
+    def start_rebalance(self, *, remove: Iterable[str] = (), add: Iterable[str] = ()) -> dict[str, Any]:
+        """``POST /cluster/rebalance``: spread the partitions (removing/adding nodes); its first status."""
+        return self._json("POST", "/cluster/rebalance", json={"remove": list(remove), "add": list(add)})
+
+    def rebalance_status(self) -> dict[str, Any]:
+        """``GET /cluster/rebalance``: the run in progress, moved / remaining, takeovers, copies built."""
+        return self._json("GET", "/cluster/rebalance")
+
+    def stop_rebalance(self) -> dict[str, Any]:
+        """``DELETE /cluster/rebalance``: moves in flight wind down; what moved stays moved."""
+        return self._json("DELETE", "/cluster/rebalance")
+
     def close(self) -> None:
         self._client.close()
 

@@ -27,6 +27,7 @@ from app.cluster.mapstore import MapStore
 from engine.cluster.handover import Handover, HandoverRequest, HandoverView, advance, takes_over
 from engine.cluster.orchestration import ClusterView
 from engine.cluster.partition_map import PartitionMap
+from engine.cluster.rebalance import REBALANCE
 from engine.core.types import PartitionState
 from engine.engine import Engine
 
@@ -97,7 +98,8 @@ class HandoverDriver:
 
     async def cycle(self, view: ClusterView, map_mod_revision: int) -> None:
         requests = await self.store.requests()
-        stored = await self.store.records()
+        # a rebalance's takeover records are the rebalance driver's to advance
+        stored = {p: s for p, s in (await self.store.records()).items() if s.handover.kind != REBALANCE}
         if not requests and not stored:
             return
         step = advance(HandoverView(view.map, view.live_nodes, view.progress, requests,
@@ -133,10 +135,14 @@ class HandoverDriver:
 class HandoverParticipant:
     """A node's half: stop writes where it is a source, take over where it is a target."""
 
-    def __init__(self, etcd: EtcdClient, layout: Layout, engine: Engine, node: str) -> None:
+    def __init__(self, etcd: EtcdClient, layout: Layout, engine: Engine, node: str, *,
+                 acked: Callable[[str, int], int | None] | None = None, ack_wait_s: float = 0.5) -> None:
         self.store = HandoverStore(etcd, layout)
         self.engine, self.node = engine, node
         self.records: dict[int, Stored] = {}
+        #: (replica node, partition) -> what that replica's stream acknowledged holding, if known
+        self.acked = acked
+        self.ack_wait_s = ack_wait_s
 
     async def load(self) -> None:
         self.records = await self.store.records()
@@ -158,6 +164,7 @@ class HandoverParticipant:
         them again where a paused partition has no record any more and the map still names
         this node active (the handover was called off); delete the records of takeovers done."""
         engine = self.engine
+        fencing: dict[int, tuple[Stored, int]] = {}
         for p, stored in sorted(self.records.items()):
             h = stored.handover
             if h.target == self.node and current.active_of(p) == self.node and engine.state(p) is PartitionState.ACTIVE:
@@ -167,10 +174,15 @@ class HandoverParticipant:
                 continue
             if engine.state(p) is not PartitionState.ACTIVE:
                 continue
-            seqno = await asyncio.to_thread(engine.stop_writes, p)
-            if await self.store.update(stored, h.fenced(seqno)):
-                log.warning("node %s: partition %d stopped taking writes at seqno %d for its handover to node %s",
-                            self.node, p, seqno, h.target)
+            fencing[p] = (stored, await asyncio.to_thread(engine.stop_writes, p))
+        # the target streams from here: wait (briefly, all at once) for it to acknowledge the
+        # last items, so the record says so and the switch need not wait for its progress report
+        acked = await self._acks(fencing)
+        for p, (stored, seqno) in sorted(fencing.items()):
+            h = stored.handover
+            if await self.store.update(stored, h.fenced(seqno, acked.get(p))):
+                log.warning("node %s: partition %d stopped taking writes at seqno %d for its handover to node %s%s",
+                            self.node, p, seqno, h.target, " (acknowledged by it)" if p in acked else "")
             else:
                 await asyncio.to_thread(engine.resume_writes, p)  # called off meanwhile
         for p in range(engine.num_partitions):
@@ -179,6 +191,23 @@ class HandoverParticipant:
                     and (stored is None or stored.handover.source != self.node)):
                 await asyncio.to_thread(engine.resume_writes, p)
                 log.warning("node %s: partition %d takes writes again (its handover was called off)", self.node, p)
+
+    async def _acks(self, fencing: dict[int, tuple[Stored, int]]) -> dict[int, int]:
+        """Partition -> the target's acknowledged seqno, for those whose target acknowledged the
+        fenced seqno within ``ack_wait_s`` (polled: acks arrive on the stream's own task)."""
+        if self.acked is None or not fencing:
+            return {}
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.ack_wait_s
+        out: dict[int, int] = {}
+        while True:
+            for p, (stored, seqno) in fencing.items():
+                got = self.acked(stored.handover.target, p)
+                if got is not None and got >= seqno:
+                    out[p] = got
+            if len(out) == len(fencing) or loop.time() >= deadline:
+                return out
+            await asyncio.sleep(0.002)
 
 
 def _dumps(obj: object) -> bytes:

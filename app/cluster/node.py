@@ -45,6 +45,7 @@ from app.cluster.mapstore import MapStore
 from app.cluster.membership import ClusterSettings, Membership, join_settings
 from app.cluster.orchestrator import Orchestrator
 from app.cluster.outage import Outage
+from app.cluster.rebalance import RebalanceStore
 from app.cluster.replication import ReplicationStreams
 from engine.cluster.partition_map import PartitionMap
 from engine.cluster.promotion import ReplicaProgress
@@ -68,6 +69,8 @@ class NodeConfig:
     replica_replace_after_s: float = 60.0
     #: bearer token presented to the other nodes (replication streams need the admin role)
     token: str | None = None
+    #: a node joining a placed cluster starts a rebalance (else it holds nothing until one)
+    auto_rebalance: bool = False
 
 
 async def preflight(config: NodeConfig) -> None:
@@ -132,8 +135,14 @@ class ClusterNode:
         self._tasks: list[asyncio.Task[Any]] = []
         self._apply_lock = asyncio.Lock()
         #: graceful failover: where this node stops writes or takes over (``app.cluster.handover``)
-        self.handover = HandoverParticipant(self.etcd, self.layout, engine, self.name)
+        self.handover = HandoverParticipant(self.etcd, self.layout, engine, self.name, acked=self._replica_received)
+        #: the operator's rebalance requests (``/cluster/rebalance``); the orchestrator carries them out
+        self.rebalance = RebalanceStore(self.etcd, self.layout)
         self._changed = asyncio.Event()
+
+    def _replica_received(self, node: str, partition: int) -> int | None:
+        ack = self.durable.replica_ack(node, partition)
+        return ack.received if ack is not None else None
 
     def _lease(self) -> int:
         return self.membership.lease if self.membership is not None else 0
@@ -169,7 +178,8 @@ class ClusterNode:
         election = Election(self.etcd, self.layout, self.name, self.membership.lease)
         orchestrator = Orchestrator(self.etcd, self.layout, self.settings, election, tick_s=0.25,
                                     initial_nodes=self.config.initial_nodes,
-                                    replace_after_s=self.config.replica_replace_after_s)
+                                    replace_after_s=self.config.replica_replace_after_s,
+                                    auto_rebalance=self.config.auto_rebalance)
         self._orchestrator_task = asyncio.create_task(orchestrator.run(), name="orchestrator")
 
     # ------------------------------------------------------------------ fencing
@@ -287,6 +297,10 @@ class ClusterNode:
                 return
             engine = self.engine
             states = [engine.state(p) for p in range(engine.num_partitions)]
+            # durable writes learn the map first: a partition that becomes active below takes
+            # writes from then on (the loop yields between partitions), and a majority write
+            # accepted there must find it counted as ours, not be answered ambiguous at once
+            self.durable.follow_map(self.map)
             for change in changes(self.map, self.name, states):
                 if self.fenced:  # stalled past the lease meanwhile: nothing becomes active now
                     break

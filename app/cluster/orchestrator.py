@@ -22,6 +22,7 @@ import json
 import logging
 import time
 from collections.abc import Callable
+from dataclasses import replace
 
 from app.cluster.election import Election
 from app.cluster.etcd import Compare, EtcdClient, EtcdError
@@ -30,6 +31,7 @@ from app.cluster.layout import Layout
 from app.cluster.mapstore import MapStore
 from app.cluster.outage import Outage
 from app.cluster.membership import ClusterSettings
+from app.cluster.rebalance import RebalanceDriver
 from engine.cluster.orchestration import ClusterView, Decision, step
 from engine.cluster.promotion import ReplicaProgress
 
@@ -40,6 +42,7 @@ class Orchestrator:
     def __init__(self, etcd: EtcdClient, layout: Layout, settings: ClusterSettings, election: Election, *,
                  auto_failover: bool = True, tick_s: float = 0.5, initial_nodes: int = 1,
                  replace_after_s: float = 60.0, clock: Callable[[], float] = time.monotonic,
+                 auto_rebalance: bool = False,
                  on_decision: Callable[[Decision], None] | None = None) -> None:
         self.etcd, self.layout, self.settings, self.election = etcd, layout, settings, election
         self.maps = MapStore(etcd, layout)
@@ -54,6 +57,10 @@ class Orchestrator:
         self._reported: set[tuple[int, str]] = set()
         #: graceful failovers, advanced in cycles where the step itself changed no map
         self.handover = HandoverDriver(etcd, layout, self.maps, election.guard)
+        #: the operator's rebalance: it holds the partitions it moves out of the step's reach
+        self.rebalance = RebalanceDriver(etcd, layout, self.maps, election.guard)
+        #: a node joining a placed cluster starts a rebalance on its own (else it waits for one)
+        self.auto_rebalance = auto_rebalance
 
     async def run(self) -> None:
         """Campaign, then run cycles until cancelled.  etcd being away only delays both."""
@@ -111,6 +118,8 @@ class Orchestrator:
     async def act(self, view: ClusterView, mod_revision: int) -> Decision:
         """Take the step on what was observed and publish its map, unless the map, the
         orchestrator key or a gone node's absence changed since (then nothing is published)."""
+        moving, observed = await self.rebalance.observe(view)
+        view = replace(view, hold=moving.hold, excluded=observed.ejected)
         decision = step(view)
         if decision.new_map is not None:
             still_gone = [Compare(self.layout.node(n), "create", 0) for n in sorted(view.map.nodes() - view.live_nodes)]
@@ -129,6 +138,9 @@ class Orchestrator:
                 self._reported.add((gone.partition, gone.reason))
         if decision.new_map is None:
             await self.handover.cycle(view, mod_revision)
+            await self.rebalance.carry_out(moving, observed, view, mod_revision)
+            if self.auto_rebalance:
+                await self.rebalance.start_for_joined(view, observed)
         if self.on_decision is not None:
             self.on_decision(decision)
         return decision

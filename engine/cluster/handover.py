@@ -79,19 +79,35 @@ class Handover:
     target: str
     #: the source's high seqno when it stopped taking writes; None until it has
     fenced_at: int | None = None
+    #: whose record: a graceful failover's or a rebalance's (``engine.cluster.rebalance``); each
+    #: driver advances only its own, the nodes carry out both alike
+    kind: str = "failover"
+    #: what the source saw the target acknowledge holding (its stream's ``seqno_ack``) when it
+    #: recorded ``fenced_at``: at or past it, the switch need not wait for the target's progress
+    #: report in etcd (published every few hundred ms), which would lengthen the write pause
+    acked: int | None = None
 
-    def fenced(self, seqno: int) -> Handover:
-        return Handover(self.partition, self.source, self.target, seqno)
+    def fenced(self, seqno: int, acked: int | None = None) -> Handover:
+        return Handover(self.partition, self.source, self.target, seqno, self.kind, acked)
+
+    def caught_up(self, reported: int | None) -> bool:
+        """Whether the target holds everything the source gave out: by its own report or by the
+        acknowledgement the source recorded."""
+        if self.fenced_at is None:
+            return False
+        return ((reported is not None and reported >= self.fenced_at)
+                or (self.acked is not None and self.acked >= self.fenced_at))
 
     def to_json(self) -> dict[str, Any]:
         return {"partition": self.partition, "source": self.source, "target": self.target,
-                "fenced_at": self.fenced_at}
+                "fenced_at": self.fenced_at, "kind": self.kind, "acked": self.acked}
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> Handover:
-        fenced = data.get("fenced_at")
+        fenced, acked = data.get("fenced_at"), data.get("acked")
         return cls(int(data["partition"]), str(data["source"]), str(data["target"]),
-                   int(fenced) if fenced is not None else None)
+                   int(fenced) if fenced is not None else None, str(data.get("kind", "failover")),
+                   int(acked) if acked is not None else None)
 
 
 @dataclass(frozen=True, slots=True)
@@ -149,8 +165,8 @@ def advance(view: HandoverView) -> Step:
             cancel.append((h, reason))
             continue
         in_flight[p] = h
-        caught_up = view.progress.get((p, h.target))
-        if h.fenced_at is not None and caught_up is not None and caught_up.seqno >= h.fenced_at:
+        reported = view.progress.get((p, h.target))
+        if h.caught_up(reported.seqno if reported is not None else None):
             switched.append(h)
 
     start: list[Handover] = []

@@ -52,6 +52,11 @@ class ClusterView:
     now: float = 0.0
     #: how long a gone node's replica slots are kept before they are filled elsewhere
     replace_after_s: float = 0.0
+    #: partitions a rebalance is moving (``engine.cluster.rebalance``): left as they are while
+    #: every node holding them is live, or this step would trim the copy being built
+    hold: frozenset[int] = frozenset()
+    #: live nodes being or having been removed: no new copy is placed on them
+    excluded: frozenset[str] = frozenset()
 
     def kept_nodes(self) -> frozenset[str]:
         """Gone nodes still within the grace: their slots stay in the map."""
@@ -94,6 +99,16 @@ def step(view: ClusterView) -> Decision:
             unavailable.append(choice)
 
     placed = list(place(placements, view.live_nodes, view.replicas, keep=view.kept_nodes()))
+    if view.excluded:
+        # no new copy on a node being removed; a copy it still holds stays until a rebalance
+        # moves it (dropping an active there would leave its partition without one)
+        narrowed = place(placements, view.live_nodes - view.excluded, view.replicas, keep=view.kept_nodes())
+        for p, placement in enumerate(placements):
+            if not any(n in view.excluded for n in placement.nodes):
+                placed[p] = narrowed[p]
+    for p in view.hold:
+        if 0 <= p < len(placed) and all(n in view.live_nodes for n in current.placements[p].nodes):
+            placed[p] = placements[p]
     for gone in unavailable:
         # Keep the dead active in the map: it holds the data and may come back.
         placed[gone.partition] = Placement(current.placements[gone.partition].active, placed[gone.partition].replicas)

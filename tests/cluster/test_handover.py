@@ -130,3 +130,17 @@ def test_records_round_trip_as_json() -> None:
         assert Handover.from_json(h.to_json()) == h
     for r in (HandoverRequest("a"), HandoverRequest("a", True, "because")):
         assert HandoverRequest.from_json(r.to_json()) == r
+
+
+@pytest.mark.parametrize(("record", "reported", "switches"), [
+    (Handover(0, "a", "b", 40), 39, False),
+    (Handover(0, "a", "b", 40), 40, True),
+    (Handover(0, "a", "b", 40, acked=40), None, True),  # the source saw the target acknowledge it
+    (Handover(0, "a", "b", 40, acked=39), 39, False),
+    (Handover(0, "a", "b", None, acked=50), 50, False),  # not fenced yet: nothing to catch up with
+])
+def test_the_switch_needs_the_fenced_seqno_reported_or_acknowledged(record, reported, switches) -> None:
+    progress = {**IN_SYNC, (0, "b"): ReplicaProgress(reported, True)} if reported is not None else \
+        {k: v for k, v in IN_SYNC.items() if k != (0, "b")}
+    step = advance(view([A], handovers=[record], progress=progress))
+    assert (step.switched == (record,)) is switches

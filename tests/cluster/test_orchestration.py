@@ -147,3 +147,22 @@ def test_a_returning_old_active_catching_up_is_not_promoted_when_the_new_active_
     decision = step(_timed(before, {"a", "c"}, A_GONE_AT + 20, {"b": A_GONE_AT + 20}, progress))
     assert 0 not in [p.partition for p in decision.promotions]
     assert 0 in [u.partition for u in decision.unavailable]
+
+
+def test_a_partition_held_by_a_rebalance_keeps_its_extra_copy_while_its_nodes_are_live() -> None:
+    current = PartitionMap(4, (Placement("a", ("b", "c")), Placement("b", ("a", "c"))))
+    live = frozenset({"a", "b", "c"})
+    progress = {(0, "b"): ReplicaProgress(5, True), (1, "a"): ReplicaProgress(5, True)}
+    assert step(ClusterView(current, live, 1, progress)).new_map is not None  # trimmed without a hold
+    held = step(ClusterView(current, live, 1, progress, hold=frozenset({0, 1})))
+    assert held.new_map is None
+    gone = step(ClusterView(current, frozenset({"a", "b"}), 1, progress, hold=frozenset({0, 1})))
+    assert gone.new_map is not None and "c" not in gone.new_map.nodes()  # a gone node's copy is not held
+
+
+def test_an_excluded_node_gets_no_new_copy_but_keeps_what_it_holds() -> None:
+    current = PartitionMap(4, (Placement("a", ()), Placement("c", ("a",))))
+    live = frozenset({"a", "b", "c"})
+    decision = step(ClusterView(current, live, 1, {}, excluded=frozenset({"c"})))
+    assert decision.new_map is not None
+    assert decision.new_map.placements == (Placement("a", ("b",)), Placement("c", ("a",)))
