@@ -15,6 +15,7 @@ from app.params import (
     DURABILITY_PARAM,
     DURABILITY_TIMEOUT_PARAM,
     RESULTS_PARAM,
+    BULK_QUERY,
     columns_wanted,
     durability_of,
     durability_timeout_of,
@@ -75,7 +76,7 @@ async def post_bulk(
     copies hold them; 504 `durability-ambiguous` past `durability_timeout_ms`); on a full disk it is 507 (the items were applied and stay queued in
     memory until space returns; `unpersisted` names each partition and seqno)."""
     settings, runner, metrics = ctx.settings, ctx.runner, ctx.metrics
-    durability = durability_of(request)
+    durability = durability_of(request, BULK_QUERY)
     timeout_s = durability_timeout_of(request, settings.durability_timeout_ms)
     columns = columns_wanted(request)
     body = await read_body(request, settings.max_bulk_bytes, "the bulk body")
