@@ -160,7 +160,7 @@ function onOverview(data) {
   document.body.classList.remove("stale");
   $("#main").hidden = false;
   setConn("ok", "live · node " + (data.node.length > 16 ? data.node.slice(0, 12) : data.node) + " · updated " + new Date().toLocaleTimeString());
-  render();
+  if (!document.hidden) render();  // a background tab draws when it is shown again
 }
 
 // ------------------------------------------------------------------ pages
@@ -382,6 +382,7 @@ function renderEvents() {
 async function boot() {
   $("#login-form").addEventListener("submit", signIn);
   window.addEventListener("hashchange", showPage);
+  document.addEventListener("visibilitychange", () => { if (!document.hidden) render(); });
   for (const th of document.querySelectorAll("#partitions-table thead th")) {
     th.querySelector("button").addEventListener("click", () => {
       const key = th.dataset.key;
