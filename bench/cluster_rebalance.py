@@ -218,7 +218,7 @@ def rebalance_figures(run: RebalanceRun, args: argparse.Namespace) -> list[Figur
     s = summary_ms(pauses) if pauses else {"p50": float("nan"), "p99": float("nan"), "p100": float("nan")}
     return [
         Figure("rebalance move rate / single-node backfill rate", f"{ratio:.2f} ({moving:,.0f} vs {backfill:,.0f} items/s)",
-               "report", "n/a" if ratio != ratio else "measured",
+               "—", "—",
                f"{run.transferred:,} seqnos to the new copies over {run.transfer_s:.1f} s while copies were building "
                f"({run.rebalance_s:.1f} s for the whole rebalance); backfill: a Consumer on one node, "
                f"{run.backfill_items:,} items in {run.backfill_s:.1f} s"),

@@ -92,9 +92,10 @@ class Orchestrator:
             watcher.cancel()
 
     async def observe(self) -> tuple[ClusterView, int]:
-        nodes, _ = await self.etcd.get_prefix(self.layout.nodes)
-        progress_kvs, _ = await self.etcd.get_prefix(self.layout.progress)
-        current, mod_revision = await self.maps.load(self.settings.partitions)
+        # independent reads, at once: each round trip is paid by every handover's write pause
+        (nodes, _), (progress_kvs, _), (current, mod_revision) = await asyncio.gather(
+            self.etcd.get_prefix(self.layout.nodes), self.etcd.get_prefix(self.layout.progress),
+            self.maps.load(self.settings.partitions))
         progress = {}
         for kv in progress_kvs:
             data = json.loads(kv.value)

@@ -17,6 +17,7 @@ the maps and, at the end, writes ``last`` and deletes the request in one transac
 """
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 from collections.abc import Callable, Mapping
@@ -59,10 +60,10 @@ class RebalanceStore:
         return self._ejected + node.encode()
 
     async def observe(self) -> Observed:
-        kv = await self.etcd.get(self.request_key)
+        kv, (marks, _), stored = await asyncio.gather(self.etcd.get(self.request_key),
+                                                      self.etcd.get_prefix(self._ejected), self.handovers.records())
         request = RebalanceRequest.from_json(json.loads(kv.value)) if kv is not None else None
-        marks, _ = await self.etcd.get_prefix(self._ejected)
-        records = {p: s for p, s in (await self.handovers.records()).items() if s.handover.kind == REBALANCE}
+        records = {p: s for p, s in stored.items() if s.handover.kind == REBALANCE}
         return Observed(request, kv.mod_revision if kv is not None else 0,
                         frozenset(k.key[len(self._ejected):].decode() for k in marks), records)
 

@@ -267,7 +267,7 @@ def clusters(draw):
     return current, live, replicas, eject, draw(st.integers(1, 4)), draw(st.integers(0, 3))
 
 
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=100, deadline=None)
 @given(clusters())
 def test_any_map_and_node_set_ends_balanced_with_no_copy_lost_on_the_way(case) -> None:
     current, live, replicas, eject, max_parallel, lag = case

@@ -209,6 +209,18 @@ def test_rebalance_two_to_three_to_two_nodes_loses_nothing_and_forks_nothing(
             for p, active in final.items():
                 theirs = {key: value for key, (q, _s, value) in writer.acked.items() if q == p}
                 assert tail.data[p] == theirs, p
+        # operator errors: one line, exit 1; nothing in progress is said so
+        assert cli.main(["cluster", "remove", "zz", "--server", n1]) == 1
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and "unknown node 'zz'" in err, err
+        assert cli.main(["cluster", "add", "n9", "--server", n1]) == 1
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and "node 'n9' is not up" in err, err
+        assert cli.main(["cluster", "rebalance", "--stop", "--server", n1]) == 0
+        assert cli.main(["cluster", "status", "--server", n1]) == 0
+        out = capsys.readouterr().out
+        assert "no rebalance running" in out and "no rebalance in progress" in out
+        assert "removed nodes (no new copy goes there): n3" in out
         print(f"\nrebalance 2->3->2: {len(writer.acked)} majority writes acknowledged, {len(writer.retried)} "
               f"retried after {dict(writer.refusals)} refusals; "
               + ", ".join(f"{k} {v:.1f}s" for k, v in phases.items()))
