@@ -20,6 +20,7 @@ from engine.core.errors import SeqnoRangeError
 from engine.core.rollback import MustRollBack, StreamPosition, decide
 from engine.core.types import FailoverEntry
 
+from .cuts import resume_position
 from .offsets import PartitionOffset
 from .options import OptionError, SourceOptions
 from .progress import RollbackNeeded, ServerMeta, ServerPartition
@@ -70,9 +71,10 @@ def parse_meta(body: Mapping[str, Any]) -> ServerMeta:
 def local_check(pos: PartitionOffset, sp: ServerPartition) -> RollbackNeeded | None:
     """The server's rule (engine.core.rollback.decide) applied to a held position and fetched metadata."""
     log = [FailoverEntry(u, s) for u, s in sp.failover_log]
+    held = resume_position(pos, sp.uuid, sp.high_seqno)
     try:
         verdict = decide(log, sp.high_seqno, sp.purge_seqno,
-                         StreamPosition(pos.uuid, pos.seqno, pos.snap_start, pos.snap_end))
+                         StreamPosition(held.uuid, held.seqno, held.snap_start, held.snap_end))
     except SeqnoRangeError as exc:
         # Only a corrupt position gets here (the rules passed but it is past the high seqno):
         # nothing it holds can be trusted.

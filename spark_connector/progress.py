@@ -11,6 +11,7 @@ from dataclasses import dataclass, replace
 
 from engine.core.errors import UprError
 
+from .cuts import end_position
 from .offsets import PartitionOffset, SourceOffset
 from .options import OnRollback, Position, Start
 from .planning import apply_budget
@@ -155,6 +156,7 @@ def next_offset(
         if step == 0 and pos.generation == old.generation:
             out[pid] = old          # unchanged: keeps start == end when nothing is new
             continue
-        s = pos.seqno + step
-        out[pid] = replace(pos, uuid=sp.uuid, seqno=s, snap_start=s, snap_end=s)
+        # an exact range: the batch delivers up to s and no further, so s may sit inside a
+        # snapshot the server draws only when the batch is read (spark_connector.cuts)
+        out[pid] = end_position(replace(pos, uuid=sp.uuid), pos.seqno + step, sp.uuid)
     return SourceOffset(out, meta.num_partitions)

@@ -36,12 +36,10 @@ class UprInputPartition(InputPartition):
     items: tuple[WorkItem, ...]
     batch_rows: int
     timeout: float
-    exact_end: bool = False   # drop items past each planned end (maxOffsetsPerTrigger is a hard cap)
 
 
 def _input_partitions(opts: SourceOptions, start: SourceOffset, end: SourceOffset) -> list[UprInputPartition]:
-    exact = opts.max_offsets_per_trigger is not None
-    return [UprInputPartition(opts.server, opts.token, tuple(group), opts.batch_rows, opts.timeout, exact)
+    return [UprInputPartition(opts.server, opts.token, tuple(group), opts.batch_rows, opts.timeout)
             for group in plan_tasks(start, end, opts.min_partitions)]
 
 
