@@ -19,6 +19,7 @@ from urllib.parse import urlparse
 from engine.core.errors import InvalidInput
 
 from .offsets import OffsetFormatError, PartitionOffset
+from .retry import RetryPolicy
 
 
 class OptionError(InvalidInput):
@@ -55,6 +56,8 @@ KNOWN = {
     "onRollback": "fail, resetPartition (default) or refetch",
     "batchRows": "rows per Arrow record batch yielded by read() (default 8192)",
     "timeout": "seconds for HTTP calls and stream inactivity (default 30)",
+    "fetchOffset.numRetries": "retries of a trigger's metadata fetch or stream connect (default 3), as Kafka's",
+    "fetchOffset.retryIntervalMs": "wait before the first retry, doubling after each (default 1000)",
     "path": "ignored (Spark passes load(path) here)",
 }
 _LOWER = {k.lower(): k for k in KNOWN}
@@ -72,6 +75,7 @@ class SourceOptions:
     on_rollback: OnRollback = OnRollback.RESET_PARTITION
     batch_rows: int = 8192
     timeout: float = 30.0
+    retry: RetryPolicy = RetryPolicy()
     raw: Mapping[str, str] = field(default_factory=dict)
 
 
@@ -100,6 +104,8 @@ def parse_options(options: Mapping[str, str]) -> SourceOptions:
         on_rollback=_choice(opts, "onRollback", OnRollback, OnRollback.RESET_PARTITION),
         batch_rows=_positive_int(opts, "batchRows") or 8192,
         timeout=_positive_float(opts, "timeout") or 30.0,
+        retry=RetryPolicy(_count(opts, "fetchOffset.numRetries", 3),
+                          _count(opts, "fetchOffset.retryIntervalMs", 1000) / 1000),
         raw=opts,
     )
 
@@ -183,6 +189,19 @@ def _positive_int(opts: Mapping[str, str], name: str) -> int | None:
         raise OptionError(name, f"expected a positive integer, got {text!r}") from None
     if value <= 0:
         raise OptionError(name, f"expected a positive integer, got {value}")
+    return value
+
+
+def _count(opts: Mapping[str, str], name: str, default: int) -> int:
+    text = opts.get(name)
+    if text is None or text == "":
+        return default
+    try:
+        value = int(text)
+    except ValueError:
+        raise OptionError(name, f"expected a non-negative integer, got {text!r}") from None
+    if value < 0:
+        raise OptionError(name, f"expected a non-negative integer, got {value}")
     return value
 
 

@@ -22,6 +22,7 @@ from .offsets import SourceOffset
 from .options import Position, SourceOptions, parse_options
 from .planning import WorkItem, plan_tasks
 from .progress import ServerMeta, initial_offset, next_offset, resolve_positions, select_partitions
+from .retry import RetryPolicy
 from .rows import SCHEMA_DDL
 
 NAME = "upr"
@@ -36,10 +37,11 @@ class UprInputPartition(InputPartition):
     items: tuple[WorkItem, ...]
     batch_rows: int
     timeout: float
+    retry: RetryPolicy = RetryPolicy()   # for the stream connect
 
 
 def _input_partitions(opts: SourceOptions, start: SourceOffset, end: SourceOffset) -> list[UprInputPartition]:
-    return [UprInputPartition(opts.server, opts.token, tuple(group), opts.batch_rows, opts.timeout)
+    return [UprInputPartition(opts.server, opts.token, tuple(group), opts.batch_rows, opts.timeout, opts.retry)
             for group in plan_tasks(start, end, opts.min_partitions)]
 
 

@@ -42,6 +42,7 @@ from engine.protocol.client.session import ClientSession
 from engine.protocol.frames import HEADER, ITEM_BATCH, PER_ITEM_BYTES, ItemBatch, decode_binary
 
 from .cuts import items_through
+from .retry import Retryable, RetryPolicy, call_with_retries
 from .planning import WorkItem
 from .rows import ARROW_SCHEMA, RESET, control_batch, ops_array
 
@@ -181,14 +182,36 @@ def _stream(partition: Any, rounds: list[list[WorkItem]]) -> Iterator[pa.RecordB
     headers = {"Authorization": f"Bearer {partition.token}"} if partition.token else None
     wanted = sorted({w.partition for r in rounds for w in r})
     name = f"spark-{socket.gethostname()}-{os.getpid()}"
-    try:
-        with connect(stream_url(partition.server), additional_headers=headers, max_size=None,
-                     open_timeout=partition.timeout, close_timeout=2) as ws:
+    url = stream_url(partition.server)
+    policy = getattr(partition, "retry", None) or RetryPolicy()
+
+    def attempt() -> tuple[Any, ClientSession, M.FailoverLogs]:
+        from websockets.exceptions import InvalidHandshake, InvalidStatus, WebSocketException
+        try:
+            ws = connect(url, additional_headers=headers, max_size=None, open_timeout=partition.timeout,
+                         close_timeout=2)
+        except InvalidStatus as exc:
+            if exc.response.status_code >= 500:
+                raise Retryable(f"HTTP {exc.response.status_code}") from None
+            raise
+        except (OSError, TimeoutError, InvalidHandshake) as exc:
+            raise Retryable(f"cannot connect: {exc or type(exc).__name__}") from None
+        try:
             hello = ClientSession(partitions=wanted, window_bytes=WINDOW_BYTES)
             ws.send(M.encode(hello.hello(name, M.Codec.BINARY)))
             data = ws.recv(timeout=partition.timeout)
             hello.receive_handshake(decode_frame(data), frame_bytes(data))
-            logs = _failover_logs(decode_frame(data))
+            return ws, hello, _failover_logs(decode_frame(data))
+        except (OSError, TimeoutError, WebSocketException) as exc:
+            ws.close()
+            raise Retryable(f"connection lost during hello: {exc or type(exc).__name__}") from None
+        except BaseException:
+            ws.close()
+            raise
+
+    try:
+        ws, hello, logs = call_with_retries(f"stream connection to {url}", attempt, policy)
+        with ws:
             acks = hello.acks   # one flow-control window for the whole connection
             for round_items in rounds:
                 yield from _round(ws, partition.timeout, logs, acks, [w for w in round_items if w.end > w.start])

@@ -92,9 +92,11 @@ def test_bad_options_fail_fast_naming_the_option(spark, opts, option):
         spark.read.format("upr").option("server", "http://127.0.0.1:9").options(**opts).load().collect()
 
 
-def test_unreachable_server_fails_naming_the_option(spark):
-    with pytest.raises(Exception, match="option 'server'.*cannot reach"):
-        spark.read.format("upr").option("server", "http://127.0.0.1:9").load().collect()
+def test_unreachable_server_fails_after_its_retries_naming_the_cause(spark):
+    with pytest.raises(Exception, match=r"GET /partitions from http://127.0.0.1:9: cannot reach http://127.0.0.1:9: "
+                                        r".*refused; gave up after 2 attempts"):
+        (spark.read.format("upr").option("server", "http://127.0.0.1:9").option("fetchOffset.numRetries", "1")
+         .option("fetchOffset.retryIntervalMs", "10").load().collect())
 
 
 def test_starting_offsets_latest_is_resolved_once_and_resume_ignores_the_option(spark, upr_server, tmp_path):
