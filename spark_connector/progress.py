@@ -78,6 +78,40 @@ def select_partitions(meta: ServerMeta, wanted: tuple[int, ...] | None) -> list[
     return list(wanted)
 
 
+def format_ids(ids: list[int] | tuple[int, ...]) -> str:
+    """Partition ids as ranges, e.g. ``0-3,7``."""
+    out: list[str] = []
+    for p in sorted(set(ids)):
+        if out and out[-1].split("-")[-1] == str(p - 1):
+            out[-1] = f"{out[-1].split('-')[0]}-{p}"
+        else:
+            out.append(str(p))
+    return ",".join(out)
+
+
+def check_same_partitions(start: SourceOffset, selected: list[int]) -> None:
+    """A restarted query streams the partitions its checkpoint holds: a ``partitions`` option that
+    now names others is refused, naming both, rather than silently ignored."""
+    held = sorted(start.partitions)
+    if held != sorted(selected):
+        from .options import OptionError
+        raise OptionError("partitions", f"the checkpoint streams partitions {format_ids(held)} but the option "
+                                        f"now selects {format_ids(selected)}; set it back or start a new checkpoint")
+
+
+def lag_metrics(planned: SourceOffset | None, latest: SourceOffset) -> dict[str, str]:
+    """Kafka's ``minOffsetsBehindLatest``/``avgOffsetsBehindLatest``/``maxOffsetsBehindLatest``:
+    seqnos between the planned end and the latest offset, over the partitions; {} before a plan."""
+    if planned is None or planned.latest_sentinel:
+        return {}
+    behind = [max(0, o.seqno - planned.partitions[p].seqno) for p, o in latest.partitions.items()
+              if p in planned.partitions]
+    if not behind:
+        return {}
+    return {"minOffsetsBehindLatest": str(min(behind)), "avgOffsetsBehindLatest": f"{sum(behind) / len(behind):.1f}",
+            "maxOffsetsBehindLatest": str(max(behind))}
+
+
 def initial_offset(spec: Position | Mapping[int, Start], meta: ServerMeta, selected: list[int]) -> SourceOffset:
     """The start of a new query.  Deterministic, because Spark calls it more than once: anything
     that says "latest" yields the sentinel and is resolved by ``resolve_sentinel`` in latestOffset."""
