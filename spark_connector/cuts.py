@@ -8,9 +8,11 @@ seqno of that moment), so the snapshot containing ``E`` may go on past it.  ``re
 drops every item above ``E`` (``items_through``), and the end position is recorded as what it
 is, a *partial* snapshot in the protocol's sense:
 
-* ``snap_start`` is the batch's start seqno plus one: every snapshot a stream request from ``s``
-  receives starts above ``s`` (the server opens a new snapshot for each request), so this is at
-  or below the true start of the snapshot that holds ``E``, never above it;
+* ``snap_start`` is the seqno the batch's last stream request for the partition starts from, plus
+  one: every snapshot a stream request from ``s`` receives starts above ``s`` (the server opens a
+  new snapshot for each request), so this is at or below the true start of the snapshot that holds
+  ``E``, never above it.  A batch that crosses the persisted seqno is read as two requests split
+  there (``pivot``), so that point is the persisted seqno and a crash rolls back no further;
 * the true ``snap_end`` is unknown when the offset is logged, only bounded: it is at least ``E``
   and at most the high seqno of the branch the batch read.  The offset says so with
   ``open_snapshot`` and stores ``E``; ``resume_position`` puts the bound back in when the position
@@ -34,12 +36,24 @@ from engine.protocol.client.offset import StreamOffset
 from .offsets import PartitionOffset
 
 
-def end_position(start: PartitionOffset, end_seqno: int, uuid: int) -> PartitionOffset:
-    """The end offset of a batch that advanced a partition from ``start`` to ``end_seqno``."""
+def pivot(start_seqno: int, end_seqno: int, persisted_seqno: int) -> int:
+    """Where the batch ``start_seqno -> end_seqno`` opens its last stream request: at the
+    partition's persisted seqno when that lies inside the range, else at the start.
+
+    The server sends the persisted history as one disk snapshot; cutting the request there makes
+    the last request's snapshots start above the persisted seqno, so after a crash (whose new
+    branch begins at the persisted seqno) the end position rolls back to that branch point, not to
+    the batch's start."""
+    return persisted_seqno if start_seqno < persisted_seqno < end_seqno else start_seqno
+
+
+def end_position(start: PartitionOffset, end_seqno: int, uuid: int, persisted_seqno: int = 0) -> PartitionOffset:
+    """The end offset of a batch that advanced a partition from ``start`` to ``end_seqno``; its last
+    stream request begins at ``pivot`` (the offset records it as ``snap_start - 1``)."""
     if end_seqno <= start.seqno:
         return start
-    return replace(start, uuid=uuid, seqno=end_seqno, snap_start=start.seqno + 1, snap_end=end_seqno,
-                   open_snapshot=True)
+    return replace(start, uuid=uuid, seqno=end_seqno, snap_start=pivot(start.seqno, end_seqno, persisted_seqno) + 1,
+                   snap_end=end_seqno, open_snapshot=True)
 
 
 def resume_position(pos: PartitionOffset, newest_uuid: int, high_seqno: int) -> StreamOffset:

@@ -82,7 +82,7 @@ def parse_meta(body: Mapping[str, Any]) -> ServerMeta:
                     for e in raw.get("failover_log", ()))
         pid = int(raw["partition"])
         parts[pid] = ServerPartition(pid, int(raw["high_seqno"]), int(raw.get("purge_seqno", 0)), log,
-                                     str(raw.get("state", "active")))
+                                     str(raw.get("state", "active")), int(raw.get("persisted_seqno", 0)))
     return ServerMeta(len(parts), parts)
 
 

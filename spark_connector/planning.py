@@ -76,8 +76,14 @@ def work_items(start: SourceOffset, end: SourceOffset) -> list[WorkItem]:
         pos, control = stream_start(start, end, pid)
         e = end.partitions[pid]
         if e.seqno > pos.seqno or control is not None:
-            items.append(WorkItem(pid, pos.uuid, pos.seqno, pos.snap_start, pos.snap_end,
-                                  max(e.seqno, pos.seqno), control, e.uuid, open_snapshot=pos.open_snapshot))
+            first = WorkItem(pid, pos.uuid, pos.seqno, pos.snap_start, pos.snap_end,
+                             max(e.seqno, pos.seqno), control, e.uuid, open_snapshot=pos.open_snapshot)
+            at = e.snap_start - 1 if e.open_snapshot else pos.seqno
+            if pos.seqno < at < e.seqno:
+                # the end names where its last request starts (spark_connector.cuts.pivot)
+                items += [replace(first, end=at), WorkItem(pid, e.uuid, at, at, at, e.seqno, None, e.uuid)]
+            else:
+                items.append(first)
     return items
 
 

@@ -26,6 +26,7 @@ class ServerPartition:
     purge_seqno: int
     failover_log: tuple[tuple[int, int], ...]   # (uuid, seqno), newest first
     state: str = "active"
+    persisted_seqno: int = 0
 
     @property
     def uuid(self) -> int:
@@ -192,5 +193,5 @@ def next_offset(
             continue
         # an exact range: the batch delivers up to s and no further, so s may sit inside a
         # snapshot the server draws only when the batch is read (spark_connector.cuts)
-        out[pid] = end_position(replace(pos, uuid=sp.uuid), pos.seqno + step, sp.uuid)
+        out[pid] = end_position(replace(pos, uuid=sp.uuid), pos.seqno + step, sp.uuid, sp.persisted_seqno)
     return SourceOffset(out, meta.num_partitions)

@@ -183,7 +183,7 @@ def _stream(partition: Any, rounds: list[list[WorkItem]]) -> Iterator[pa.RecordB
     wanted = sorted({w.partition for r in rounds for w in r})
     name = f"spark-{socket.gethostname()}-{os.getpid()}"
     url = stream_url(partition.server)
-    policy = getattr(partition, "retry", None) or RetryPolicy()
+    policy: RetryPolicy = partition.retry
 
     def attempt() -> tuple[Any, ClientSession, M.FailoverLogs]:
         from websockets.exceptions import InvalidHandshake, InvalidStatus, WebSocketException

@@ -32,6 +32,7 @@ class Partition:
 
     def __init__(self) -> None:
         self.high = 0
+        self.persisted = 0
         self.by_key: dict[str, int] = {}
 
     def write(self, key: str) -> None:
@@ -39,7 +40,7 @@ class Partition:
         self.by_key[key] = self.high
 
     def meta(self) -> ServerMeta:
-        return ServerMeta(1, {0: ServerPartition(0, self.high, 0, ((UUID, 0),))})
+        return ServerMeta(1, {0: ServerPartition(0, self.high, 0, ((UUID, 0),), "active", self.persisted)})
 
     def serve(self, after: int, end: int, cuts: list[int]) -> list[tuple[str, int]]:
         """A bounded stream from ``after``: every key's latest version above it, in snapshots split
@@ -54,7 +55,7 @@ class Partition:
 @given(
     steps=st.lists(st.tuples(st.integers(0, 12), st.integers(0, 12),
                              st.one_of(st.none(), st.integers(1, 15)),
-                             st.lists(st.integers(1, 200), max_size=4)),
+                             st.lists(st.integers(1, 200), max_size=4), st.integers(0, 12)),
                    min_size=1, max_size=25),
     keys=st.integers(1, 8),
 )
@@ -88,8 +89,9 @@ def test_batches_are_exact_ranges_with_no_loss_and_no_duplicates(steps, keys):
                StreamPosition(held.uuid, held.seqno, held.snap_start, held.snap_end))
         offset = SourceOffset.from_json(json.loads(json.dumps(end.to_json())))   # via the offset log
 
-    for before, between, budget, cuts in steps:
+    for before, between, budget, cuts, flushed in steps:
         writes(before)
+        part.persisted = min(part.high, part.persisted + flushed)
         end_planned = part.high
         batch(budget, cuts)
         writes(between)
@@ -137,6 +139,21 @@ def test_open_snapshot_is_checked_as_a_partial_snapshot(log, high, pos, expect):
     answer = decide([FailoverEntry(u, s) for u, s in log], high, 0,
                     StreamPosition(held.uuid, held.seqno, held.snap_start, held.snap_end))
     assert (answer.seqno if isinstance(answer, MustRollBack) else None) == expect
+
+
+@pytest.mark.parametrize("start, end, persisted, expect", [
+    (PartitionOffset(UUID, 10, 10, 10), 30, 20, PartitionOffset(UUID, 30, 21, 30, open_snapshot=True)),
+    (PartitionOffset(UUID, 10, 10, 10), 30, 30, PartitionOffset(UUID, 30, 11, 30, open_snapshot=True)),
+    (PartitionOffset(UUID, 10, 10, 10), 30, 5, PartitionOffset(UUID, 30, 11, 30, open_snapshot=True)),
+])
+def test_a_batch_crossing_the_persisted_seqno_pivots_there(start, end, persisted, expect):
+    e = end_position(start, end, UUID, persisted)
+    assert e == expect
+    items = work_items(SourceOffset({0: start}, 1), SourceOffset({0: e}, 1))
+    assert [(w.start, w.end) for w in items] == ([(10, 20), (20, 30)] if persisted == 20 else [(10, 30)])
+    # a crash whose new branch begins at the persisted seqno rolls back to it, not further
+    crashed = ServerPartition(0, persisted + 3, 0, ((99, persisted), (UUID, 0)))
+    assert local_check(e, crashed).seqno == (persisted if persisted == 20 else min(persisted, 10))
 
 
 def test_open_snapshot_offset_round_trips():
