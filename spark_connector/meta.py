@@ -2,8 +2,9 @@
 the rollback check of held positions against them with the server's own rule (``engine.core.rollback``;
 the same decision ``POST /positions/check`` and stream requests answer with).
 
-An unreachable or refusing server is reported as an ``OptionError`` on ``server`` (or ``token``),
-so a misconfigured query fails at its first planning step with a message naming the option.
+A refusing server is reported as an ``OptionError`` on ``server`` (or ``token``), so a
+misconfigured query fails at its first planning step naming the option; an unreachable one is
+retried (``spark_connector.retry``) and then reported as ``SourceUnavailable`` naming the cause.
 
 The one request goes through the standard library, not ``clients.http``: Spark starts the
 driver's streaming-source process afresh for every query, and importing the ``clients`` package
@@ -20,18 +21,34 @@ from engine.core.errors import SeqnoRangeError
 from engine.core.rollback import MustRollBack, StreamPosition, decide
 from engine.core.types import FailoverEntry
 
+from .cuts import resume_position
 from .offsets import PartitionOffset
 from .options import OptionError, SourceOptions
 from .progress import RollbackNeeded, ServerMeta, ServerPartition
+from .retry import Retryable, call_with_retries
 
 
 def fetch_meta(opts: SourceOptions) -> ServerMeta:
-    """One round trip: every partition's high/purge seqno and failover log (``GET /partitions``)."""
-    return parse_meta(get_json(opts.server, "/partitions", opts.token, opts.timeout))
+    """One round trip: every partition's high/purge seqno and failover log (``GET /partitions``),
+    retried as ``fetchOffset.numRetries`` / ``fetchOffset.retryIntervalMs`` allow."""
+    path = "/partitions"
+    body = call_with_retries(f"GET {path} from {opts.server}",
+                             lambda: get_once(opts.server, path, opts.token, opts.timeout), opts.retry)
+    return parse_meta(body)
 
 
 def get_json(server: str, path: str, token: str | None, timeout: float) -> Any:
-    """``GET server+path`` as JSON; failures become ``OptionError`` on ``server`` or ``token``."""
+    """``GET server+path`` as JSON, one attempt, for callers that can do without the answer:
+    every failure is an ``OptionError`` on ``server`` or ``token``."""
+    try:
+        return get_once(server, path, token, timeout)
+    except Retryable as exc:
+        raise OptionError("server", f"GET {path}: cannot reach {server}: {exc}") from None
+
+
+def get_once(server: str, path: str, token: str | None, timeout: float) -> Any:
+    """``GET server+path`` as JSON.  Faults that may heal (unreachable, 5xx, a dropped or garbled
+    answer) raise ``Retryable``; refusals raise ``OptionError`` on ``token`` (401/403) or ``server``."""
     import urllib.error
     import urllib.request
     url = server.rstrip("/") + path
@@ -48,12 +65,14 @@ def get_json(server: str, path: str, token: str | None, timeout: float) -> Any:
         except ValueError:
             pass
         message = f"GET {path}: HTTP {exc.code}: {detail}"
+        if exc.code >= 500:
+            raise Retryable(f"HTTP {exc.code}: {detail}") from None
         if exc.code in (401, 403):
             raise OptionError("token", f"{message} (the token is missing or lacks the read role)") from None
         raise OptionError("server", message) from None
     except (urllib.error.URLError, OSError, ValueError) as exc:
         reason = getattr(exc, "reason", None) or exc or type(exc).__name__
-        raise OptionError("server", f"GET {path}: cannot reach {server}: {reason}") from None
+        raise Retryable(f"cannot reach {server}: {reason}") from None
 
 
 def parse_meta(body: Mapping[str, Any]) -> ServerMeta:
@@ -63,16 +82,17 @@ def parse_meta(body: Mapping[str, Any]) -> ServerMeta:
                     for e in raw.get("failover_log", ()))
         pid = int(raw["partition"])
         parts[pid] = ServerPartition(pid, int(raw["high_seqno"]), int(raw.get("purge_seqno", 0)), log,
-                                     str(raw.get("state", "active")))
+                                     str(raw.get("state", "active")), int(raw.get("persisted_seqno", 0)))
     return ServerMeta(len(parts), parts)
 
 
 def local_check(pos: PartitionOffset, sp: ServerPartition) -> RollbackNeeded | None:
     """The server's rule (engine.core.rollback.decide) applied to a held position and fetched metadata."""
     log = [FailoverEntry(u, s) for u, s in sp.failover_log]
+    held = resume_position(pos, sp.uuid, sp.high_seqno)
     try:
         verdict = decide(log, sp.high_seqno, sp.purge_seqno,
-                         StreamPosition(pos.uuid, pos.seqno, pos.snap_start, pos.snap_end))
+                         StreamPosition(held.uuid, held.seqno, held.snap_start, held.snap_end))
     except SeqnoRangeError as exc:
         # Only a corrupt position gets here (the rules passed but it is past the high seqno):
         # nothing it holds can be trusted.

@@ -15,6 +15,9 @@ restreamed from after a rollback: 0 for a reset (control row ``reset``), R > 0 f
 (control row ``rollback`` at R).  It lives in the offset because ``partitions(start, end)`` must
 plan a replayed batch from the two offsets alone.
 
+``o`` (true, only when set) marks a partial snapshot whose end is unknown: the batch that ended
+at ``s`` was cut there, inside a snapshot that may go on past it (``spark_connector.cuts``).
+
 ``u`` is a decimal string: uuids are 64-bit and JSON readers in other languages lose precision
 above 2**53.  ``{"v": 1, "latest": true}`` is the initial sentinel for ``startingOffsets=latest``:
 Spark calls ``initialOffset()`` several times per fresh start, so "now" must be resolved later,
@@ -43,6 +46,7 @@ class PartitionOffset(StreamOffset):
 
     generation: int = 0
     restart_from: int | None = None
+    open_snapshot: bool = False
 
     def __post_init__(self) -> None:
         if not isinstance(self.generation, int) or self.generation < 0:
@@ -57,6 +61,8 @@ class PartitionOffset(StreamOffset):
                                "se": self.snap_end, "g": self.generation}
         if self.restart_from is not None:
             out["r"] = self.restart_from
+        if self.open_snapshot:
+            out["o"] = True
         return out
 
     @classmethod
@@ -70,13 +76,16 @@ class PartitionOffset(StreamOffset):
         se = _int(raw.get("se", raw.get("snapEnd", raw.get("snap_end"))), f"{where}.snapEnd", default=seqno)
         generation = _int(raw.get("g", raw.get("generation", 0)), f"{where}.generation")
         restart_from = _int(raw.get("r"), f"{where}.restartFrom", default=None)
+        open_snapshot = raw.get("o", raw.get("openSnapshot", False))
+        if not isinstance(open_snapshot, bool):
+            raise OffsetFormatError(f"{where}.openSnapshot: expected true or false, got {open_snapshot!r}")
         if min(uuid, seqno, ss, se, generation) < 0:
             raise OffsetFormatError(f"{where}: negative number")
         if not ss <= seqno <= se:
             raise OffsetFormatError(
                 f"{where}: snapshot range must satisfy snapStart <= seqno <= snapEnd, "
                 f"got {ss} <= {seqno} <= {se}")
-        return cls(uuid, seqno, ss, se, generation, restart_from)
+        return cls(uuid, seqno, ss, se, generation, restart_from, open_snapshot)
 
 
 def _int(value: Any, where: str, *, default: int | None = 0) -> Any:

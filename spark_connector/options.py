@@ -19,6 +19,7 @@ from urllib.parse import urlparse
 from engine.core.errors import InvalidInput
 
 from .offsets import OffsetFormatError, PartitionOffset
+from .retry import RetryPolicy
 
 
 class OptionError(InvalidInput):
@@ -53,8 +54,11 @@ KNOWN = {
     "maxOffsetsPerTrigger": "rows per micro-batch, split over partitions by backlog",
     "minPartitions": "Spark tasks to aim for; large backlogs are split into seqno ranges",
     "onRollback": "fail, resetPartition (default) or refetch",
+    "failOnDataLoss": "Kafka's name: true = onRollback=fail, false = onRollback=resetPartition",
     "batchRows": "rows per Arrow record batch yielded by read() (default 8192)",
     "timeout": "seconds for HTTP calls and stream inactivity (default 30)",
+    "fetchOffset.numRetries": "retries of a trigger's metadata fetch or stream connect (default 3), as Kafka's",
+    "fetchOffset.retryIntervalMs": "wait before the first retry, doubling after each (default 1000)",
     "path": "ignored (Spark passes load(path) here)",
 }
 _LOWER = {k.lower(): k for k in KNOWN}
@@ -72,6 +76,7 @@ class SourceOptions:
     on_rollback: OnRollback = OnRollback.RESET_PARTITION
     batch_rows: int = 8192
     timeout: float = 30.0
+    retry: RetryPolicy = RetryPolicy()
     raw: Mapping[str, str] = field(default_factory=dict)
 
 
@@ -81,7 +86,7 @@ def parse_options(options: Mapping[str, str]) -> SourceOptions:
     for key, value in options.items():
         canonical = _LOWER.get(str(key).lower())
         if canonical is None:
-            raise OptionError(str(key), "unknown option; known options: " + ", ".join(sorted(KNOWN)))
+            raise OptionError(str(key), _unknown(str(key)))
         opts[canonical] = "" if value is None else str(value)
     if not opts.get("server"):
         raise OptionError("server", "required (base URL of the upr server)")
@@ -97,11 +102,38 @@ def parse_options(options: Mapping[str, str]) -> SourceOptions:
         ending=parse_positions("endingOffsets", opts.get("endingOffsets", "latest")),
         max_offsets_per_trigger=_positive_int(opts, "maxOffsetsPerTrigger"),
         min_partitions=_positive_int(opts, "minPartitions"),
-        on_rollback=_choice(opts, "onRollback", OnRollback, OnRollback.RESET_PARTITION),
+        on_rollback=_on_rollback(opts),
         batch_rows=_positive_int(opts, "batchRows") or 8192,
         timeout=_positive_float(opts, "timeout") or 30.0,
+        retry=RetryPolicy(_count(opts, "fetchOffset.numRetries", 3),
+                          _count(opts, "fetchOffset.retryIntervalMs", 1000) / 1000),
         raw=opts,
     )
+
+
+def _unknown(name: str) -> str:
+    """One line: Spark hands a Python source its option names lower-cased, so the nearest known
+    name (as it is spelled) is what tells the user which one was meant."""
+    import difflib
+    near = difflib.get_close_matches(name.lower(), list(_LOWER), n=1, cutoff=0.6)
+    hint = f"did you mean '{_LOWER[near[0]]}'? " if near else ""
+    return f"unknown option; {hint}known options: {', '.join(sorted(KNOWN))}"
+
+
+def _on_rollback(opts: Mapping[str, str]) -> OnRollback:
+    """``onRollback``, or Kafka's ``failOnDataLoss`` (true = fail, false = resetPartition);
+    both given must agree."""
+    policy = _choice(opts, "onRollback", OnRollback, None)
+    text = opts.get("failOnDataLoss")
+    if text is None or text == "":
+        return policy or OnRollback.RESET_PARTITION
+    if text.strip().lower() not in ("true", "false"):
+        raise OptionError("failOnDataLoss", f"expected true or false, got {text!r}")
+    alias = OnRollback.FAIL if text.strip().lower() == "true" else OnRollback.RESET_PARTITION
+    if policy is not None and policy is not alias:
+        raise OptionError("failOnDataLoss", f"{text} means onRollback={alias.value}, but onRollback is "
+                                            f"{policy.value}: give one of the two")
+    return alias
 
 
 def parse_partitions(text: str) -> tuple[int, ...] | None:
@@ -147,6 +179,12 @@ def parse_positions(option: str, text: str) -> Position | dict[int, Start]:
         raw = json.loads(text)
     except json.JSONDecodeError as exc:
         raise OptionError(option, f"expected earliest, latest or per-partition JSON; malformed JSON: {exc}") from None
+    if isinstance(raw, dict) and "v" in raw:
+        # the offset JSON a query reports (lastProgress endOffset / latestOffset, the checkpoint's
+        # offsets file): it round-trips as a start, as Kafka's does
+        if raw.get("latest") is True:
+            return Position.LATEST
+        raw = raw.get("p")
     if not isinstance(raw, dict) or not raw:
         raise OptionError(option, "JSON form must be a non-empty object {\"<partition>\": position}")
     out: dict[int, Start] = {}
@@ -186,6 +224,19 @@ def _positive_int(opts: Mapping[str, str], name: str) -> int | None:
     return value
 
 
+def _count(opts: Mapping[str, str], name: str, default: int) -> int:
+    text = opts.get(name)
+    if text is None or text == "":
+        return default
+    try:
+        value = int(text)
+    except ValueError:
+        raise OptionError(name, f"expected a non-negative integer, got {text!r}") from None
+    if value < 0:
+        raise OptionError(name, f"expected a non-negative integer, got {value}")
+    return value
+
+
 def _positive_float(opts: Mapping[str, str], name: str) -> float | None:
     text = opts.get(name)
     if text is None or text == "":
@@ -199,7 +250,7 @@ def _positive_float(opts: Mapping[str, str], name: str) -> float | None:
     return value
 
 
-def _choice(opts: Mapping[str, str], name: str, kind: type[enum.Enum], default: enum.Enum) -> Any:
+def _choice(opts: Mapping[str, str], name: str, kind: type[enum.Enum], default: enum.Enum | None) -> Any:
     text = opts.get(name)
     if text is None or text == "":
         return default

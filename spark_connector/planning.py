@@ -8,11 +8,12 @@ from __future__ import annotations
 
 import heapq
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from engine.protocol.client.offset import StreamOffset
 
-from .offsets import SourceOffset, stream_start
+from .cuts import resume_position
+from .offsets import PartitionOffset, SourceOffset, stream_start
 
 #: Tasks per batch when ``minPartitions`` is not given: enough to keep the default ``local[*]``
 #: session's cores busy, few enough that per-task fixed costs (a Python worker's Arrow hand-off to
@@ -31,7 +32,8 @@ ROWS_PER_TASK = 25_000
 @dataclass(frozen=True, slots=True)
 class WorkItem:
     """One bounded stream request: partition ``partition`` from position ``start`` (exclusive) to
-    ``end`` (inclusive), on branch ``uuid`` with the snapshot range of the start position.
+    ``end`` (inclusive), on branch ``uuid`` with the snapshot range of the start position.  The
+    read keeps no item past ``end``: a batch is an exact range (``spark_connector.cuts``).
 
     ``control`` is ``"reset"`` or ``"rollback"`` when the batch must first tell the consumer that
     the partition was reset (restreamed from 0) or rolled back to ``start``; only the first piece
@@ -46,7 +48,7 @@ class WorkItem:
     end: int
     control: str | None = None
     branch_uuid: int | None = None   # uuid of the end position's branch (pieces that start mid-range use it)
-    exact: bool = False              # drop items past ``end`` (a piece followed by another piece)
+    open_snapshot: bool = False      # the start position is a batch cut inside a snapshot (``cuts``)
 
     @property
     def backlog(self) -> int:
@@ -54,8 +56,14 @@ class WorkItem:
 
     @property
     def position(self) -> StreamOffset:
-        """Where the stream of this piece resumes (the stream request's position)."""
+        """Where the stream of this piece resumes, for a start that is not an open snapshot."""
         return StreamOffset(self.uuid, self.start, self.snap_start, self.snap_end)
+
+    def resume_position(self, newest_uuid: int, high_seqno: int) -> StreamOffset:
+        """The stream request's position, with an open snapshot's end bounded as ``cuts`` says."""
+        start = PartitionOffset(self.uuid, self.start, self.snap_start, self.snap_end,
+                                open_snapshot=self.open_snapshot)
+        return resume_position(start, newest_uuid, high_seqno)
 
 
 def work_items(start: SourceOffset, end: SourceOffset) -> list[WorkItem]:
@@ -68,8 +76,14 @@ def work_items(start: SourceOffset, end: SourceOffset) -> list[WorkItem]:
         pos, control = stream_start(start, end, pid)
         e = end.partitions[pid]
         if e.seqno > pos.seqno or control is not None:
-            items.append(WorkItem(pid, pos.uuid, pos.seqno, pos.snap_start, pos.snap_end,
-                                  max(e.seqno, pos.seqno), control, e.uuid))
+            first = WorkItem(pid, pos.uuid, pos.seqno, pos.snap_start, pos.snap_end,
+                             max(e.seqno, pos.seqno), control, e.uuid, open_snapshot=pos.open_snapshot)
+            at = e.snap_start - 1 if e.open_snapshot else pos.seqno
+            if pos.seqno < at < e.seqno:
+                # the end names where its last request starts (spark_connector.cuts.pivot)
+                items += [replace(first, end=at), WorkItem(pid, e.uuid, at, at, at, e.seqno, None, e.uuid)]
+            else:
+                items.append(first)
     return items
 
 
@@ -93,15 +107,11 @@ def split_items(items: Sequence[WorkItem], min_tasks: int) -> list[WorkItem]:
         first = True
         while True:
             hi = min(item.end, lo + step) if step else item.end
-            # Every piece but the last is cut exactly at its end: the server ends a bounded stream
-            # after the snapshot containing the end seqno, which would repeat the next pieces.
-            exact = hi < item.end
             if first:
-                out.append(WorkItem(item.partition, item.uuid, lo, item.snap_start, item.snap_end, hi, item.control,
-                                    item.branch_uuid, exact))
+                out.append(replace(item, end=hi))
             else:   # a resume from a complete point on the branch the batch ends on
                 uuid = item.branch_uuid if item.branch_uuid is not None else item.uuid
-                out.append(WorkItem(item.partition, uuid, lo, lo, lo, hi, None, item.branch_uuid, exact))
+                out.append(WorkItem(item.partition, uuid, lo, lo, lo, hi, None, item.branch_uuid))
             first = False
             lo = hi
             if lo >= item.end:

@@ -11,6 +11,7 @@ from dataclasses import dataclass, replace
 
 from engine.core.errors import UprError
 
+from .cuts import end_position
 from .offsets import PartitionOffset, SourceOffset
 from .options import OnRollback, Position, Start
 from .planning import apply_budget
@@ -25,6 +26,7 @@ class ServerPartition:
     purge_seqno: int
     failover_log: tuple[tuple[int, int], ...]   # (uuid, seqno), newest first
     state: str = "active"
+    persisted_seqno: int = 0
 
     @property
     def uuid(self) -> int:
@@ -75,6 +77,40 @@ def select_partitions(meta: ServerMeta, wanted: tuple[int, ...] | None) -> list[
         raise OptionError("partitions", f"server has partitions 0-{meta.num_partitions - 1}; "
                                         f"not there: {missing[:10]}")
     return list(wanted)
+
+
+def format_ids(ids: list[int] | tuple[int, ...]) -> str:
+    """Partition ids as ranges, e.g. ``0-3,7``."""
+    out: list[str] = []
+    for p in sorted(set(ids)):
+        if out and out[-1].split("-")[-1] == str(p - 1):
+            out[-1] = f"{out[-1].split('-')[0]}-{p}"
+        else:
+            out.append(str(p))
+    return ",".join(out)
+
+
+def check_same_partitions(start: SourceOffset, selected: list[int]) -> None:
+    """A restarted query streams the partitions its checkpoint holds: a ``partitions`` option that
+    now names others is refused, naming both, rather than silently ignored."""
+    held = sorted(start.partitions)
+    if held != sorted(selected):
+        from .options import OptionError
+        raise OptionError("partitions", f"the checkpoint streams partitions {format_ids(held)} but the option "
+                                        f"now selects {format_ids(selected)}; set it back or start a new checkpoint")
+
+
+def lag_metrics(planned: SourceOffset | None, latest: SourceOffset) -> dict[str, str]:
+    """Kafka's ``minOffsetsBehindLatest``/``avgOffsetsBehindLatest``/``maxOffsetsBehindLatest``:
+    seqnos between the planned end and the latest offset, over the partitions; {} before a plan."""
+    if planned is None or planned.latest_sentinel:
+        return {}
+    behind = [max(0, o.seqno - planned.partitions[p].seqno) for p, o in latest.partitions.items()
+              if p in planned.partitions]
+    if not behind:
+        return {}
+    return {"minOffsetsBehindLatest": str(min(behind)), "avgOffsetsBehindLatest": f"{sum(behind) / len(behind):.1f}",
+            "maxOffsetsBehindLatest": str(max(behind))}
 
 
 def initial_offset(spec: Position | Mapping[int, Start], meta: ServerMeta, selected: list[int]) -> SourceOffset:
@@ -155,6 +191,7 @@ def next_offset(
         if step == 0 and pos.generation == old.generation:
             out[pid] = old          # unchanged: keeps start == end when nothing is new
             continue
-        s = pos.seqno + step
-        out[pid] = replace(pos, uuid=sp.uuid, seqno=s, snap_start=s, snap_end=s)
+        # an exact range: the batch delivers up to s and no further, so s may sit inside a
+        # snapshot the server draws only when the batch is read (spark_connector.cuts)
+        out[pid] = end_position(replace(pos, uuid=sp.uuid), pos.seqno + step, sp.uuid, sp.persisted_seqno)
     return SourceOffset(out, meta.num_partitions)

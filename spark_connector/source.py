@@ -21,7 +21,16 @@ from .meta import fetch_meta, local_check
 from .offsets import SourceOffset
 from .options import Position, SourceOptions, parse_options
 from .planning import WorkItem, plan_tasks
-from .progress import ServerMeta, initial_offset, next_offset, resolve_positions, select_partitions
+from .progress import (
+    ServerMeta,
+    check_same_partitions,
+    initial_offset,
+    lag_metrics,
+    next_offset,
+    resolve_positions,
+    select_partitions,
+)
+from .retry import RetryPolicy
 from .rows import SCHEMA_DDL
 
 NAME = "upr"
@@ -36,12 +45,11 @@ class UprInputPartition(InputPartition):
     items: tuple[WorkItem, ...]
     batch_rows: int
     timeout: float
-    exact_end: bool = False   # drop items past each planned end (maxOffsetsPerTrigger is a hard cap)
+    retry: RetryPolicy = RetryPolicy()   # for the stream connect
 
 
 def _input_partitions(opts: SourceOptions, start: SourceOffset, end: SourceOffset) -> list[UprInputPartition]:
-    exact = opts.max_offsets_per_trigger is not None
-    return [UprInputPartition(opts.server, opts.token, tuple(group), opts.batch_rows, opts.timeout, exact)
+    return [UprInputPartition(opts.server, opts.token, tuple(group), opts.batch_rows, opts.timeout, opts.retry)
             for group in plan_tasks(start, end, opts.min_partitions)]
 
 
@@ -96,6 +104,7 @@ class UprStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self.opts = parse_options(options)
         self._target: dict[int, int] | None = None    # AvailableNow: never plan past these seqnos
         self._fresh: ServerMeta | None = None          # metadata fetched by prepareForTriggerAvailableNow
+        self._planned: SourceOffset | None = None      # the end offset latestOffset returned last
 
     # ---------------------------------------------------------------- offsets (driver)
     def initialOffset(self) -> dict[str, Any]:
@@ -122,15 +131,22 @@ class UprStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         if begin.latest_sentinel:
             # Batch 0 of startingOffsets=latest: sentinel -> "now", planned as an empty batch, so a
             # replay of it is identical however late it runs.
-            return resolve_positions(self.opts.starting, meta, selected).to_json()
-        max_rows = limit.max_rows if isinstance(limit, ReadMaxRows) else None
-        end = next_offset(begin, meta, check=local_check, policy=self.opts.on_rollback,
-                          max_rows=max_rows, target=self._target)
+            end = resolve_positions(self.opts.starting, meta, selected)
+        else:
+            check_same_partitions(begin, selected)
+            max_rows = limit.max_rows if isinstance(limit, ReadMaxRows) else None
+            end = next_offset(begin, meta, check=local_check, policy=self.opts.on_rollback,
+                              max_rows=max_rows, target=self._target)
+        self._planned = end
         return end.to_json()
 
     def reportLatestOffset(self) -> dict[str, Any] | None:
+        """Shown as ``latestOffset`` in the query's progress, with Kafka's lag figures beside the
+        offset (``min/avg/maxOffsetsBehindLatest``: seqnos between the batch just planned and the
+        high seqnos now), since Spark has no metrics hook for Python sources."""
         meta = fetch_meta(self.opts)
-        return resolve_positions(Position.LATEST, meta, select_partitions(meta, self.opts.partitions)).to_json()
+        latest = resolve_positions(Position.LATEST, meta, select_partitions(meta, self.opts.partitions))
+        return {**latest.to_json(), **lag_metrics(self._planned, latest)}
 
     def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> list[UprInputPartition]:
         return _input_partitions(self.opts, SourceOffset.from_json(start), SourceOffset.from_json(end))

@@ -7,11 +7,10 @@ batches go into Arrow with a few memcpys) and a flow-control window acknowledged
 converted.
 
 Range semantics are DCP's: a request ``(start, end]`` streams every key's latest version with a
-seqno in the range, and the server ends the stream after the snapshot that contains ``end``.  By
-default the batch keeps those items past ``end`` (a whole snapshot is a consistent state; the next
-batch delivers them again, and sinks are idempotent upserts keyed by document key with a seqno
-guard).  With ``maxOffsetsPerTrigger`` the cap is hard: items past the planned end are dropped
-here and delivered by the next batch.
+seqno in the range, and the server ends the stream after the snapshot that contains ``end``.  The
+items of that snapshot past ``end`` are dropped here: a micro-batch is an exact range, and the next
+batch (which starts at ``end``) delivers them.  How the cut position is recorded and resumed is
+``spark_connector.cuts``.
 
 A replayed batch may name a range the server no longer has (a failover between planning and
 reading).  ``read()`` cannot re-plan, so it never follows the branch silently: it emits a
@@ -38,9 +37,12 @@ from engine.protocol.client.acks import AckTracker
 from engine.protocol.client.actions import Deliver, EndAction, Reconnect, Repair, Send, StreamEnded
 from engine.protocol.client.errors import ClientError
 from engine.protocol.client.incoming import decode_frame, frame_bytes
+from engine.protocol.client.offset import StreamOffset
 from engine.protocol.client.session import ClientSession
 from engine.protocol.frames import HEADER, ITEM_BATCH, PER_ITEM_BYTES, ItemBatch, decode_binary
 
+from .cuts import items_through
+from .retry import Retryable, RetryPolicy, call_with_retries
 from .planning import WorkItem
 from .rows import ARROW_SCHEMA, RESET, control_batch, ops_array
 
@@ -179,22 +181,56 @@ def _stream(partition: Any, rounds: list[list[WorkItem]]) -> Iterator[pa.RecordB
 
     headers = {"Authorization": f"Bearer {partition.token}"} if partition.token else None
     wanted = sorted({w.partition for r in rounds for w in r})
-    exact = getattr(partition, "exact_end", False)
     name = f"spark-{socket.gethostname()}-{os.getpid()}"
-    try:
-        with connect(stream_url(partition.server), additional_headers=headers, max_size=None,
-                     open_timeout=partition.timeout, close_timeout=2) as ws:
+    url = stream_url(partition.server)
+    policy: RetryPolicy = partition.retry
+
+    def attempt() -> tuple[Any, ClientSession, M.FailoverLogs]:
+        from websockets.exceptions import InvalidHandshake, InvalidStatus, WebSocketException
+        try:
+            ws = connect(url, additional_headers=headers, max_size=None, open_timeout=partition.timeout,
+                         close_timeout=2)
+        except InvalidStatus as exc:
+            if exc.response.status_code >= 500:
+                raise Retryable(f"HTTP {exc.response.status_code}") from None
+            raise
+        except (OSError, TimeoutError, InvalidHandshake) as exc:
+            raise Retryable(f"cannot connect: {exc or type(exc).__name__}") from None
+        try:
             hello = ClientSession(partitions=wanted, window_bytes=WINDOW_BYTES)
             ws.send(M.encode(hello.hello(name, M.Codec.BINARY)))
             data = ws.recv(timeout=partition.timeout)
             hello.receive_handshake(decode_frame(data), frame_bytes(data))
-            logs = _failover_logs(decode_frame(data))
+            return ws, hello, _failover_logs(decode_frame(data))
+        except (OSError, TimeoutError, WebSocketException) as exc:
+            ws.close()
+            raise Retryable(f"connection lost during hello: {exc or type(exc).__name__}") from None
+        except BaseException:
+            ws.close()
+            raise
+
+    try:
+        ws, hello, logs = call_with_retries(f"stream connection to {url}", attempt, policy)
+        with ws:
             acks = hello.acks   # one flow-control window for the whole connection
             for round_items in rounds:
-                yield from _round(ws, partition.timeout, logs, acks, [w for w in round_items if w.end > w.start],
-                                  exact)
+                yield from _round(ws, partition.timeout, logs, acks, [w for w in round_items if w.end > w.start])
     except ClientError as exc:
         raise StreamReadError(str(exc)) from None
+
+
+def _resume(w: WorkItem, logs: M.FailoverLogs) -> StreamOffset:
+    info = logs.partitions.get(w.partition)
+    if info is None:
+        return w.position
+    return w.resume_position(info.log[0].uuid if info.log else 0, info.high_seqno)
+
+
+def _through(rb: pa.RecordBatch, end: int) -> pa.RecordBatch:
+    """The items of ``rb`` at or below the planned end (seqno order: a prefix)."""
+    if not rb.num_rows or rb.column(1)[-1].as_py() <= end:
+        return rb
+    return rb.slice(0, items_through(rb.column(1).to_pylist(), end))
 
 
 def _failover_logs(msg: Any) -> M.FailoverLogs:
@@ -202,14 +238,14 @@ def _failover_logs(msg: Any) -> M.FailoverLogs:
     return msg
 
 
-def _round(ws: Any, timeout: float, logs: M.FailoverLogs, acks: AckTracker, items: list[WorkItem],
-           exact: bool) -> Iterator[pa.RecordBatch]:
+def _round(ws: Any, timeout: float, logs: M.FailoverLogs, acks: AckTracker,
+           items: list[WorkItem]) -> Iterator[pa.RecordBatch]:
     """Stream one piece of each partition of the round, each from its planned position."""
     if not items:
         return
     planned = {w.partition: w for w in items}
     session = ClientSession(partitions=sorted(planned), start="beginning", on_rollback="reset",
-                            offsets={p: w.position for p, w in planned.items()},
+                            offsets={p: _resume(w, logs) for p, w in planned.items()},
                             end_seqnos={p: w.end for p, w in planned.items()}, window_bytes=WINDOW_BYTES)
     session.acks = acks
     highs = {p: info.high_seqno for p, info in logs.partitions.items()}
@@ -224,10 +260,7 @@ def _round(ws: Any, timeout: float, logs: M.FailoverLogs, acks: AckTracker, item
             if rb.num_rows:
                 p = rb.column(0)[0].as_py()
                 session.items_arrived(p)
-                w = planned[p]
-                if (exact or w.exact) and rb.column(1)[-1].as_py() > w.end:
-                    rb = rb.filter(pc.less_equal(rb.column(1), w.end))
-                yield rb
+                yield _through(rb, planned[p].end)
             actions: list[Any] = []
         else:
             actions = session.receive(decode_frame(data))
@@ -237,10 +270,7 @@ def _round(ws: Any, timeout: float, logs: M.FailoverLogs, acks: AckTracker, item
                 batch = action.message
                 if len(batch):
                     rb = batch_to_arrow(batch, snaps.get(batch.partition, (0, 0)))
-                    w = planned[batch.partition]
-                    if (exact or w.exact) and batch.seqnos[-1] > w.end:
-                        rb = rb.filter(pc.less_equal(rb.column(1), w.end))
-                    yield rb
+                    yield _through(rb, planned[batch.partition].end)
             elif kind is Deliver and type(action.message) is M.SnapshotMarker:
                 snaps[action.message.partition] = (action.message.start, action.message.end)
             elif kind is StreamEnded:

@@ -158,7 +158,7 @@ def test_split_items_covers_the_range_exactly_once_and_keeps_control_on_first_pi
     # a piece that starts mid-range resumes on the batch's branch, never with the start's uuid 0
     branchy = split_items([WorkItem(0, 0, 0, 0, 0, 100, None, 77)], 4)
     assert [w.uuid for w in branchy] == [0, 77, 77, 77]
-    assert [w.exact for w in branchy] == [True, True, True, False]
+    assert [(w.start, w.end) for w in branchy] == [(0, 25), (25, 50), (50, 75), (75, 100)]
 
 
 def test_plan_from_offsets_is_deterministic_and_skips_idle_partitions():
@@ -196,8 +196,9 @@ def _check_branch_at_50(pos, sp):
 
 
 @pytest.mark.parametrize("policy, expect0", [
-    (OnRollback.RESET_PARTITION, PartitionOffset(9, 100, 100, 100, 1, 0)),
-    (OnRollback.REFETCH, PartitionOffset(9, 100, 100, 100, 1, 50)),
+    # the end is a batch cut: an open snapshot from the restart seqno + 1 (spark_connector.cuts)
+    (OnRollback.RESET_PARTITION, PartitionOffset(9, 100, 1, 100, 1, 0, open_snapshot=True)),
+    (OnRollback.REFETCH, PartitionOffset(9, 100, 51, 100, 1, 50, open_snapshot=True)),
 ])
 def test_policies_bump_generation_and_mark_restart(policy, expect0):
     start = SourceOffset({0: PartitionOffset(1, 60, 60, 60), 1: PartitionOffset(2, 40, 40, 40)}, 2)

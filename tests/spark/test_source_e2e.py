@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import time
 
 import httpx
 import pytest
@@ -31,7 +32,8 @@ def test_batch_read_and_stream_with_read_limit(spark, upr_server, tmp_path):
            .option("startingOffsets", json.dumps({"0": {"uuid": str(uuid), "seqno": 10}}))
            .option("endingOffsets", json.dumps({"0": {"seqno": 30, "uuid": str(uuid)}})).load().collect())
     assert one and all(r.partition == 0 and r.seqno > 10 and r.op != "reset" for r in one)
-    assert max(r.seqno for r in one) >= 30
+    # endingOffsets is exact: the rows of (10, 30], however far the snapshot holding 30 goes
+    assert sorted(r.seqno for r in one) == sorted(r.seqno for r in rows if r.partition == 0 and 10 < r.seqno <= 30)
     # a position on a history the server never had is not followed silently: reset row first
     bad = (spark.read.format("upr").option("server", srv.url).option("partitions", "0")
            .option("startingOffsets", json.dumps({"0": {"uuid": 12345, "seqno": 10}})).load().collect())
@@ -50,6 +52,36 @@ def test_batch_read_and_stream_with_read_limit(spark, upr_server, tmp_path):
     assert sum(n for _, n in seen) == len(rows)
 
 
+def _end_offset(progress: dict) -> dict:
+    raw = progress["sources"][0].get("endOffset") or {}
+    return json.loads(raw) if isinstance(raw, str) else raw
+
+
+def test_streamed_batches_are_exact_while_a_writer_adds_keys(spark, upr_server, tmp_path):
+    """startingOffsets=latest while a writer adds keys: every new key arrives exactly once, with no
+    maxOffsetsPerTrigger (a batch's end offset is what it delivered; the next batch starts there)."""
+    srv = upr_server(partitions=4)
+    bulk(srv.url, [{"op": "set", "key": f"old{i}", "value": 1} for i in range(300)])
+    seen: list[tuple[int, int, str]] = []
+    q = (spark.readStream.format("upr").option("server", srv.url).option("startingOffsets", "latest").load()
+         .writeStream.foreachBatch(lambda df, b: seen.extend((r.partition, r.seqno, r.key) for r in df.collect()))
+         .option("checkpointLocation", str(tmp_path / "ck")).start())
+    try:
+        deadline = time.monotonic() + 120
+        while not any("p" in _end_offset(p) for p in q.recentProgress):
+            assert q.exception() is None and time.monotonic() < deadline, "the sentinel batch never ran"
+            time.sleep(0.05)
+        keys = [f"new{i}" for i in range(1200)]
+        for i in range(0, len(keys), 40):       # many small writes: they land while batches are read
+            bulk(srv.url, [{"op": "set", "key": k, "value": {"i": k}} for k in keys[i:i + 40]])
+        q.processAllAvailable()
+    finally:
+        q.stop()
+    assert q.exception() is None
+    assert len(seen) == len(set(seen)) == len(keys)
+    assert sorted(k for _, _, k in seen) == sorted(keys)
+
+
 @pytest.mark.parametrize("opts, option", [
     ({"bogus": "1"}, "bogus"),
     ({"startingOffsets": "{not json"}, "startingOffsets"),
@@ -60,9 +92,11 @@ def test_bad_options_fail_fast_naming_the_option(spark, opts, option):
         spark.read.format("upr").option("server", "http://127.0.0.1:9").options(**opts).load().collect()
 
 
-def test_unreachable_server_fails_naming_the_option(spark):
-    with pytest.raises(Exception, match="option 'server'.*cannot reach"):
-        spark.read.format("upr").option("server", "http://127.0.0.1:9").load().collect()
+def test_unreachable_server_fails_after_its_retries_naming_the_cause(spark):
+    with pytest.raises(Exception, match=r"GET /partitions from http://127.0.0.1:9: cannot reach http://127.0.0.1:9: "
+                                        r".*refused; gave up after 2 attempts"):
+        (spark.read.format("upr").option("server", "http://127.0.0.1:9").option("fetchOffset.numRetries", "1")
+         .option("fetchOffset.retryIntervalMs", "10").load().collect())
 
 
 def test_starting_offsets_latest_is_resolved_once_and_resume_ignores_the_option(spark, upr_server, tmp_path):
