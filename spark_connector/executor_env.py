@@ -145,7 +145,11 @@ def build_env(dest: Path, wheel: Path, *, deps: str = "install", base_python: st
     python = dest / "bin" / "python"
     target = Path(subprocess.run([str(python), "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"],
                                  capture_output=True, text=True, check=True).stdout.strip())
-    pip = [base_python, "-m", "pip", "install", "-q", "--no-warn-script-location", "--prefix", str(dest)]
+    # --ignore-installed: pip run by the base interpreter otherwise treats a `upr` installed there
+    # (an editable checkout) as the one to replace, and uninstalls it from the base environment
+    # before installing into the prefix; it also makes the new venv hold its own dependencies.
+    pip = [base_python, "-m", "pip", "install", "-q", "--no-warn-script-location", "--ignore-installed",
+           "--prefix", str(dest)]
     if deps == "inherit":
         _run("installing the upr wheel", [*pip, "--no-deps", str(wheel)])
         inherited = site_packages(base_python)

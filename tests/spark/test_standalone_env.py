@@ -57,3 +57,39 @@ def test_build_env_refuses_a_non_empty_directory_and_unknown_deps(tmp_path):
         build_env(tmp_path / "x", tmp_path / "w.whl", deps="inherit")
     with pytest.raises(EnvError, match="deps must be"):
         build_env(tmp_path / "y", tmp_path / "w.whl", deps="conda")
+
+
+def _dummy_wheel(out, version: str):  # type: ignore[no-untyped-def]
+    """A minimal ``upr`` wheel (just metadata): enough for pip's install/uninstall decisions."""
+    import zipfile
+    path = out / f"upr-{version}-py3-none-any.whl"
+    info = f"upr-{version}.dist-info"
+    files = {f"{info}/METADATA": f"Metadata-Version: 2.1\nName: upr\nVersion: {version}\n",
+             f"{info}/WHEEL": "Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\nTag: py3-none-any\n"}
+    files[f"{info}/RECORD"] = "".join(f"{name},,\n" for name in files) + f"{info}/RECORD,,\n"
+    with zipfile.ZipFile(path, "w") as zf:
+        for name, text in files.items():
+            zf.writestr(name, text)
+    return path
+
+
+def test_building_an_env_leaves_the_base_environments_upr_installed(tmp_path):
+    """pip run by the base interpreter with --prefix would uninstall the base's own ``upr`` (the
+    shared venv's editable checkout) before installing into the new venv."""
+    import subprocess
+    import sys
+    base = tmp_path / "base"
+    subprocess.run([sys.base_prefix + "/bin/python3", "-m", "venv", "--without-pip", "--system-site-packages",
+                    str(base)], check=True)
+    python = str(base / "bin" / "python")
+    subprocess.run([python, "-m", "pip", "install", "-q", "--no-deps", str(_dummy_wheel(tmp_path, "0.0.1"))],
+                   check=True, capture_output=True)
+    newer = tmp_path / "newer"
+    newer.mkdir()
+    with pytest.raises(EnvError, match="checking the environment"):       # a metadata-only wheel
+        build_env(tmp_path / "env", _dummy_wheel(newer, "0.0.2"), deps="inherit", base_python=python)
+    version = subprocess.run([python, "-c", "import importlib.metadata as m; print(m.version('upr'))"],
+                             capture_output=True, text=True, check=True, cwd="/").stdout.strip()
+    assert version == "0.0.1"
+    installed = list((tmp_path / "env").glob("lib/python*/site-packages/upr-0.0.2.dist-info"))
+    assert installed, "the wheel went into the new venv"
