@@ -116,7 +116,7 @@ def _guard(fn):  # type: ignore[no-untyped-def]
             if getattr(args, "debug", False):
                 import traceback
                 traceback.print_exc()
-            print(f"upr index: {one_line(exc)}", file=sys.stderr)
+            print(f"upr index: {exc}", file=sys.stderr)
             return EXIT_ERROR
         except KeyboardInterrupt:
             print("upr index: interrupted", file=sys.stderr)
@@ -237,9 +237,11 @@ def _cmd_env(args: argparse.Namespace) -> int:
     import tempfile
     from pathlib import Path
 
-    from .executor_env import build_env, build_wheel, pack
+    from .executor_env import EnvError, build_env, build_wheel, pack
 
     out = Path(args.out)
+    if out.exists() and any(out.iterdir()):     # before minutes of building, not after
+        raise EnvError(f"{out} exists and is not empty; choose a new directory")
     with tempfile.TemporaryDirectory(prefix="upr-wheel-") as tmp:
         print("building the upr wheel ...", file=sys.stderr)
         wheel = build_wheel(Path(tmp))

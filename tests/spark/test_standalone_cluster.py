@@ -57,6 +57,11 @@ def executor_env(tmp_path_factory) -> Path:
         build_env(staging, wheel, deps="inherit")
         # a venv's scripts name its path, but bin/python (all Spark runs) does not: renaming is safe
         os.replace(staging, env)
+        # building the env must leave the driver's venv and its own upr install untouched
+        probe = subprocess.run([sys.executable, "-c", "import importlib.metadata as m; print(m.version('upr'))"],
+                               cwd="/", env={k: v for k, v in os.environ.items() if k != "PYTHONPATH"},
+                               capture_output=True, text=True)
+        assert probe.returncode == 0 and probe.stdout.strip(), probe.stderr
     return env
 
 
