@@ -121,6 +121,8 @@ def _guard(fn):  # type: ignore[no-untyped-def]
         except KeyboardInterrupt:
             print("upr index: interrupted", file=sys.stderr)
             return 130
+        except ModuleNotFoundError:
+            raise           # app/cli.py names the extra to install
         except Exception as exc:  # noqa: BLE001 - Spark's wrapped failures: the cause in one line
             if getattr(args, "debug", False):
                 import traceback
