@@ -94,6 +94,22 @@ def _newest_per_key(entries):  # type: ignore[no-untyped-def]
     return entries.withColumn("_m", newest).filter(F.col("seqno") == F.col("_m")).drop("_m")
 
 
+def _local_root(index_dir: str | os.PathLike[str]) -> Path:
+    """Builds write through local paths (a shared mount on a cluster); a URI is refused rather
+    than taken for a relative directory named ``hdfs:``."""
+    from urllib.parse import urlparse
+
+    from .storage import scheme_of
+    text = os.fspath(index_dir)
+    scheme = scheme_of(text)
+    if scheme == "file":
+        return Path(urlparse(text).path)
+    if scheme:
+        raise IndexError_(f"{text}: index builds write to a local or shared-mount path, not {scheme}:// "
+                          "(upr index query and info read URIs)")
+    return Path(text)
+
+
 class IndexJob:
     """Build and maintain one index at ``index_dir`` from the server at ``server``.
 
@@ -107,7 +123,7 @@ class IndexJob:
                  source_options: dict[str, str] | None = None, local_batch_rows: int = LOCAL_BATCH_ROWS,
                  on_batch: Callable[[BatchProgress], None] | None = None) -> None:
         self.spark = spark
-        self.root = Path(index_dir)
+        self.root = _local_root(index_dir)
         self.server = server.rstrip("/")
         self.token = token
         self.function = function

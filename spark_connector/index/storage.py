@@ -19,7 +19,7 @@ from urllib.parse import urlparse
 
 from .manifest import IndexError_
 
-__all__ = ["Location", "StorageError", "open_location"]
+__all__ = ["Location", "StorageError", "open_location", "scheme_of"]
 
 #: Schemes whose "move" is a copy (object stores): the manifest is written in place there.
 OBJECT_STORES = frozenset({"s3", "s3a", "gs", "gcs", "abfs", "abfss", "az"})
@@ -34,7 +34,7 @@ def _first_line(exc: BaseException) -> str:
     return text[0] if text else type(exc).__name__
 
 
-def _scheme(location: str) -> str:
+def scheme_of(location: str) -> str:
     parsed = urlparse(location)
     # "C:\\x" and plain paths have no scheme of two letters or more
     return parsed.scheme.lower() if len(parsed.scheme) > 1 else ""
@@ -123,7 +123,7 @@ def open_location(location: str | os.PathLike[str], filesystem: Any = None) -> L
     text = os.fspath(location)
     if filesystem is not None:
         return Location(filesystem, text, text, scheme=getattr(filesystem, "type_name", "custom"))
-    scheme = _scheme(text)
+    scheme = scheme_of(text)
     if scheme in ("", "file"):
         path = urlparse(text).path if scheme == "file" else text
         path = os.path.abspath(path)
