@@ -9,7 +9,9 @@ Python processes run through ``spark_python.sh`` (when ``PYSPARK_PYTHON`` is not
 takes the zipped copy of the pip-installed pyspark off their ``PYTHONPATH``, so they import the
 installed, byte-compiled package instead of compiling its modules from the zip in every new
 process (the driver's streaming-source process is new for every query; see docs/benchmarks.md,
-Spark: the per-run cost notes).
+Spark: the per-run cost notes).  Other masters get the Python that ``executor_env.python_for``
+chooses: an executor environment built from this project's wheel (a directory at the same path on
+every host, or an archive shipped with ``spark.archives``), else this interpreter by absolute path.
 """
 from __future__ import annotations
 
@@ -31,9 +33,20 @@ def worker_python() -> str:
 
 
 def local_session(master: str = "local[*,4]", app_name: str = "upr", shuffle_partitions: int = 4,
-                  extra: dict[str, Any] | None = None):  # type: ignore[no-untyped-def]
-    if "PYSPARK_PYTHON" not in os.environ:
-        os.environ["PYSPARK_PYTHON"] = worker_python()
+                  extra: dict[str, Any] | None = None, executor_env: str | None = None):  # type: ignore[no-untyped-def]
+    """A SparkSession on ``master`` (any master, despite the name: ``local[*]`` is the default),
+    with ``extra`` confs and, off the local machine, the Python of ``executor_env``."""
+    from .executor_env import python_for
+
+    wrapper = str(SPARK_PYTHON) if os.name == "posix" and os.access(SPARK_PYTHON, os.X_OK) else None
+    choice = python_for(master, executor_env, this_python=sys.executable, wrapper=wrapper)
+    current = os.environ.get("PYSPARK_PYTHON")
+    # a user's own PYSPARK_PYTHON wins unless an environment is named; the wrapper a local
+    # session of this process left there never serves another master
+    if executor_env is not None or current is None or current == wrapper:
+        os.environ["PYSPARK_PYTHON"] = choice.pyspark_python
+    if choice.wrapped:
+        os.environ.setdefault("UPR_SPARK_PYTHON", sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     from pyspark.sql import SparkSession
@@ -46,7 +59,7 @@ def local_session(master: str = "local[*,4]", app_name: str = "upr", shuffle_par
                .config("spark.driver.host", "127.0.0.1")
                .config("spark.sql.execution.arrow.pyspark.enabled", "true")
                .config("spark.python.worker.reuse", "true"))
-    for key, value in (extra or {}).items():
+    for key, value in {**choice.conf, **(extra or {})}.items():
         builder = builder.config(key, str(value))
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("ERROR")

@@ -25,6 +25,7 @@ import logging
 import os
 import time
 import uuid as uuidlib
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -60,6 +61,19 @@ class RunReport:
         return now
 
 
+@dataclass(frozen=True)
+class BatchProgress:
+    """One applied micro-batch, for progress lines: ``changes`` read, the per-partition seqnos the
+    index now holds (the batch's end offset), and the batch's wall time in the driver."""
+
+    batch_id: int
+    changes: int
+    seqnos: dict[int, int]
+    seconds: float
+    generation: int
+    resets: tuple[int, ...] = ()
+
+
 #: Batches spanning at most this many seqnos have their index rows written by the driver.
 LOCAL_BATCH_ROWS = 50_000
 
@@ -80,6 +94,22 @@ def _newest_per_key(entries):  # type: ignore[no-untyped-def]
     return entries.withColumn("_m", newest).filter(F.col("seqno") == F.col("_m")).drop("_m")
 
 
+def _local_root(index_dir: str | os.PathLike[str]) -> Path:
+    """Builds write through local paths (a shared mount on a cluster); a URI is refused rather
+    than taken for a relative directory named ``hdfs:``."""
+    from urllib.parse import urlparse
+
+    from .storage import scheme_of
+    text = os.fspath(index_dir)
+    scheme = scheme_of(text)
+    if scheme == "file":
+        return Path(urlparse(text).path)
+    if scheme:
+        raise IndexError_(f"{text}: index builds write to a local or shared-mount path, not {scheme}:// "
+                          "(upr index query and info read URIs)")
+    return Path(text)
+
+
 class IndexJob:
     """Build and maintain one index at ``index_dir`` from the server at ``server``.
 
@@ -90,9 +120,10 @@ class IndexJob:
 
     def __init__(self, spark: Any, index_dir: str | os.PathLike[str], server: str, function: IndexFunction, *,
                  name: str | None = None, token: str | None = None, max_runs: int = 4,
-                 source_options: dict[str, str] | None = None, local_batch_rows: int = LOCAL_BATCH_ROWS) -> None:
+                 source_options: dict[str, str] | None = None, local_batch_rows: int = LOCAL_BATCH_ROWS,
+                 on_batch: Callable[[BatchProgress], None] | None = None) -> None:
         self.spark = spark
-        self.root = Path(index_dir)
+        self.root = _local_root(index_dir)
         self.server = server.rstrip("/")
         self.token = token
         self.function = function
@@ -102,10 +133,16 @@ class IndexJob:
         self.source_options = dict(source_options or {})
         self.checkpoint = self.root / "checkpoint"
         self.report = RunReport()
+        self.on_batch = on_batch
 
     # ------------------------------------------------------------------ public
-    def run(self, follow: bool = False, interval_s: float = 5.0, timeout_s: float | None = None) -> RunReport:
-        """Bring the index up to date (AvailableNow), or with ``follow`` keep it updated."""
+    def run(self, follow: bool = False, interval_s: float = 5.0, timeout_s: float | None = None,
+            stop: Callable[[], bool] | None = None) -> RunReport:
+        """Bring the index up to date (AvailableNow), or with ``follow`` keep it updated.
+
+        ``stop`` is polled while the query runs; when it returns True the query is stopped
+        between Spark calls (a signal handler only sets a flag: raising inside a blocked py4j
+        call would break the gateway and print its tracebacks)."""
         from .. import session
         session.register(self.spark)
         started = time.monotonic()
@@ -126,8 +163,11 @@ class IndexJob:
         self._t_started = time.monotonic()
         self._t_applied: float | None = None
         query = writer.start()
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
         try:
-            query.awaitTermination(timeout_s)
+            while not query.awaitTermination(0.5):
+                if (stop is not None and stop()) or (deadline is not None and time.monotonic() >= deadline):
+                    break
         finally:
             if query.isActive:
                 query.stop()
@@ -211,7 +251,7 @@ class IndexJob:
         if batch_id <= manifest.batch_id:
             self.report.skipped += 1
             return
-        t = time.monotonic()
+        t = started = time.monotonic()
         run_path = f"runs/r-{manifest.generation + 1:06d}-{batch_id}-{uuidlib.uuid4().hex[:8]}"
         planned = self._planned_seqnos(batch_id)
         small = planned is not None and planned <= self.local_batch_rows
@@ -254,6 +294,12 @@ class IndexJob:
             t = self.report._add("compact", t)
         commit(self.root, nxt)
         t = self.report._add("commit", t)
+        if self.on_batch is not None:
+            from ..offsets import SourceOffset
+            seqnos = ({p: o.seqno for p, o in SourceOffset.from_json(nxt.offset).partitions.items()}
+                      if nxt.offset and not nxt.offset.get("latest") else {})
+            self.on_batch(BatchProgress(batch_id, changes.value, seqnos, time.monotonic() - started, nxt.generation,
+                                        tuple(resets)))
         self.report.batches += 1
         self.report.resets.extend(resets)
         self.report.rollbacks.update(rollbacks)

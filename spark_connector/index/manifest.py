@@ -70,38 +70,29 @@ class Manifest:
         return replace(self, generation=self.generation + 1, created=time.time(), **changes)
 
 
-def load(index_dir: str | os.PathLike[str]) -> Manifest | None:
-    path = Path(index_dir) / MANIFEST
-    try:
-        raw = json.loads(path.read_text())
-    except FileNotFoundError:
+def load(index_dir: str | os.PathLike[str] | Any) -> Manifest | None:
+    """The current manifest of ``index_dir`` (a path, a URI or a ``storage.Location``), or None."""
+    from .storage import Location, open_location
+    where = index_dir if isinstance(index_dir, Location) else open_location(index_dir)
+    text = where.read_text(MANIFEST)
+    if text is None:
         return None
+    try:
+        raw = json.loads(text)
     except ValueError as exc:
-        raise IndexError_(f"{path}: corrupt manifest ({exc})") from None
+        raise IndexError_(f"{where.spark_path(MANIFEST)}: corrupt manifest ({exc})") from None
     return Manifest.from_json(raw)
 
 
-def commit(index_dir: str | os.PathLike[str], manifest: Manifest) -> None:
-    """Make ``manifest`` current: readers see either the old or the new generation, never a mix."""
-    root = Path(index_dir)
-    (root / "history").mkdir(parents=True, exist_ok=True)
+def commit(index_dir: str | os.PathLike[str] | Any, manifest: Manifest) -> None:
+    """Make ``manifest`` current: readers see either the old or the new generation, never a mix.
+    The history copy is written first, the manifest last: the manifest's replacement is the
+    commit point (``storage.Location.write_atomic`` says how each filesystem makes it atomic)."""
+    from .storage import Location, open_location
+    where = index_dir if isinstance(index_dir, Location) else open_location(index_dir)
     text = json.dumps(manifest.to_json(), indent=1, sort_keys=True)
-    _write_atomic(root / "history" / f"gen-{manifest.generation:06d}.json", text)
-    _write_atomic(root / MANIFEST, text)
-
-
-def _write_atomic(path: Path, text: str) -> None:
-    tmp = path.with_name(path.name + f".tmp-{os.getpid()}")
-    with open(tmp, "w") as fh:
-        fh.write(text)
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.replace(tmp, path)
-    fd = os.open(path.parent, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+    where.write_atomic(f"history/gen-{manifest.generation:06d}.json", text)
+    where.write_atomic(MANIFEST, text)
 
 
 def collect_garbage(index_dir: str | os.PathLike[str], manifest: Manifest | None, keep_previous: int = 1) -> list[str]:

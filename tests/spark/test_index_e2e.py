@@ -16,6 +16,7 @@ import pytest
 
 from spark_connector.cli import info, query
 from spark_connector.index.functions import FieldIndex
+from spark_connector.index.lookup import lookup
 from spark_connector.index.job import IndexJob
 from spark_connector.index.manifest import load
 from spark_connector.index.view import load_index
@@ -71,6 +72,8 @@ def test_index_equals_brute_force_and_incremental_reads_only_changes(spark, upr_
     # upr index query / info
     oslo = sorted(key for value, key, _, _ in expected if value == "oslo")
     assert [r.key for r in query(spark, str(tmp_path / "inc"), "oslo")] == oslo
+    assert lookup(tmp_path / "inc", "oslo") == [                          # the JVM-free path agrees
+        {"key": r.key, "partition": r.partition, "seqno": r.seqno} for r in query(spark, str(tmp_path / "inc"), "oslo")]
     about = info(str(tmp_path / "inc"))
     assert about["generation"] == second.generation and about["lag_total"] == 0
     highs = [p["high_seqno"] for p in httpx.get(f"{srv.url}/partitions").json()["partitions"]]

@@ -1,0 +1,114 @@
+"""Point-lookup latency of ``upr index query`` (pyarrow over the Parquet runs, no JVM).
+
+    .venv/bin/python -m bench.bench_index                 # 1e6 documents, 200 cities
+    .venv/bin/python -m bench.bench_index --docs 100000
+
+Writes a synthetic index generation shaped like one ``IndexJob`` leaves after a full build and
+incremental runs (one base run of ``--docs`` entries, then ``--deltas`` runs of 1% changes each,
+some deletions as markers, one run resetting a partition) with pyarrow, commits its manifest, and
+prints, for ``--queries`` lookups of random cities:
+* in-process ``lookup()`` latency p50/p95 and CPU p50 (what a service holding the module pays);
+* ``upr index query`` as a new process (``python -m spark_connector.cli index query``) p50/p95
+  wall and CPU p50: interpreter start, imports and the lookup, as a shell user sees it (CPU is
+  the figure that survives a loaded machine);
+* the load average at the start and the end (the machine is shared).
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import random
+import resource
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def build(root: Path, docs: int, deltas: int, cities: int, seed: int = 1) -> int:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from spark_connector.index.manifest import Manifest, Run, commit
+
+    rng = random.Random(seed)
+    names = [f"city-{i:03d}" for i in range(cities)]
+    schema = pa.schema([("value", pa.string()), ("key", pa.string()), ("partition", pa.int32()),
+                        ("seqno", pa.int64())])
+    runs = []
+
+    def write(path: str, values: list, keys: list, parts: list, seqnos: list, resets: tuple = ()) -> None:
+        (root / path).mkdir(parents=True)
+        pq.write_table(pa.table([values, keys, parts, seqnos], schema=schema), root / path / "part-00000.parquet")
+        runs.append(Run(path, resets, len(keys)))
+
+    keys = [f"doc-{i:07d}" for i in range(docs)]
+    write("runs/c-000001-base", [rng.choice(names) for _ in keys], keys, [i % 64 for i in range(docs)],
+          list(range(1, docs + 1)))
+    seqno = docs
+    for d in range(deltas):
+        changed = rng.sample(range(docs), max(1, docs // 100))
+        values = [None if rng.random() < 0.1 else rng.choice(names) for _ in changed]
+        seqno += len(changed)
+        write(f"runs/r-{d + 2:06d}-delta", values, [keys[i] for i in changed], [i % 64 for i in changed],
+              list(range(seqno - len(changed) + 1, seqno + 1)), resets=(7,) if d == deltas - 1 else ())
+    commit(root, Manifest(len(runs), len(runs), {"kind": "field", "path": "city"}, "http://127.0.0.1:1",
+                          tuple(runs), rows=docs))
+    return len(names)
+
+
+def pct(values: list[float], q: float) -> float:
+    values = sorted(values)
+    return values[min(len(values) - 1, int(q * len(values)))]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--docs", type=int, default=1_000_000)
+    ap.add_argument("--deltas", type=int, default=3)
+    ap.add_argument("--cities", type=int, default=200)
+    ap.add_argument("--queries", type=int, default=30)
+    args = ap.parse_args()
+    print(f"load average at start: {os.getloadavg()[0]:.2f}")
+    with tempfile.TemporaryDirectory(prefix="bench-index-") as tmp:
+        root = Path(tmp) / "idx"
+        t = time.monotonic()
+        build(root, args.docs, args.deltas, args.cities)
+        print(f"index: {args.docs} documents, 1 base + {args.deltas} delta runs, written in "
+              f"{time.monotonic() - t:.1f}s")
+        from spark_connector.index.lookup import lookup
+        rng = random.Random(2)
+        inproc, cpu, hits = [], [], []
+        lookup(root, "city-000")                 # imports and the first file opens
+        for _ in range(args.queries):
+            city = f"city-{rng.randrange(args.cities):03d}"
+            t, c = time.perf_counter(), time.process_time()
+            hits.append(len(lookup(root, city)))
+            inproc.append(time.perf_counter() - t)
+            cpu.append(time.process_time() - c)
+        print(f"lookup() in process: p50 {pct(inproc, 0.5) * 1e3:.0f} ms, p95 {pct(inproc, 0.95) * 1e3:.0f} ms "
+              f"wall; CPU p50 {pct(cpu, 0.5) * 1e3:.0f} ms ({statistics.mean(hits):.0f} keys per answer, "
+              f"{args.queries} queries)")
+        env = {**os.environ, "PYTHONPATH": str(ROOT)}
+        procs, proc_cpu = [], []
+        for _ in range(max(5, args.queries // 3)):
+            city = f"city-{rng.randrange(args.cities):03d}"
+            before = resource.getrusage(resource.RUSAGE_CHILDREN)
+            t = time.perf_counter()
+            subprocess.run([sys.executable, "-m", "spark_connector.cli", "index", "query", "--index", str(root),
+                            "--value", city], env=env, check=True, stdout=subprocess.DEVNULL)
+            procs.append(time.perf_counter() - t)
+            after = resource.getrusage(resource.RUSAGE_CHILDREN)
+            proc_cpu.append(after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime)
+        print(f"upr index query (new process): p50 {pct(procs, 0.5) * 1e3:.0f} ms, "
+              f"p95 {pct(procs, 0.95) * 1e3:.0f} ms wall; CPU p50 {pct(proc_cpu, 0.5) * 1e3:.0f} ms "
+              f"({len(procs)} runs)")
+    print(f"load average at end: {os.getloadavg()[0]:.2f}")
+
+
+if __name__ == "__main__":
+    main()

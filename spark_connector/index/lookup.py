@@ -1,0 +1,81 @@
+"""Point lookups on an index with pyarrow alone: no SparkSession, no JVM.
+
+A lookup reads the ``value`` column of each run with a pushed-down filter and then resolves the
+candidates with ``view.runs_frame``'s rules, restricted to the candidate keys: a row of run i is
+dead if a later run resets its partition or holds any row (entry or marker) of its key.  So the
+cost is one filtered column scan per run plus a ``key IN (candidates)`` scan of the later runs,
+whatever the index size, where a SparkSession costs seconds to start (docs/benchmarks.md,
+Spark: index point lookups).
+"""
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from typing import Any
+
+from .manifest import Manifest, load
+from .storage import Location, open_location
+
+__all__ = ["lookup"]
+
+
+def _read(where: Location, run_path: str, columns: list[str], keep: Callable[[Any], Any] | None = None) -> Any:
+    """The run's ``columns`` (rows where ``keep(table)`` is true), or None for an empty run.
+    ``pyarrow.parquet`` and ``pyarrow.compute`` only: ``pyarrow.dataset`` imports pandas, which
+    costs a command-line lookup more CPU than the lookup itself."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+    import pyarrow.parquet as pq
+
+    tables = []
+    for path in where.parquet_files(run_path):
+        with where.fs.open_input_file(path) as fh:
+            pf = pq.ParquetFile(fh)
+            if keep is None:
+                tables.append(pf.read(columns=columns))
+                continue
+            probe = pf.read(columns=[c for c in ("value", "key") if c in columns][:1])
+            mask = keep(probe)
+            if pc.any(mask).as_py():            # only then read the other columns
+                tables.append(pf.read(columns=columns).filter(mask))
+    tables = [t for t in tables if t.num_rows]
+    return pa.concat_tables(tables) if tables else None
+
+
+def lookup(index: str | os.PathLike[str] | Location, value: str, manifest: Manifest | None = None) -> list[dict[str, Any]]:
+    """Entries ``{"key", "partition", "seqno"}`` whose indexed value equals ``value``, by key."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    where = index if isinstance(index, Location) else open_location(index)
+    manifest = manifest or load(where)
+    if manifest is None:
+        raise FileNotFoundError(f"{where.spark_path()}: no index here (manifest.json missing)")
+    runs = manifest.runs
+    last_reset: dict[int, int] = {}
+    for i, run in enumerate(runs):
+        for p in run.resets:
+            last_reset[p] = i
+
+    candidates: dict[str, tuple[int, int, int]] = {}       # key -> (run, partition, seqno)
+    for i, run in enumerate(runs):
+        t = _read(where, run.path, ["value", "key", "partition", "seqno"], lambda t: pc.equal(t["value"], value))
+        if t is None:
+            continue
+        for key, p, s in zip(t["key"].to_pylist(), t["partition"].to_pylist(), t["seqno"].to_pylist()):
+            if i >= last_reset.get(p, 0):
+                candidates[key] = (i, p, s)                 # a later run's row of the key wins
+    if not candidates:
+        return []
+    newest = {key: run for key, (run, _, _) in candidates.items()}
+    first = min(newest.values())
+    keys = pa.array(list(candidates), pa.string())
+    for j in range(first + 1, len(runs)):
+        t = _read(where, runs[j].path, ["key", "partition"], lambda t: pc.is_in(t["key"], value_set=keys))
+        if t is None:
+            continue
+        for key, p in zip(t["key"].to_pylist(), t["partition"].to_pylist()):
+            if j >= last_reset.get(p, 0) and j > newest[key]:
+                newest[key] = j
+    return [{"key": key, "partition": p, "seqno": s} for key, (run, p, s) in sorted(candidates.items())
+            if newest[key] == run]

@@ -1,0 +1,157 @@
+"""Where an index lives: a local path or a filesystem URI, through ``pyarrow.fs``.
+
+An index is a manifest, its history and Parquet runs.  Readers (``upr index query``, ``info``)
+and the manifest commit go through a ``Location``: a ``pyarrow.fs.FileSystem`` plus the index's
+base path in it, so the same code serves a local directory, ``file://``, HDFS, S3 or GCS (what
+pyarrow supports natively) and, when ``fsspec`` is installed, any fsspec scheme.
+
+The commit point stays one atomic step everywhere: the manifest is written to a temporary name
+and moved over ``manifest.json`` (``os.replace`` with fsyncs locally, a rename on HDFS); on object
+stores, where a move is a copy, it is written in place, since one object PUT is atomic there.
+A scheme whose client library is missing is refused with one line naming what to install.
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import urlparse
+
+from .manifest import IndexError_
+
+__all__ = ["Location", "StorageError", "open_location", "scheme_of"]
+
+#: Schemes whose "move" is a copy (object stores): the manifest is written in place there.
+OBJECT_STORES = frozenset({"s3", "s3a", "gs", "gcs", "abfs", "abfss", "az"})
+
+
+class StorageError(IndexError_):
+    """An index location that cannot be opened (unknown scheme, missing client library)."""
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return text[0] if text else type(exc).__name__
+
+
+def scheme_of(location: str) -> str:
+    parsed = urlparse(location)
+    # "C:\\x" and plain paths have no scheme of two letters or more
+    return parsed.scheme.lower() if len(parsed.scheme) > 1 else ""
+
+
+@dataclass(frozen=True)
+class Location:
+    """An index directory: ``fs`` (a ``pyarrow.fs.FileSystem``), ``base`` (the path in it) and
+    ``uri`` (what Spark's readers and writers are given)."""
+
+    fs: Any
+    base: str
+    uri: str
+    scheme: str = ""
+
+    @property
+    def is_local(self) -> bool:
+        return self.scheme in ("", "file")
+
+    def path(self, rel: str) -> str:
+        return f"{self.base.rstrip('/')}/{rel}" if rel else self.base
+
+    def spark_path(self, rel: str = "") -> str:
+        return self.path(rel) if self.is_local else f"{self.uri.rstrip('/')}/{rel}" if rel else self.uri
+
+    def exists(self, rel: str) -> bool:
+        from pyarrow import fs as pafs
+        return self.fs.get_file_info(self.path(rel)).type != pafs.FileType.NotFound
+
+    def read_text(self, rel: str) -> str | None:
+        """The file's text, or None when it does not exist."""
+        from pyarrow import fs as pafs
+        if self.fs.get_file_info(self.path(rel)).type != pafs.FileType.File:
+            return None
+        with self.fs.open_input_stream(self.path(rel)) as fh:
+            return fh.read().decode()
+
+    def list_dir(self, rel: str) -> list[str]:
+        """Names in a directory (empty when it does not exist)."""
+        from pyarrow import fs as pafs
+        if self.fs.get_file_info(self.path(rel)).type != pafs.FileType.Directory:
+            return []
+        infos = self.fs.get_file_info(pafs.FileSelector(self.path(rel)))
+        return sorted(os.path.basename(i.path) for i in infos)
+
+    def parquet_files(self, rel: str) -> list[str]:
+        return [self.path(f"{rel}/{n}") for n in self.list_dir(rel) if n.endswith(".parquet")]
+
+    def write_atomic(self, rel: str, text: str) -> None:
+        """Replace ``rel`` with ``text`` so a reader sees the old or the new file, never a mix."""
+        if self.is_local:
+            _write_atomic_local(self.path(rel), text)
+            return
+        parent = os.path.dirname(self.path(rel))
+        self.fs.create_dir(parent, recursive=True)
+        if self.scheme in OBJECT_STORES:
+            with self.fs.open_output_stream(self.path(rel)) as out:
+                out.write(text.encode())
+            return
+        tmp = f"{self.path(rel)}.tmp-{os.getpid()}"
+        with self.fs.open_output_stream(tmp) as out:
+            out.write(text.encode())
+        self.fs.move(tmp, self.path(rel))
+
+
+def _write_atomic_local(path: str, text: str) -> None:
+    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+    tmp = f"{path}.tmp-{os.getpid()}"
+    with open(tmp, "w") as fh:
+        fh.write(text)
+        fh.flush()
+        os.fsync(fh.fileno())
+    os.replace(tmp, path)
+    fd = os.open(os.path.dirname(path) or ".", os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def open_location(location: str | os.PathLike[str], filesystem: Any = None) -> Location:
+    """A ``Location`` for a local path or a URI; ``filesystem`` (any ``pyarrow.fs.FileSystem``)
+    serves ``location`` as a path inside it instead (tests, SubTreeFileSystem, custom clients)."""
+    from pyarrow import fs as pafs
+
+    text = os.fspath(location)
+    if filesystem is not None:
+        return Location(filesystem, text, text, scheme=getattr(filesystem, "type_name", "custom"))
+    scheme = scheme_of(text)
+    if scheme in ("", "file"):
+        path = urlparse(text).path if scheme == "file" else text
+        path = os.path.abspath(path)
+        return Location(pafs.LocalFileSystem(), path, path, scheme="")
+    try:
+        fs, base = pafs.FileSystem.from_uri(text)
+        return Location(fs, base, text, scheme)
+    except OSError as exc:
+        hint = {"hdfs": "pyarrow's HDFS client needs libhdfs and the JVM (set JAVA_HOME, HADOOP_HOME "
+                        "and CLASSPATH=$(hadoop classpath --glob))",
+                "s3": "pyarrow's S3 client needs credentials and a reachable endpoint",
+                "gs": "pyarrow's GCS client needs credentials and a reachable endpoint"}.get(scheme, "")
+        raise StorageError(f"{text}: cannot open the {scheme}:// filesystem: {_first_line(exc)}"
+                           + (f" ({hint})" if hint else "")) from None
+    except Exception as native_error:      # ArrowInvalid: a scheme pyarrow does not know
+        return _fsspec_location(text, scheme, native_error)
+
+
+def _fsspec_location(text: str, scheme: str, native_error: BaseException) -> Location:
+    try:
+        import fsspec
+    except ImportError:
+        raise StorageError(f"{text}: pyarrow has no {scheme}:// filesystem ({_first_line(native_error)}) "
+                           "and fsspec is not installed (pip install fsspec and the scheme's "
+                           "package)") from None
+    from pyarrow import fs as pafs
+    try:
+        fs, base = fsspec.core.url_to_fs(text)
+    except (ImportError, ValueError) as exc:
+        raise StorageError(f"{text}: no filesystem for {scheme}://: {_first_line(exc)}") from None
+    return Location(pafs.PyFileSystem(pafs.FSSpecHandler(fs)), base, text, scheme)

@@ -1,0 +1,65 @@
+"""The driver process of tests/spark/test_standalone_cluster.py (one JVM for both steps).
+
+The session comes from ``local_session`` with the confs ``upr index run --executor-env ENV
+--executor-cores 2 --executor-memory 512m`` passes (one application, so one set of executors:
+the cluster's fixed cost is paid once), then:
+
+1. an index build (``IndexJob``, what ``upr index run`` runs) against the standalone master;
+2. a streaming query with the ``upr`` source (AvailableNow) whose batches also report, from the
+   executors, which interpreter ran the tasks and where they imported the connector from.
+
+Prints one JSON line: {"generation", "rows", "executors": [[sys.executable, spark_connector file], ...]}.
+"""
+from __future__ import annotations
+
+import json
+import sys
+
+
+def probe(batches):  # type: ignore[no-untyped-def]
+    import sys as _sys
+
+    import pyarrow as pa
+
+    import spark_connector
+    for _ in batches:
+        pass
+    yield pa.RecordBatch.from_pydict({"python": [_sys.executable], "module": [spark_connector.__file__]})
+
+
+def main() -> None:
+    master, env, server, index_dir, checkpoint = sys.argv[1:6]
+    from spark_connector.cli import build_parser, spark_confs
+    from spark_connector.index.functions import FieldIndex
+    from spark_connector.index.job import IndexJob
+    from spark_connector.rows import SCHEMA_DDL
+    from spark_connector.session import local_session
+
+    args = build_parser().parse_args(
+        ["index", "run", "--server", server, "--index", index_dir, "--field", "city", "--spark-master", master,
+         "--executor-env", env, "--executor-memory", "512m", "--executor-cores", "2",
+         "--conf", "spark.cores.max=2", "--min-partitions", "2"])
+    spark = local_session(args.spark_master, app_name="upr-standalone-test", shuffle_partitions=2,
+                          extra=spark_confs(args), executor_env=args.executor_env)
+    report = IndexJob(spark, index_dir, server, FieldIndex("city"),
+                      source_options={"minPartitions": str(args.min_partitions)}).run()
+    seen: dict[str, object] = {"rows": 0, "executors": set()}
+
+    def each(df, batch_id):  # type: ignore[no-untyped-def]
+        df = df.persist()
+        seen["rows"] = int(seen["rows"]) + df.filter("key IS NOT NULL").count()
+        for r in df.mapInArrow(probe, "python STRING, module STRING").collect():
+            seen["executors"].add((r.python, r.module))  # type: ignore[union-attr]
+        df.unpersist()
+
+    df = spark.readStream.format("upr").option("server", server).option("startingOffsets", "earliest") \
+        .option("minPartitions", "2").schema(SCHEMA_DDL).load()
+    query = df.writeStream.foreachBatch(each).option("checkpointLocation", checkpoint) \
+        .trigger(availableNow=True).start()
+    query.awaitTermination(180)
+    spark.stop()
+    print(json.dumps({"generation": report.generation, "rows": seen["rows"], "executors": sorted(seen["executors"])}))
+
+
+if __name__ == "__main__":
+    main()

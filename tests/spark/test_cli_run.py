@@ -1,0 +1,107 @@
+"""``upr index run`` as a real process: progress per batch, clean stops on SIGTERM, one-line failures."""
+from __future__ import annotations
+
+import os
+import queue
+import random
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+from spark_connector.index.functions import FieldIndex
+from spark_connector.index.job import IndexJob
+from spark_connector.index.lookup import lookup
+from tests.spark.helpers import brute_force, bulk, random_ops
+
+pytestmark = pytest.mark.slow
+ROOT = Path(__file__).resolve().parents[2]
+KEYS = [f"doc-{i:05d}" for i in range(300)]
+
+
+def _cli(*args: str) -> subprocess.Popen:
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    return subprocess.Popen([sys.executable, "-m", "spark_connector.cli", "index", *args], cwd=ROOT, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+
+
+def _lines(stream) -> queue.Queue:  # type: ignore[no-untyped-def]
+    out: queue.Queue = queue.Queue()
+    threading.Thread(target=lambda: [out.put(line.rstrip("\n")) for line in stream], daemon=True).start()
+    return out
+
+
+def _next_line(lines: queue.Queue, proc: subprocess.Popen, prefix: str, timeout: float) -> str:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            line = lines.get(timeout=1)
+        except queue.Empty:
+            assert proc.poll() is None, f"exited {proc.returncode}: {proc.stderr.read()[-3000:]}"
+            continue
+        if line.startswith(prefix):
+            return line
+    pytest.fail(f"no line starting {prefix!r} within {timeout} s")
+
+
+def _stop(proc: subprocess.Popen) -> None:
+    if proc.poll() is None:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=30)
+
+
+@pytest.mark.timeout(900)
+def test_follow_prints_a_line_per_batch_and_sigterm_stops_cleanly(upr_server, tmp_path):
+    srv = upr_server(partitions=4)
+    rng = random.Random(21)
+    live: set[str] = set()
+    bulk(srv.url, random_ops(rng, KEYS, live, 300))
+    proc = _cli("run", "--server", srv.url, "--index", str(tmp_path / "idx"), "--field", "city",
+                "--spark-master", "local[2]", "--follow", "--interval", "1")
+    try:
+        lines = _lines(proc.stdout)
+        first = _next_line(lines, proc, "batch 0:", 240)
+        assert "change(s), lag 0 seqnos," in first, first
+        bulk(srv.url, random_ops(rng, KEYS, live, 40, delete_ratio=0.3))
+        later = _next_line(lines, proc, "batch ", 120)
+        assert "change(s), lag" in later and not later.startswith("batch 0:"), later
+        proc.send_signal(signal.SIGTERM)        # the CLI process only, as a service manager does
+        assert proc.wait(timeout=120) == 0
+        rest = [lines.get(timeout=5) for _ in range(lines.qsize())]
+        stderr = proc.stderr.read()
+    finally:
+        _stop(proc)
+    assert any(line.endswith("(stopped by signal)") for line in rest), rest
+    assert "Traceback" not in stderr and "py4j" not in stderr, stderr[-3000:]
+    expected = brute_force(srv.url, KEYS)
+    for city in ("oslo", "lima"):
+        assert {(city, e["key"], e["partition"], e["seqno"]) for e in lookup(tmp_path / "idx", city)} == \
+            {row for row in expected if row[0] == city}
+
+
+@pytest.mark.timeout(900)
+def test_on_rollback_fail_ends_in_one_line_and_a_non_zero_exit(spark, upr_server, tmp_path):
+    # The index's positions fall below the purge seqno once the server purged tombstones it never
+    # streamed: a rollback to 0 by the server's rule, with no timing involved.
+    srv = upr_server(partitions=4)
+    bulk(srv.url, [{"op": "set", "key": k, "value": {"city": "oslo"}} for k in KEYS], durability="persist")
+    IndexJob(spark, tmp_path / "idx", srv.url, FieldIndex("city")).run()
+    bulk(srv.url, [{"op": "delete", "key": k} for k in KEYS[:100]], durability="persist")
+    highs = {p["partition"]: p["high_seqno"] for p in httpx.get(f"{srv.url}/partitions").json()["partitions"]}
+    r = httpx.post(f"{srv.url}/admin/compact", json={"purge_before_seqno": {str(p): h + 1 for p, h in highs.items()}})
+    assert r.status_code == 200 and all(s > 0 for s in r.json()["purge_seqnos"].values()), r.text
+    proc = _cli("run", "--server", srv.url, "--index", str(tmp_path / "idx"), "--field", "city",
+                "--spark-master", "local[2]", "--on-rollback", "fail")
+    try:
+        out, err = proc.communicate(timeout=600)
+    finally:
+        _stop(proc)
+    assert proc.returncode == 1, err[-3000:]
+    ours = [line for line in err.splitlines() if line.startswith("upr index:")]
+    assert len(ours) == 1 and ours[0].startswith("upr index: ROLLBACK_REQUIRED partition "), err[-3000:]
+    assert "Traceback" not in err and "=== Streaming Query ===" not in err, err[-3000:]

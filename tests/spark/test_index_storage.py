@@ -1,0 +1,125 @@
+"""Index storage through pyarrow filesystems and JVM-free point lookups (no Spark here).
+
+Runs are written as Parquet with pyarrow; the expected answer is ``view.runs_frame``'s rule
+applied by brute force in Python (resets kill older rows of a partition; a key's newest live run
+wins, markers included; markers are not entries).
+"""
+from __future__ import annotations
+
+import random
+
+import pyarrow as pa
+import pyarrow.fs as pafs
+import pyarrow.parquet as pq
+import pytest
+
+from spark_connector.index.lookup import lookup
+from spark_connector.index.manifest import Manifest, Run, commit, load
+from spark_connector.index.storage import Location, StorageError, open_location
+
+SCHEMA = pa.schema([("value", pa.string()), ("key", pa.string()), ("partition", pa.int32()), ("seqno", pa.int64())])
+VALUES = ["oslo", "lima", "rome", None]          # None: a marker row
+
+
+def _write_index(where: Location, runs: list[tuple[list[tuple], tuple[int, ...]]]) -> Manifest:
+    manifest_runs = []
+    for i, (rows, resets) in enumerate(runs):
+        path = f"runs/r-{i:06d}-t"
+        where.fs.create_dir(where.path(path), recursive=True)
+        table = pa.Table.from_pylist([dict(zip(SCHEMA.names, r)) for r in rows], SCHEMA)
+        with where.fs.open_output_stream(where.path(f"{path}/part-00000.parquet")) as out:
+            pq.write_table(table, out)
+        manifest_runs.append(Run(path, resets, len(rows)))
+    manifest = Manifest(len(runs), len(runs) - 1, {"kind": "field", "path": "city"}, "http://x",
+                        tuple(manifest_runs))
+    commit(where, manifest)
+    return manifest
+
+
+def _expected(runs: list[tuple[list[tuple], tuple[int, ...]]], value: str) -> list[dict]:
+    last_reset = {p: i for i, (_, resets) in enumerate(runs) for p in resets}
+    alive = [(i, r) for i, (rows, _) in enumerate(runs) for r in rows if i >= last_reset.get(r[2], 0)]
+    newest: dict[str, int] = {}
+    for i, r in alive:
+        newest[r[1]] = max(newest.get(r[1], -1), i)
+    return sorted(({"key": r[1], "partition": r[2], "seqno": r[3]} for i, r in alive
+                   if r[0] == value and newest[r[1]] == i), key=lambda e: e["key"])
+
+
+def _random_runs(rng: random.Random) -> list[tuple[list[tuple], tuple[int, ...]]]:
+    keys = [f"k{i:03d}" for i in range(60)]
+    runs, seqno = [], 0
+    for _ in range(rng.randint(1, 5)):
+        rows = []
+        for key in rng.sample(keys, rng.randint(0, 30)):
+            seqno += 1
+            values = rng.sample(VALUES[:3], rng.randint(1, 2)) if rng.random() < 0.8 else [None]
+            rows += [(v, key, int(key[1:]) % 4, seqno) for v in values]
+        resets = tuple(sorted(rng.sample(range(4), rng.randint(0, 1)))) if runs else ()
+        runs.append((rows, resets))
+    return runs
+
+
+@pytest.mark.parametrize("seed", range(25))
+def test_lookup_equals_the_views_rule_on_random_generations(tmp_path, seed):
+    rng = random.Random(seed)
+    runs = _random_runs(rng)
+    where = open_location(tmp_path / "idx")
+    _write_index(where, runs)
+    for value in VALUES[:3] + ["absent"]:
+        assert lookup(tmp_path / "idx", value) == _expected(runs, value)
+
+
+def test_the_same_index_through_a_non_local_filesystem_and_a_file_uri(tmp_path):
+    runs = _random_runs(random.Random(99))
+    mock = pafs._MockFileSystem()           # pyarrow's in-memory filesystem ("mock://" in Arrow)
+    where = open_location("bucket/indexes/city", filesystem=mock)
+    written = _write_index(where, runs)
+    assert load(where) == written
+    assert mock.get_file_info("bucket/indexes/city/history/gen-%06d.json" % written.generation).size > 0
+    for value in VALUES[:3]:
+        assert lookup(where, value) == _expected(runs, value)
+    _write_index(open_location(tmp_path / "local"), runs)
+    uri = (tmp_path / "local").as_uri()
+    assert uri.startswith("file://") and lookup(uri, "oslo") == _expected(runs, "oslo")
+
+
+def test_the_manifest_switch_is_a_move_and_leaves_no_temporary_files(tmp_path):
+    mock = pafs._MockFileSystem()
+    where = open_location("idx", filesystem=mock)
+    base = Manifest(1, 0, {"kind": "field", "path": "c"}, "http://x")
+    commit(where, base)
+    commit(where, base.next(batch_id=1))
+    names = where.list_dir("") + where.list_dir("history")
+    assert [n for n in names if ".tmp" in n] == []
+    assert load(where).generation == 2 and where.list_dir("history") == ["gen-000001.json", "gen-000002.json"]
+
+
+def test_unusable_schemes_are_refused_in_one_line():
+    with pytest.raises(StorageError) as hdfs:
+        open_location("hdfs://namenode.invalid:8020/idx")
+    assert "\n" not in str(hdfs.value) and "libhdfs" in str(hdfs.value)
+    try:
+        import fsspec  # noqa: F401
+    except ImportError:
+        with pytest.raises(StorageError, match="fsspec is not installed") as mem:
+            open_location("memory://idx")
+        assert "\n" not in str(mem.value)
+    else:                                   # fsspec present: its in-memory scheme works for real
+        where = open_location("memory://idx")
+        commit(where, Manifest(1, 0, {"kind": "field", "path": "c"}, "http://x"))
+        assert load("memory://idx").generation == 1
+
+
+def test_lookup_of_a_missing_index_names_it(tmp_path):
+    with pytest.raises(FileNotFoundError, match="no index here"):
+        lookup(tmp_path / "nothing", "oslo")
+
+
+def test_a_build_refuses_a_uri_it_cannot_write_and_takes_file_uris_as_paths(tmp_path):
+    from spark_connector.index.functions import FieldIndex
+    from spark_connector.index.job import IndexJob
+    from spark_connector.index.manifest import IndexError_
+    with pytest.raises(IndexError_, match=r"local or shared-mount path, not s3://"):
+        IndexJob(None, "s3://bucket/idx", "http://x", FieldIndex("city"))
+    assert IndexJob(None, (tmp_path / "i").as_uri(), "http://x", FieldIndex("city")).root == tmp_path / "i"

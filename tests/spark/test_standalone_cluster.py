@@ -1,0 +1,136 @@
+"""A real standalone Spark cluster on 127.0.0.1: master + one worker from the installed pyspark.
+
+The executors run an environment built from this project's wheel (``upr index env``), not the
+driver's venv; the driver runs ``upr index run --spark-master spark://...`` and a streaming
+query with the ``upr`` source against it (tests/spark/standalone_driver.py, one JVM).
+
+The environment is cached under ``.venv/cache/`` keyed by a hash of the wheel's sources, so only
+the first run after a code change builds it (pip wheel + venv: ~20 s).
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import random
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from spark_connector.executor_env import WHEEL_SOURCES, build_env, build_wheel
+from spark_connector.index.lookup import lookup
+from tests.spark.helpers import CITIES, brute_force, bulk, random_ops
+
+pytestmark = pytest.mark.slow
+ROOT = Path(__file__).resolve().parents[2]
+SPARK_HOME = Path(__import__("pyspark").__file__).parent
+KEYS = [f"doc-{i:05d}" for i in range(400)]
+
+
+def _sources_hash() -> str:
+    digest = hashlib.sha256()
+    for name in WHEEL_SOURCES:
+        path = ROOT / name
+        files = [path] if path.is_file() else sorted(p for p in path.rglob("*") if p.is_file()
+                                                      and "__pycache__" not in p.parts)
+        for f in files:
+            digest.update(str(f.relative_to(ROOT)).encode() + b"\0" + f.read_bytes())
+    return digest.hexdigest()[:16]
+
+
+@pytest.fixture(scope="module")
+def executor_env(tmp_path_factory) -> Path:
+    cache = ROOT / ".venv" / "cache" / "spark-executor-env"
+    env = cache / _sources_hash()
+    if not (env / "bin" / "python").exists():
+        cache.mkdir(parents=True, exist_ok=True)
+        for old in cache.iterdir():
+            shutil.rmtree(old, ignore_errors=True)
+        staging = cache / f".build-{os.getpid()}"
+        wheel = build_wheel(tmp_path_factory.mktemp("wheel"))
+        build_env(staging, wheel, deps="inherit")
+        # a venv's scripts name its path, but bin/python (all Spark runs) does not: renaming is safe
+        os.replace(staging, env)
+        # building the env must leave the driver's venv and its own upr install untouched
+        probe = subprocess.run([sys.executable, "-c", "import importlib.metadata as m; print(m.version('upr'))"],
+                               cwd="/", env={k: v for k, v in os.environ.items() if k != "PYTHONPATH"},
+                               capture_output=True, text=True)
+        assert probe.returncode == 0 and probe.stdout.strip(), probe.stderr
+    return env
+
+
+def _spark_daemon(log: Path, *args: str) -> subprocess.Popen:
+    # a worker host knows nothing of the driver's checkout: without this PYTHONPATH, executors
+    # could import the project from the tests' tree instead of the shipped environment
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH" and not k.startswith(("PYSPARK_", "UPR_"))}
+    env.update(SPARK_HOME=str(SPARK_HOME), SPARK_LOCAL_IP="127.0.0.1", SPARK_NO_DAEMONIZE="1")
+    with open(log, "wb") as out:
+        return subprocess.Popen([str(SPARK_HOME / "bin" / "spark-class"), *args], stdout=out,
+                                stderr=subprocess.STDOUT, env=env, start_new_session=True)
+
+
+def _wait_for(proc: subprocess.Popen, log: Path, pattern: str, timeout: float = 120) -> re.Match:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        found = re.search(pattern, log.read_text(errors="replace"))
+        if found:
+            return found
+        assert proc.poll() is None, f"{log.name} exited:\n{log.read_text()[-3000:]}"
+        time.sleep(0.3)
+    pytest.fail(f"no {pattern!r} in {log.name} within {timeout} s:\n{log.read_text()[-3000:]}")
+
+
+@pytest.fixture(scope="module")
+def standalone(tmp_path_factory) -> Iterator[str]:
+    """``spark://127.0.0.1:PORT`` of a master with one registered worker (ephemeral ports)."""
+    tmp = tmp_path_factory.mktemp("standalone")
+    procs: list[subprocess.Popen] = []
+    try:
+        master = _spark_daemon(tmp / "master.log", "org.apache.spark.deploy.master.Master",
+                               "--host", "127.0.0.1", "--port", "0", "--webui-port", "0")
+        procs.append(master)
+        url = _wait_for(master, tmp / "master.log", r"Starting Spark master at (spark://[\d.]+:\d+)").group(1)
+        worker = _spark_daemon(tmp / "worker.log", "org.apache.spark.deploy.worker.Worker", url,
+                               "--host", "127.0.0.1", "--port", "0", "--webui-port", "0",
+                               "--cores", "2", "--memory", "2g", "--work-dir", str(tmp / "work"))
+        procs.append(worker)
+        _wait_for(worker, tmp / "worker.log", r"Successfully registered with master")
+        yield url
+    finally:
+        for proc in reversed(procs):
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=30)
+
+
+@pytest.mark.timeout(900)
+def test_index_build_and_streaming_query_on_a_standalone_cluster_with_a_shipped_env(
+        upr_server, tmp_path, executor_env, standalone):
+    srv = upr_server(partitions=4)
+    live: set[str] = set()
+    bulk(srv.url, random_ops(random.Random(4), KEYS, live, 800))
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PYSPARK_") and k != "UPR_SPARK_PYTHON"}
+    env["PYTHONPATH"] = str(ROOT)
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "tests" / "spark" / "standalone_driver.py"), standalone, str(executor_env),
+         srv.url, str(tmp_path / "idx"), str(tmp_path / "ckpt")],
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=800)
+    assert done.returncode == 0, done.stderr[-4000:]
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    assert result["generation"] >= 1, done.stderr[-4000:]
+    expected = brute_force(srv.url, KEYS)
+    found = {(city, e["key"], e["partition"], e["seqno"]) for city in CITIES for e in lookup(tmp_path / "idx", city)}
+    assert found == expected            # every value random_ops writes is one of CITIES
+    assert result["rows"] >= len(live)
+    # every task ran the shipped environment's interpreter and imported the connector from it
+    assert result["executors"], "no executor reported"
+    for python, module in result["executors"]:
+        assert python == str(executor_env / "bin" / "python"), python
+        assert module.startswith(str(executor_env)), module
