@@ -36,6 +36,8 @@ DEFAULT_CAPACITY = 2048
 
 
 class EventKind(enum.StrEnum):
+    """What happened, as a fixed vocabulary: the console and scripts filter and colour by it."""
+
     FAILOVER = "failover"            # a partition's active moved away from a node that is down
     PROMOTION = "promotion"          # a partition on this node became active (new history branch)
     TAKEOVER = "takeover"            # a partition's active moved between live nodes (handover)
@@ -49,6 +51,8 @@ class EventKind(enum.StrEnum):
 
 
 class Severity(enum.StrEnum):
+    """How urgently an operator should look (the console's colour, a monitoring script's filter)."""
+
     INFO = "info"
     WARNING = "warning"
     ERROR = "error"
@@ -56,6 +60,8 @@ class Severity(enum.StrEnum):
 
 @dataclass(frozen=True, slots=True)
 class Event:
+    """One recorded event; frozen, because readers on any thread share the ring's objects."""
+
     id: int
     #: wall-clock seconds (epoch): what an operator correlates with other logs
     time: float
@@ -75,6 +81,8 @@ class Event:
 
 @dataclass(frozen=True, slots=True)
 class EventPage:
+    """One read of the log: the events plus what a reader needs to resume without missing any."""
+
     events: list[Event]
     #: the id the next ``since`` should carry (the newest id so far, even when ``events`` is empty)
     last_id: int

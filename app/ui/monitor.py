@@ -66,6 +66,9 @@ def unclean_restart_event(engine: Any, log_: ev.EventLog, name: str) -> None:
 
 
 class NodeMonitor:
+    """The one periodic reading of the node (see the module docstring): it records the events it
+    finds whether or not a console is open, and keeps the reading every open page is served."""
+
     def __init__(self, app: Any, engine: Any, runner: Any, events: ev.EventLog) -> None:
         self._app = app
         self._engine = engine
