@@ -59,6 +59,7 @@ class PassSender:
     _ceiling_of: Callable[[int], int] | None
     _wake: asyncio.Event
     _cursor_lock: asyncio.Lock
+    _read: Callable[..., Any]
     name: str
     codec: str
 
@@ -146,15 +147,35 @@ class PassSender:
             return False
         streams = self.session.streams
         codec = self.codec
-        readings = []
+        readings: list[Any] = []
+        from_disk: list[int] = []
         for visit, cursor in zip(visits, cursors):
             stream = streams.get(visit.partition)
             if stream is None or cursor.holding or cursor.open_snapshot:
                 return False
             reading = shared.reading(codec, visit.partition, visit.after_seqno, stream.expected_state)
             if reading is None:
-                return False
+                if not shared.may_read(visit.partition, visit.after_seqno):
+                    return False
+                from_disk.append(len(readings))
             readings.append(reading)
+        if from_disk:
+            # one reader-thread reading per position for every connection there (shared.read);
+            # while this waits, acks, cookies and closes may arrive: everything is checked again
+            got = await asyncio.gather(*(
+                shared.read(codec, visits[i].partition, visits[i].after_seqno,
+                            streams[visits[i].partition].expected_state,
+                            self.hub.jobs.run if self.hub.jobs is not None else self._read) for i in from_disk))
+            if any(r is None for r in got) or self._close is not None or self._peer_closed:
+                return False
+            for i, reading in zip(from_disk, got):
+                readings[i] = reading
+            for visit, reading in zip(visits, readings):
+                stream = streams.get(visit.partition)
+                if stream is None or not shared.current(reading, stream.expected_state):
+                    return False
+            if self._cursor_lock.locked() or self.outbox.bundle_pending:
+                return False
         outs = take_shared(self.session, visits, readings, self.limits.bundle_bytes)
         if outs is None:
             return False

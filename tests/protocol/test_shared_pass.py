@@ -102,6 +102,8 @@ class Consumer:
 
     def pass_(self, shared: bool) -> bool:
         s = self.session
+        # the session tracks which streams may be due instead of scanning them all: same answer
+        assert sorted(s._due_now()) == sorted(p for p, st in s.streams.items() if s._due(st))
         visits = s.begin_visits(64)
         if not visits:
             return False
@@ -182,7 +184,7 @@ actions = st.lists(
 )
 
 
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=100, deadline=None)
 @given(actions, st.lists(st.sampled_from([4096, 5000, 8192, BIG]), min_size=6, max_size=6),
        st.lists(st.sampled_from([None, 3, 8]), min_size=6, max_size=6))
 def test_shared_passes_send_what_one_by_one_passes_send(schedule: list[tuple[str, int]], windows: list[int],

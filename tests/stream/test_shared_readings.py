@@ -91,3 +91,40 @@ def test_bounded_by_bytes(engine: Engine) -> None:
         put(engine, f"k{i}")
         assert shared.reading("binary", 0, i, ACTIVE) is not None
     assert shared.bytes <= 1000 and len(shared) < 20
+
+
+async def test_a_position_the_flusher_passed_gets_one_disk_reading_for_every_connection(engine: Engine) -> None:
+    import asyncio
+
+    shared = SharedReadings(engine, ENCODERS, TailCache())
+    for i in range(3):
+        put(engine, f"k{i}")
+    engine.flush_now()
+    put(engine, "m")
+    assert shared.reading("binary", 0, 0, ACTIVE) is None and shared.may_read(0, 0)
+    jobs = 0
+
+    async def run(fn: Any, *args: Any) -> Any:
+        nonlocal jobs
+        jobs += 1
+        return await asyncio.to_thread(fn, *args)
+
+    got = await asyncio.gather(*(shared.read("binary", 0, 0, ACTIVE, run) for _ in range(20)))
+    assert jobs == 1 and all(r is got[0] for r in got) and got[0] is not None
+    first = got[0]
+    assert first.end == 4 and shared.current(first, ACTIVE)
+    assert bundle_parts(first.parts, first.count) == own_visit(engine, "binary", 0)
+    assert shared.reading("binary", 0, 0, ACTIVE) is first  # kept: later askers need no reader hop
+    put(engine, "n")
+    assert not shared.current(first, ACTIVE)
+
+
+async def test_no_disk_reading_when_it_is_larger_than_its_budget(engine: Engine) -> None:
+    import asyncio
+
+    shared = SharedReadings(engine, ENCODERS, disk_budget=500)
+    for i in range(10):
+        put(engine, f"k{i}")
+    engine.flush_now()
+    assert await shared.read("binary", 0, 0, ACTIVE, lambda fn, *a: asyncio.to_thread(fn, *a)) is None
+    assert len(shared) == 0
