@@ -187,8 +187,7 @@ class PassSender:
             cursor.tailing = True
             for step in reading.steps:
                 if isinstance(step, MarkerStep):
-                    cursor.snap_start = step.start
-                    break
+                    cursor.snap_start = step.start  # the last part's, as the cursor's own reading leaves it
             at = self._visit_notified.pop(visit.partition, None)
             if at is not None and reading.delivers:
                 notified.append(at)

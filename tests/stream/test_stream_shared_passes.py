@@ -5,10 +5,10 @@ after the consumer holds every write acknowledged before it was sent."""
 from __future__ import annotations
 
 import asyncio
-import json
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 from websockets.asyncio.client import connect
 
@@ -108,11 +108,9 @@ async def test_many_consumers_each_get_the_lone_consumer_sequence_and_exact_cook
                 got[p].append((seqno, key))
             assert got == expected, f"consumer {i} {kinds[i]} did not get the lone consumer's sequence"
             assert released[i] == [f"c{r}" for r in range(ROUNDS) if r % 5 == 4] + ["end"], (i, released[i])
-            assert (streams[i].bundles > 0) == kinds[i][1] or not kinds[i][1], (i, kinds[i])
+            assert (streams[i].bundles > 0) == kinds[i][1], (i, kinds[i])  # bundles only to those that accept them
         for s in streams:
             await s.close()
-        metrics = __import__("httpx").get(f"{srv.url}/metrics").text
-        assert "upr_stream" in metrics  # the server stayed healthy throughout
-        json.dumps(released)
+        assert httpx.get(f"{srv.url}/health").status_code == 200
     finally:
         srv.kill()
