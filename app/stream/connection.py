@@ -102,6 +102,10 @@ class StreamLimits:
     #: a pass whose visits need only the write queue's memory, at most this many items in all, is
     #: produced on the event loop instead of a reader thread (``Engine.memory_snapshot``); 0 turns that off
     inline_items: int = 256
+    #: passes of consumers at the same positions send the same encoded readings, read and encoded
+    #: once per partition change (``app.stream.shared``; bundling clients, uncapped streams,
+    #: readings of at most ``inline_items`` from memory); False: every connection produces its own
+    shared_passes: bool = True
     #: release a pinned snapshot when the consumer made no progress for this long
     drop_after_s: float = 2.0
     #: how long a closing connection may take to flush its last messages
@@ -178,6 +182,7 @@ class StreamConnection(PassSender):
         #: cursor dropping keys
         self._credit_wait_since: float | None = None
         self.inline_passes = 0  # passes produced on the loop from memory (Engine.memory_snapshot)
+        self.shared_sent = 0  # passes sent from shared readings (app.stream.shared)
         #: everything sent goes through the outbox (control replies queued by the reader, the
         #: sender's markers and batches, bundling when the client accepts bundles)
         self.outbox = Outbox(ws, self.session, bundle_bytes=limits.bundle_bytes, on_bytes=on_bytes,

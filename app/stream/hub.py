@@ -21,11 +21,14 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable, Iterable
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from app.stream.coalesce import CoalescedPartitions
 from app.stream.jobs import JobBatcher
 from app.stream.tailcache import TailCache
+
+if TYPE_CHECKING:
+    from app.stream.shared import SharedReadings
 
 __all__ = ["ChangeHub", "Subscriber"]
 
@@ -39,11 +42,14 @@ class ChangeHub:
     """Fans engine change notifications out to subscribers on one event loop."""
 
     def __init__(self, add_listener: Callable[[Callable[[int], None]], Callable[[], None]],
-                 loop: asyncio.AbstractEventLoop, jobs: JobBatcher | None = None) -> None:
+                 loop: asyncio.AbstractEventLoop, jobs: JobBatcher | None = None,
+                 shared: Callable[[TailCache], "SharedReadings"] | None = None) -> None:
         self._changes = CoalescedPartitions(loop, self._deliver)
         self._subscribers: set[Subscriber] = set()
         #: encoded tail snapshots shared by the connections (see tailcache.py)
         self.cache = TailCache()
+        #: encoded readings of the write queue for shared passes (see shared.py); None: none
+        self.shared = shared(self.cache) if shared is not None else None
         #: stream jobs of all connections batched into one reader-thread hop (see jobs.py)
         self.jobs = jobs
         self._remove = add_listener(self._on_change)

@@ -22,7 +22,7 @@ from collections.abc import Callable
 from typing import Any
 
 from engine.protocol import messages as M
-from engine.protocol.bundle import Bundler
+from engine.protocol.bundle import Bundler, bundle_of_encoded, encode_parts
 
 __all__ = ["Outbox", "control_text"]
 
@@ -117,6 +117,30 @@ class Outbox:
         now = time.monotonic()
         for t in notified:
             self._on_delivery(now - t)
+
+    async def send_pass(self, encoded: list[bytes], count: int, notified: list[float]) -> None:
+        """Send a shared pass (``engine.protocol.shared_pass``) as one bundle: ``count`` parts
+        laid out in ``encoded`` (shared with other connections), then the queued control
+        messages (the pass's ``cycle_complete``, barrier releases).  The caller made sure the
+        window has room and nothing is pending in the bundle.  ``notified``: when the changes it
+        delivers were notified (observed once it is sent)."""
+        controls = [control_text(m) for m in self._control]
+        size = sum(map(len, encoded))
+        tail = encode_parts(controls) if controls else b""
+        if controls and size + len(tail) <= self._bundle_bytes:
+            self._control.clear()
+            encoded, count = [*encoded, tail], count + len(controls)
+        await self.transmit(bundle_of_encoded(count, *encoded))
+        await self.flush_control()  # what did not fit (or was queued meanwhile) follows
+        if notified:
+            now = time.monotonic()
+            for t in notified:
+                self._on_delivery(now - t)
+
+    @property
+    def bundling(self) -> bool:
+        """Whether the client accepts bundles (hello ``bundle: true``)."""
+        return self._bundling() is not None
 
     def _bundling(self) -> Bundler | None:
         """The pass's bundler when the client said ``bundle: true`` in hello (made on first use),

@@ -3,7 +3,10 @@
 Theory of operation
 -------------------
 ``ServerSession.begin_visits`` names the due streams of a pass and begins their visits together.
-``PassSender._visit_batch`` then produces them: on the event loop when every visit needs only a
+``PassSender._visit_batch`` first tries a *shared pass* (``_send_shared``): when every visit's
+reading is one that other connections at the same positions share (``app.stream.shared``,
+``engine.protocol.shared_pass``), the pass is the session's bookkeeping and one bundle of those
+bytes.  Otherwise it produces the visits itself: on the event loop when every visit needs only a
 few items of the write queue's memory (``Engine.memory_snapshot``: no LMDB, no thread hop), else
 in reader-thread jobs of up to ``chunk_bytes`` of encoded output, many visits per job
 (``_produce_many``).  Each visit's markers and batches are sent in order, each only once the
@@ -25,6 +28,7 @@ from typing import Any
 from app.stream.cursor import Batch, BatchEncoder, Marker, PartitionCursor
 from engine.protocol import messages as M
 from engine.protocol.frames import encode_binary_columns, encode_json_columns
+from engine.protocol.shared_pass import MarkerStep, take_shared
 
 __all__ = ["ENCODERS", "PassSender", "StateChanged"]
 
@@ -44,6 +48,7 @@ class PassSender:
     outbox: Any
     cursors: dict[int, PartitionCursor]
     inline_passes: int
+    shared_sent: int
     _notified_at: dict[int, float]
     _visit_notified: dict[int, float]
     _visiting: int | None
@@ -54,6 +59,7 @@ class PassSender:
     _ceiling_of: Callable[[int], int] | None
     _wake: asyncio.Event
     _cursor_lock: asyncio.Lock
+    _read: Callable[..., Any]
     name: str
     codec: str
 
@@ -79,6 +85,8 @@ class PassSender:
         if self._ceiling_of is not None:
             for cursor in cursors:
                 cursor.ceiling = cursor.held_back_to = None
+        if await self._send_shared(visits, cursors):
+            return
         # Sends rarely suspend (the socket buffer takes them), so without these yields one
         # connection's pass would run start to end in one loop step: with many consumers HTTP
         # writes would wait for every pass of a loop iteration (see docs/benchmarks.md, Stream:
@@ -122,6 +130,77 @@ class PassSender:
             pending = pending[len(produced):]
         await self.outbox.flush_control()
         await self.outbox.flush_bundle()
+
+    async def _send_shared(self, visits: list[Any], cursors: list[PartitionCursor]) -> bool:
+        """Carry out the pass from shared readings (``app.stream.shared``), as one bundle, if every
+        visit has one and the window takes it all (``engine.protocol.shared_pass.take_shared``
+        decides); False: nothing was done, the pass goes the usual way.
+
+        WHY: with many consumers tailing, each connection producing and sending its visits one
+        by one (a marker and a batch per partition, each awaited) was most of the event loop's
+        time (profiled, docs/benchmarks.md); here a connection at the shared positions costs
+        the session's bookkeeping and one send per pass."""
+        shared = self.hub.shared
+        if (shared is None or not self.limits.shared_passes or self.limits.inline_items <= 0
+                or self._ceiling_of is not None or self._cursor_lock.locked() or not self.outbox.bundling
+                or self.outbox.bundle_pending):
+            return False
+        streams = self.session.streams
+        codec = self.codec
+        readings: list[Any] = []
+        from_disk: list[int] = []
+        for visit, cursor in zip(visits, cursors):
+            stream = streams.get(visit.partition)
+            if stream is None or cursor.holding or cursor.open_snapshot:
+                return False
+            reading = shared.reading(codec, visit.partition, visit.after_seqno, stream.expected_state)
+            if reading is None:
+                if not shared.may_read(visit.partition, visit.after_seqno):
+                    return False
+                from_disk.append(len(readings))
+            readings.append(reading)
+        if from_disk:
+            # one reader-thread reading per position for every connection there (shared.read);
+            # while this waits, acks, cookies and closes may arrive: everything is checked again
+            got = await asyncio.gather(*(
+                shared.read(codec, visits[i].partition, visits[i].after_seqno,
+                            streams[visits[i].partition].expected_state,
+                            self.hub.jobs.run if self.hub.jobs is not None else self._read) for i in from_disk))
+            if any(r is None for r in got) or self._close is not None or self._peer_closed:
+                return False
+            for i, reading in zip(from_disk, got):
+                readings[i] = reading
+            for visit, reading in zip(visits, readings):
+                stream = streams.get(visit.partition)
+                if stream is None or not shared.current(reading, stream.expected_state):
+                    return False
+            if self._cursor_lock.locked() or self.outbox.bundle_pending:
+                return False
+        outs = take_shared(self.session, visits, readings, self.limits.bundle_bytes)
+        if outs is None:
+            return False
+        notified: list[float] = []
+        encoded: list[bytes] = []
+        count = 0
+        for visit, cursor, reading in zip(visits, cursors, readings):
+            cursor.last_seqno = cursor.high_seqno = reading.end
+            cursor.tailing = True
+            for step in reading.steps:
+                if isinstance(step, MarkerStep):
+                    cursor.snap_start = step.start  # the last part's, as the cursor's own reading leaves it
+            at = self._visit_notified.pop(visit.partition, None)
+            if at is not None and reading.delivers:
+                notified.append(at)
+            if reading.count:
+                encoded.append(reading.parts)
+                count += reading.count
+        self.shared_sent += 1
+        self._carry_out(outs)
+        if count:
+            await self.outbox.send_pass(encoded, count, notified)
+        else:
+            await self.outbox.flush_control()
+        return True
 
     async def _send_visit(self, visit: Any, cursor: PartitionCursor, out: list[Marker | Batch], complete: bool,
                           changed: "StateChanged | None") -> None:

@@ -4,7 +4,8 @@ is open.
 The app's lifespan makes one ``StreamServer`` after opening the engine and closes it before
 closing the engine, so its parts live exactly as long as the engine they serve:
 
-    hub      engine change notifications -> the event loop, coalesced (hub.py)
+    hub      engine change notifications -> the event loop, coalesced (hub.py), and the encoded
+             readings every connection at the same position shares (shared.py)
     jobs     the connections' reader-thread jobs batched into one hop per wake-up (jobs.py)
     slots    connection limits, per server and per client (slots.py)
     ceilings visible ceilings of ``persisted`` / ``majority`` consumers and their wake-ups (ceilings.py)
@@ -24,6 +25,8 @@ from app.stream.ceilings import CeilingProvider, VisibleCeilings
 from app.stream.connection import ReplicaAckSink, StreamConnection, StreamLimits
 from app.stream.hub import ChangeHub
 from app.stream.jobs import JobBatcher
+from app.stream.passes import ENCODERS
+from app.stream.shared import SharedReadings
 from app.stream.slots import ConnectionSlots
 from app.streams_registry import StreamRegistry
 from engine.protocol.messages import Visibility
@@ -46,7 +49,10 @@ class StreamServer:
         self.streams = streams
         self.slots = ConnectionSlots(limits.max_connections, limits.max_connections_per_client)
         self.jobs = JobBatcher(runner.read)
-        self.hub = ChangeHub(engine.add_listener, asyncio.get_running_loop(), self.jobs)
+        self.hub = ChangeHub(engine.add_listener, asyncio.get_running_loop(), self.jobs,
+                             shared=lambda cache: SharedReadings(
+                                 engine, ENCODERS, cache, max_items=limits.inline_items,
+                                 frame_bytes=limits.frame_bytes, frame_items=limits.frame_items))
         self.ceilings = VisibleCeilings(engine, asyncio.get_running_loop(), ceilings)
         self._metrics = metrics
         self._stream_metrics = stream_metrics

@@ -79,7 +79,9 @@ class UprSystem(System):
         ready, log = base / "ready", base / "server.log"
         self._proc = self._procs.spawn(
             [sys.executable, "-m", "app.cli", "server", "--data-dir", str(base / "data"), "--host", "127.0.0.1",
-             "--port", "0", "--ready-file", str(ready), "--log-level", "warning"],
+             "--port", "0", "--ready-file", str(ready), "--log-level", "warning",
+             # every consumer connects from 127.0.0.1: fan-out beyond the default per-client limit (100)
+             "--stream-max-connections-per-client", "1000"],
             name="upr", log=log, cwd=_REPO,
         )
         deadline = time.monotonic() + 60

@@ -43,8 +43,8 @@ from collections.abc import Sequence
 
 from engine.protocol.binary_header import HEADER, BinaryFormat
 
-__all__ = ["BUNDLE", "BUNDLE_MAGIC", "Bundler", "PART_BINARY", "PART_TEXT", "decode_bundle", "encode_bundle",
-           "is_bundle"]
+__all__ = ["BUNDLE", "BUNDLE_MAGIC", "Bundler", "OVERHEAD", "PART_BINARY", "PART_TEXT", "bundle_of_encoded",
+           "decode_bundle", "encode_bundle", "encode_parts", "is_bundle"]
 
 BUNDLE_MAGIC = b"UPRM"
 BUNDLE_VERSION = 1
@@ -63,7 +63,14 @@ def encode_bundle(parts: Sequence[str | bytes]) -> bytes:
     """One bundle message for ``parts`` (text messages are pure ASCII, as the server sends them)."""
     if not parts:
         raise ValueError("a bundle needs at least one part")
-    chunks: list[bytes] = [BUNDLE.pack_header(0, 0, len(parts))]
+    return bundle_of_encoded(len(parts), encode_parts(parts))
+
+
+def encode_parts(parts: Sequence[str | bytes]) -> bytes:
+    """``parts`` laid out as a bundle's parts (each with its part header), without the bundle
+    header.  WHY apart: a shared pass (``engine.protocol.shared_pass``) lays out a partition's
+    messages once and many bundles reuse the bytes (``bundle_of_encoded``)."""
+    chunks: list[bytes] = []
     pack = PART.pack
     for part in parts:
         if isinstance(part, str):
@@ -74,6 +81,13 @@ def encode_bundle(parts: Sequence[str | bytes]) -> bytes:
             chunks.append(pack(PART_BINARY, len(data)))
         chunks.append(data)
     return b"".join(chunks)
+
+
+def bundle_of_encoded(count: int, *encoded: bytes) -> bytes:
+    """One bundle message of ``count`` parts already laid out by ``encode_parts`` (in order)."""
+    if count < 1:
+        raise ValueError("a bundle needs at least one part")
+    return b"".join((BUNDLE.pack_header(0, 0, count), *encoded))
 
 
 _corrupt = BUNDLE.corrupt

@@ -244,6 +244,10 @@ class ServerSession:
         self._hello_lookup: tuple[int, ...] | None = None
         self._barrier = BarrierTracker(self.limits.max_pending_cookies)
         self._cursor = -1  # highest partition visited in the current pass
+        #: the streams that may be due (every due stream is here; see ``_due_now``).  WHY: the
+        #: loop asks "what is due" several times per pass; scanning every open stream each time
+        #: was most of a one-partition tail pass with 64 streams (bench/bench_passes.py)
+        self._candidates: set[int] = set()
         self._visits: dict[int, int] = {}  # token -> partition, visits begun and not ended
         self._handlers = {
             Hello: self._on_hello,
@@ -424,6 +428,7 @@ class ServerSession:
         )
         self.streams[p] = stream
         self.positions[p] = stream.position
+        self._candidates.add(p)
         out: list[Output] = [
             StreamResponse(p, StreamStatus.OK, detail=verdict.detail, failover_log=tuple(info.log), end_seqno=end)
         ]
@@ -445,6 +450,7 @@ class ServerSession:
     def _on_barrier(self, msg: Barrier) -> list[Output]:
         _check_unicode(msg.cookie, "cookie")
         self._barrier.add(msg.cookie)
+        self._candidates.update(self.streams)  # each stream needs a visit begun after the cookie
         return self._release_barriers()
 
     def _on_ack(self, msg: Ack) -> list[Output]:
@@ -489,6 +495,7 @@ class ServerSession:
         stream = self.streams.get(partition)
         if stream is not None:
             stream.dirty = True
+            self._candidates.add(partition)
 
     def end_stream(self, partition: int, reason: StreamEndReason) -> list[Output]:
         """End an open stream (no-op if it is not open): ``stream_end`` with ``reason``."""
@@ -551,11 +558,26 @@ class ServerSession:
             return True
         return self._barrier.needs_visit(stream.partition)
 
+    def _due_now(self) -> list[int]:
+        """The due streams' partitions (unordered), pruning candidates that cannot be due until
+        an input adds them again (not dirty, no cookie waiting on them, or closed)."""
+        streams, barrier = self.streams, self._barrier
+        due: list[int] = []
+        stale: list[int] = []
+        for p in self._candidates:
+            stream = streams.get(p)
+            if stream is None or not (stream.dirty or barrier.needs_visit(p)):
+                stale.append(p)
+            elif self._due(stream):
+                due.append(p)
+        self._candidates.difference_update(stale)
+        return due
+
     def next_visit(self) -> int | None:
         """The partition to visit next (id order within a pass), or None: wait for input."""
         if not self.can_send:
             return None
-        due = [p for p, s in self.streams.items() if self._due(s)]
+        due = self._due_now()
         if not due:
             return None
         later = [p for p in due if p > self._cursor]
@@ -570,7 +592,7 @@ class ServerSession:
         first = self.next_visit()
         if first is None or limit < 1:
             return []
-        later = sorted(p for p, s in self.streams.items() if p > first and self._due(s))
+        later = sorted(p for p in self._due_now() if p > first)
         return [self.begin_visit(p) for p in [first, *later][:limit]]
 
     def begin_visit(self, partition: int) -> Visit:
@@ -583,6 +605,7 @@ class ServerSession:
         self._cursor = partition
         stream.dirty = False
         stream.visiting = self._barrier.begin_visit(partition)
+        self._candidates.discard(partition)  # back with the next notify, cookie or held reading
         self._visits[stream.visiting] = partition
         return Visit(partition, stream.visiting, stream.position)
 
@@ -626,6 +649,7 @@ class ServerSession:
         stream = self.streams.get(partition)
         if stream is not None and (stream.ceiling is None or seqno > stream.ceiling):
             stream.ceiling = seqno
+            self._candidates.add(partition)
 
     def end_visit(self, visit: Visit, *, ceiling: int | None = None, held_back_to: int | None = None) -> list[Output]:
         """Everything up to the visit's reading was sent (or it was idle).  A capped visit (see
@@ -641,6 +665,7 @@ class ServerSession:
                 self.visible_ceiling(visit.partition, ceiling)
             if held_back_to is not None and held_back_to > stream.position:
                 stream.dirty = True  # more to send once the ceiling reaches the reading's end
+                self._candidates.add(visit.partition)
                 stream.wake_at = held_back_to
                 stream.held += ((visit.token, held_back_to),)
             else:
@@ -665,8 +690,9 @@ class ServerSession:
     def _maybe_finish_pass(self) -> list[Output]:
         if self._cursor < 0 or self._visits or self.state is SessionState.CLOSED:
             return []
-        for p, s in self.streams.items():
-            if p > self._cursor and self._due(s):
+        cursor = self._cursor
+        for p in self._due_now():
+            if p > cursor:
                 return []
         self._cursor = -1
         self.cycle += 1

@@ -1,0 +1,116 @@
+"""Shared passes: one encoded reading of a partition, sent as-is to every connection at its position.
+
+Theory of operation
+-------------------
+When many consumers tail the same partitions they are, most of the time, at the same position of
+each: every write moves all of them from the same ``after`` to the same new high seqno.  What a
+visit sends then depends only on ``(codec, partition, after)`` and the partition's contents, not
+on the connection: the same ``snapshot`` marker and the same item batch bytes.  A
+``SharedReading`` is that visit's output, read and encoded once (by the adapter, from the write
+queue's memory) and laid out as bundle parts (``bundle.encode_parts``), so each connection's
+pass is a few dictionary updates here and one ``b"".join`` of shared bytes.
+
+``take_shared`` decides, for the visits ``ServerSession.begin_visits`` began, whether the pass
+can be carried out from shared readings, and if so does the session's bookkeeping exactly as the
+one-visit-at-a-time path does it (``marker_sent``, ``items_sent``, ``end_visit`` in visit
+order), so positions, snapshot ranges, bounded-stream ends, barrier cookies and
+``cycle_complete`` come out the same.  It refuses (returns None, changing nothing) when any
+visit is not at its reading's ``after``, a stream is in the middle of a snapshot or capped by a
+visible ceiling, a bounded stream could end before a reading's last message, or the whole pass
+does not fit the flow-control window.  A refused pass goes the usual way (per-connection
+production, waiting for credit), which is how a consumer that fell behind catches up on its own;
+once it is back at the shared positions its passes are shared again.
+
+Barrier cookies stay exact because a reading is only offered while it is current: the adapter
+uses one only while the partition's high seqno still equals the reading's end, so it is what a
+snapshot taken at the visit's start would hold (a write to the partition always advances its
+high seqno).
+"""
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from engine.protocol.bundle import OVERHEAD
+from engine.protocol.session import Output, ServerSession, Visit
+
+__all__ = ["BatchStep", "MarkerStep", "SharedReading", "idle_reading", "take_shared"]
+
+
+@dataclass(frozen=True, slots=True)
+class MarkerStep:
+    """A ``snapshot`` marker among a reading's messages."""
+
+    start: int
+    end: int
+    purge_seqno: int
+
+
+@dataclass(frozen=True, slots=True)
+class BatchStep:
+    """An item batch among a reading's messages (``last``: it completes its snapshot)."""
+
+    last_seqno: int | None
+    last: bool
+
+
+@dataclass(frozen=True, slots=True)
+class SharedReading:
+    """``partition`` read after ``after`` up to ``end`` (its high seqno then), encoded once.
+
+    ``steps`` describe the messages in order; ``parts`` are the same messages laid out as bundle
+    parts (``count`` of them, ``size`` bytes of messages, what flow control counts for them)."""
+
+    partition: int
+    after: int
+    end: int
+    steps: tuple[MarkerStep | BatchStep, ...]
+    parts: bytes
+    count: int
+    size: int
+
+    @property
+    def delivers(self) -> bool:
+        """Whether the reading carries items (an idle visit sends nothing)."""
+        return any(isinstance(s, BatchStep) and s.last_seqno is not None for s in self.steps)
+
+
+def idle_reading(partition: int, after: int) -> SharedReading:
+    """Nothing after ``after``: the visit sends nothing and ends (a barrier's or a spurious visit)."""
+    return SharedReading(partition, after, after, (), b"", 0, 0)
+
+
+def take_shared(session: ServerSession, visits: Sequence[Visit], readings: Sequence[SharedReading],
+                max_bytes: int) -> list[Output] | None:
+    """Carry out ``visits`` (begun together, in order) from ``readings`` (one each, same order):
+    the session's bookkeeping of every message and the end of every visit, returning its outputs
+    (barrier releases, stream ends, ``cycle_complete``) for the adapter to send after the readings'
+    parts, all of which go in one bundle of at most ``max_bytes``.  None: not possible (see the
+    module docstring); the session is unchanged."""
+    if len(visits) != len(readings) or not visits or not session.can_send:
+        return None
+    flow = session.flow
+    assert flow is not None
+    total = OVERHEAD
+    streams = session.streams
+    for visit, reading in zip(visits, readings):
+        stream = streams.get(visit.partition)
+        if (stream is None or reading.partition != visit.partition or reading.after != visit.after_seqno
+                or stream.visiting != visit.token or stream.in_snapshot or stream.ceiling is not None
+                or stream.held):
+            return None
+        if stream.end_seqno is not None and stream.end_seqno < reading.end and reading.count:
+            return None  # it could end before the reading's last message: sent message by message
+        total += len(reading.parts)
+    if total > flow.available or total > max_bytes:
+        return None
+    out: list[Output] = []
+    for visit, reading in zip(visits, readings):
+        p = visit.partition
+        for step in reading.steps:
+            if type(step) is MarkerStep:
+                session.marker_sent(p, step.start, step.end, step.purge_seqno)
+            else:
+                out += session.items_sent(p, step.last_seqno, step.last)
+        out += session.end_visit(visit)
+    return out
