@@ -30,11 +30,13 @@ Routing helpers for the HTTP layer: ``misdirected(partition)`` (who is active, f
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import logging
 from dataclasses import dataclass
 from typing import Any
 
+from app import events
 from app.cluster.durable import DurableWrites
 from app.cluster.election import Election
 from app.cluster.errors import ClusterError, DuplicateNode
@@ -179,7 +181,8 @@ class ClusterNode:
         orchestrator = Orchestrator(self.etcd, self.layout, self.settings, election, tick_s=0.25,
                                     initial_nodes=self.config.initial_nodes,
                                     replace_after_s=self.config.replica_replace_after_s,
-                                    auto_rebalance=self.config.auto_rebalance)
+                                    auto_rebalance=self.config.auto_rebalance,
+                                    note=functools.partial(events.rebalance, self.engine))
         self._orchestrator_task = asyncio.create_task(orchestrator.run(), name="orchestrator")
 
     # ------------------------------------------------------------------ fencing

@@ -43,7 +43,8 @@ class Orchestrator:
                  auto_failover: bool = True, tick_s: float = 0.5, initial_nodes: int = 1,
                  replace_after_s: float = 60.0, clock: Callable[[], float] = time.monotonic,
                  auto_rebalance: bool = False,
-                 on_decision: Callable[[Decision], None] | None = None) -> None:
+                 on_decision: Callable[[Decision], None] | None = None,
+                 note: Callable[..., None] | None = None) -> None:
         self.etcd, self.layout, self.settings, self.election = etcd, layout, settings, election
         self.maps = MapStore(etcd, layout)
         self.auto_failover = auto_failover
@@ -58,7 +59,7 @@ class Orchestrator:
         #: graceful failovers, advanced in cycles where the step itself changed no map
         self.handover = HandoverDriver(etcd, layout, self.maps, election.guard)
         #: the operator's rebalance: it holds the partitions it moves out of the step's reach
-        self.rebalance = RebalanceDriver(etcd, layout, self.maps, election.guard)
+        self.rebalance = RebalanceDriver(etcd, layout, self.maps, election.guard, note=note)
         #: a node joining a placed cluster starts a rebalance on its own (else it waits for one)
         self.auto_rebalance = auto_rebalance
 

@@ -36,7 +36,10 @@ from engine.cluster.rebalance import (REBALANCE, RebalanceRequest, RebalanceStep
 
 log = logging.getLogger("upr.cluster")
 
-__all__ = ["RebalanceStore", "RebalanceDriver", "Observed", "progress_of"]
+__all__ = ["RebalanceStore", "RebalanceDriver", "Observed", "progress_of", "Note"]
+
+#: records one step on the node's event log: ``note(message, partition=..., node=..., **details)``
+Note = Callable[..., None]
 
 
 @dataclass(frozen=True, slots=True)
@@ -122,9 +125,11 @@ class RebalanceDriver:
     in motion alone), ``carry_out`` after."""
 
     def __init__(self, etcd: EtcdClient, layout: Layout, maps: MapStore, guard: Callable[[], Compare], *,
-                 max_parallel: int = 2) -> None:
+                 max_parallel: int = 2, note: Note | None = None) -> None:
         self.store = RebalanceStore(etcd, layout)
         self.etcd, self.maps, self.guard, self.max_parallel = etcd, maps, guard, max_parallel
+        #: the node's event log (the console's timeline): what an operator watches a rebalance by
+        self.note: Note = note or (lambda message, **fields: None)
 
     async def observe(self, view: ClusterView) -> tuple[RebalanceStep, Observed]:
         observed = await self.store.observe()
@@ -155,12 +160,16 @@ class RebalanceDriver:
                 elif step.store.planned and request is not None and not request.planned:
                     log.warning("rebalance planned at map revision %d: %d partition(s) to move%s", view.map.revision,
                                 step.store.total, f", removing {', '.join(step.store.eject)}" if step.store.eject else "")
+                    self.note(f"rebalance planned: {step.store.total} partition(s) to move", total=step.store.total,
+                              eject=list(step.store.eject))
         for h in step.start:
             key = self.store.handovers.record_key(h.partition)
             created = await self.etcd.txn([Compare(key, "create", 0), *guard], [Put(key, _dumps(h.to_json()))])
             if created.succeeded:
                 log.warning("rebalance: partition %d from node %s to node %s (in sync): stopping writes on %s",
                             h.partition, h.source, h.target, h.source)
+                self.note(f"takeover of partition {h.partition} from {h.source} to {h.target} started",
+                          partition=h.partition, node=h.target, source=h.source)
         for h, reason in step.cancel:
             if await self.store.handovers.update(observed.records[h.partition], None):
                 log.warning("rebalance: takeover of partition %d from node %s called off (%s): it takes writes again",
@@ -182,6 +191,8 @@ class RebalanceDriver:
             if done.succeeded:
                 log.warning("rebalance %s: %s partition(s) moved, %s item(s) transferred", result,
                             figures.get("moved", 0), figures.get("transferred", 0))
+                self.note(f"rebalance {result}: {figures.get('moved', 0)} partition(s) moved, "
+                          f"{figures.get('transferred', 0)} item(s) transferred", **last)
 
 
 def _dumps(obj: object) -> bytes:

@@ -43,7 +43,9 @@ async def test_the_driver_plans_builds_hands_over_and_winds_a_stopped_run_down(c
     await election.campaign()
     maps = MapStore(client, layout)
     assert await maps.publish(MAP, 0)
-    driver = RebalanceDriver(client, layout, maps, election.guard)
+    notes: list[tuple[str, dict]] = []
+    driver = RebalanceDriver(client, layout, maps, election.guard,
+                             note=lambda message, **fields: notes.append((message, fields)))
     failover = HandoverDriver(client, layout, maps, election.guard)
     store = RebalanceStore(client, layout)
 
@@ -86,6 +88,9 @@ async def test_the_driver_plans_builds_hands_over_and_winds_a_stopped_run_down(c
     assert final.placements[1] == MAP.placements[1]  # its takeover was called off, its copy on c dropped
     last = await store.last()
     assert last is not None and last["id"] == "r1" and last["result"] == "stopped" and last["moved"] == len(moved)
+    # the node's event log (the console's timeline) saw the plan, each takeover and the outcome
+    assert notes[0][0].startswith("rebalance planned") and notes[-1][0].startswith("rebalance stopped")
+    assert {f["partition"] for m, f in notes if m.startswith("takeover")} == set(records)
 
 
 async def test_auto_rebalance_starts_a_run_for_a_node_that_joined_holding_nothing(client: EtcdClient) -> None:
