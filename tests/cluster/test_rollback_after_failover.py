@@ -125,6 +125,7 @@ def test_a_consumer_rolls_back_to_the_promotion_seqno_after_the_active_dies(tmp_
 
         async def resume() -> dict[str, tuple[int, bytes]]:
             new_high = httpx.get(f"{r_url}/partitions/{p}").json()["high_seqno"]
+            corrections_due, rolled_back_to = 0, None
             async with Consumer(r_url, partitions=[p], start="saved", state=state, name="indexer") as consumer:
                 async for ev in consumer:
                     events.append(ev)
@@ -132,7 +133,12 @@ def test_a_consumer_rolls_back_to_the_promotion_seqno_after_the_active_dies(tmp_
                         docs[ev.key] = (ev.seqno, ev.value)
                     elif isinstance(ev, Deletion):
                         docs.pop(ev.key, None)
-                    if isinstance(ev, Rollback) and new_high <= ev.seqno:
+                    if isinstance(ev, Rollback):
+                        corrections_due, rolled_back_to = ev.corrections, ev.seqno
+                    elif isinstance(ev, (Mutation, Deletion)) and ev.correction:
+                        corrections_due -= 1
+                    # nothing above the rollback point: done once its corrections (which follow it) are in
+                    if rolled_back_to is not None and new_high <= rolled_back_to and corrections_due <= 0:
                         break
                     if isinstance(ev, (Mutation, Deletion)) and not ev.correction and ev.seqno >= new_high:
                         break
