@@ -159,11 +159,18 @@ class ClusterStreams(ClusterBarriers, ClusterSeeks, PartitionMoves):
         if s is not None:
             return await s.http.partition(partition)
         view = self.router.map
-        url = view.url_of(partition)[1] if view is not None else None
-        resp = await self.client.get(f"{url or self._good_url}/partitions/{partition}", timeout=self.owner.open_timeout,
-                                     headers={"Authorization": f"Bearer {self.owner.token}"} if self.owner.token else {})
+        url = (view.url_of(partition)[1] if view is not None else None) or self._good_url
+        what = f"GET /partitions/{partition} from {url}"
+        try:
+            resp = await self.client.get(f"{url}/partitions/{partition}", timeout=self.owner.open_timeout,
+                                         headers={"Authorization": f"Bearer {self.owner.token}"} if self.owner.token else {})
+        except httpx.HTTPError as exc:  # the client's typed error, as every other request of the consumer
+            raise ConnectionFailed(f"{what}: {exc or type(exc).__name__}", partition=partition) from None
+        if resp.status_code in (401, 403):
+            raise AuthFailed(f"{what}: HTTP {resp.status_code}: the token is missing, unknown or lacks the read role",
+                             field="token", partition=partition)
         if resp.status_code != 200:
-            raise ConnectionFailed(f"GET /partitions/{partition} from {url or self._good_url}: HTTP {resp.status_code}")
+            raise ConnectionFailed(f"{what}: HTTP {resp.status_code}", partition=partition)
         result: dict[str, Any] = resp.json()
         return result
 
