@@ -100,6 +100,8 @@ class ClusterStreams(ClusterBarriers, ClusterSeeks, PartitionMoves):
         self.barriers: dict[str, dict[Any, dict[int, int]]] = {}
         #: cookies sent on each node stream
         self._sent: dict[Any, set[str]] = {}
+        #: barrier cookies being sent (see ``_send_barriers``)
+        self._sending: set[asyncio.Future[None]] = set()
         #: node streams closing in the background (see ``_close_conn``)
         self._closing: set[asyncio.Future[None]] = set()
         #: the map is read this often even when nothing happened: a hung node says nothing (the

@@ -34,6 +34,8 @@ class ClusterBarriers:
     barriers: dict[str, dict[Any, dict[int, int]]]
     #: cookies sent on each node stream
     _sent: dict[Any, set[str]]
+    #: cookie sends not finished yet
+    _sending: set[asyncio.Future[None]]
 
     if TYPE_CHECKING:
         def live(self) -> list[Any]: ...
@@ -61,7 +63,10 @@ class ClusterBarriers:
             for cookie in self.barriers:
                 if cookie not in sent:
                     sent.add(cookie)
-                    asyncio.ensure_future(s._send_quiet(M.Barrier(cookie)))
+                    # held until sent: the loop keeps only a weak reference to a task
+                    sending = asyncio.ensure_future(s._send_quiet(M.Barrier(cookie)))
+                    self._sending.add(sending)
+                    sending.add_done_callback(self._sending.discard)
         return unopened
 
     def _barrier_returned(self, s: Any, event: BarrierReached) -> BarrierReached | None:
