@@ -67,6 +67,7 @@ class EventFeed:
         self._loop = loop
         self._changed = asyncio.Event()
         self.waiters = 0
+        self._closing = False
         log.on_record = self._recorded
 
     def _recorded(self, _event: object) -> None:
@@ -81,7 +82,7 @@ class EventFeed:
 
     async def wait(self, since: int, timeout: float, log_id: str | None = None) -> None:
         """Return once the log holds an id past ``since`` (or a reset), or after ``timeout``."""
-        if self.log.last_id != since or timeout <= 0 or self.waiters >= MAX_WAITERS:
+        if self.log.last_id != since or timeout <= 0 or self.waiters >= MAX_WAITERS or self._closing:
             return
         if log_id is not None and log_id != self.log.log_id:
             return
@@ -95,7 +96,15 @@ class EventFeed:
         finally:
             self.waiters -= 1
 
+    def close(self) -> None:
+        """Answer every waiting reader now, and every later one at once: the node is shutting
+        down, and the server's graceful shutdown waits for requests in flight, so a reader
+        left waiting would hold the node's exit for its whole wait (then get an error)."""
+        self._closing = True
+        self._wake()
+
     def detach(self) -> None:
+        self.close()
         self.log.on_record = None
 
 

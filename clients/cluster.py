@@ -7,7 +7,10 @@ the map again, is ``engine.protocol.client.routing.Router``'s decision; each con
 partition that is not active there comes back as ``PartitionMoved`` instead of a reconnect), so
 handshakes, rollbacks, repairs, flow control and saving are exactly the single-node ones.
 
-This module only moves partitions between node streams:
+This module (the stream loop and the map reads) and its parts (``cluster_map``: reading the map;
+``cluster_state``: the shared positions; ``cluster_moves``: which node stream holds which
+partition; ``cluster_seek``; ``cluster_barriers``: the merged barrier) only move partitions
+between node streams:
 
 * **Positions do not depend on the node.**  Every node stream saves into one ``PartitionStates``
   (one state file, per partition checkpoints, no node id); a partition that moves resumes on its
@@ -29,32 +32,22 @@ import dataclasses
 import logging
 import time
 from collections import deque
-from collections.abc import AsyncIterator, Iterable, Sequence
+from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
 import httpx
 
-from engine.protocol.client.actions import StartMode
-from engine.protocol.client.checkpoint import ConsumerState, PartitionCheckpoint
 from engine.protocol.client.offset import StreamOffset
-from engine.protocol.client.position import PartitionPosition
-from engine.protocol.client.routing import (
-    Close,
-    MapFormatError,
-    MapView,
-    Open,
-    RouteAction,
-    Router,
-    Unserved,
-    revision_in,
-)
+from engine.protocol.client.routing import MapView, RouteAction, Router
 
-from .errors import AuthFailed, ConnectionFailed, UsageError
-from engine.protocol import messages as M
-
-from .events import BarrierReached, PartitionMoved, PartitionsUnavailable, StreamEnd
-from .redirects import parse_servers
-from .state import StateStore
+from .cluster_barriers import ClusterBarriers
+# MAP_GRACE_S and _StateView stay importable from here, where the consumer and tests look for them
+from .cluster_map import MAP_GRACE_S, read_cluster_map, split_servers  # noqa: F401
+from .cluster_moves import PartitionMoves
+from .cluster_seek import ClusterSeeks
+from .cluster_state import PartitionStates, _StateView  # noqa: F401
+from .errors import AuthFailed, ConnectionFailed
+from .events import BarrierReached, PartitionMoved
 
 
 __all__ = ["ClusterStreams", "NodeLost", "PartitionStates", "read_cluster_map", "split_servers"]
@@ -62,172 +55,14 @@ __all__ = ["ClusterStreams", "NodeLost", "PartitionStates", "read_cluster_map", 
 log = logging.getLogger("upr.client")
 
 
-#: read-ahead events a seek does not drop: they are about the connection or the map, not the old stream
-_KEPT_AHEAD = (PartitionMoved, BarrierReached, StreamEnd)
-
-
-def _all_streaming(s: Any) -> bool:
-    """Every unfinished partition of node stream ``s`` has its stream requested (none waits for a
-    rollback's or a repair's new request)."""
-    session = s.session
-    return all(p in session.open or p in session.finished for p in s.view.partitions)
-
-
 class NodeLost(Exception):
     """A node stream's connection broke or would not open: its partitions follow the map."""
 
 
-def split_servers(server: str | Sequence[str]) -> list[str]:
-    """A cluster address: one URL, "URL,URL", or a list of URLs (any node will do); the same
-    rules as the document commands' ``--server`` (``clients.redirects.parse_servers``)."""
-    return list(parse_servers(server if isinstance(server, str) else ",".join(server)))
-
-
-#: after the first node answered the map, how long the others may still answer with a newer one
-MAP_GRACE_S = 0.05
-
-
-async def read_cluster_map(client: httpx.AsyncClient, urls: Iterable[str], token: str | None,
-                           timeout: float) -> tuple[MapView | None, str]:
-    """``GET /cluster`` from every URL at once: (the newest map answered, the URL that answered
-    it), or (None, URL) when no node answered a map and that one is not in a cluster (404).
-
-    At once, because a hung node (paused, overloaded) accepts connections and answers nothing:
-    asking one node after the other would wait out its timeout before asking the next.  The
-    first map is kept once the others had ``MAP_GRACE_S`` more to answer, the newest revision
-    winning (a node that has not caught up with etcd answers an older one).
-    ``ConnectionFailed`` naming every URL when none answered; ``AuthFailed`` for a refused token."""
-    headers = {"Authorization": f"Bearer {token}"} if token else {}
-
-    async def one(url: str) -> tuple[str, Any]:
-        try:
-            resp = await client.get(f"{url}/cluster", headers=headers, timeout=timeout)
-        except httpx.HTTPError as exc:
-            return "error", f"{url}: {exc or type(exc).__name__}"
-        if resp.status_code == 404:
-            return "single", url
-        if resp.status_code in (401, 403):
-            raise AuthFailed(f"{url}/cluster: HTTP {resp.status_code}: the token is missing, unknown or lacks "
-                             f"the read role", field="token")
-        if resp.status_code != 200:
-            return "error", f"{url}: HTTP {resp.status_code}"
-        try:
-            return "map", (MapView.from_cluster_json(resp.json()), url)
-        except (MapFormatError, ValueError) as exc:
-            return "error", f"{url}: {exc}"
-
-    pending = {asyncio.ensure_future(one(url)) for url in dict.fromkeys(urls)}
-    loop = asyncio.get_running_loop()
-    maps: list[tuple[MapView, str]] = []
-    singles: list[str] = []
-    why: list[str] = []
-    grace_until: float | None = None
-    try:
-        while pending:
-            wait = None if grace_until is None else max(0.0, grace_until - loop.time())
-            done, pending = await asyncio.wait(pending, timeout=wait, return_when=asyncio.FIRST_COMPLETED)
-            if not done:
-                break  # the grace is over: the maps at hand will do
-            for task in done:
-                kind, value = task.result()
-                if kind == "map":
-                    maps.append(value)
-                    if grace_until is None:
-                        grace_until = loop.time() + MAP_GRACE_S
-                elif kind == "single":
-                    singles.append(value)
-                else:
-                    why.append(value)
-    finally:
-        for task in pending:
-            task.cancel()
-        if pending:
-            await asyncio.gather(*pending, return_exceptions=True)
-    if maps:
-        return max(maps, key=lambda found: found[0].revision)
-    if singles:
-        return None, singles[0]
-    raise ConnectionFailed("no node answered GET /cluster: " + "; ".join(sorted(why) or ["no URL"]))
-
-
-class PartitionStates:
-    """The consumer's one state, per partition, written by every node stream (see the module
-    docstring); ``view(partitions)`` is the ``StateStore`` a node stream reads and writes.
-
-    Writes to the store are coalesced to one per ``interval`` (after syncing the shared ring, so
-    the state never claims items the ring could have lost): each write fsyncs on the event loop,
-    and several node streams saving on their own would multiply those stalls.  The store only
-    lags, never runs ahead of what was processed, so a crash resumes earlier, never later."""
-
-    def __init__(self, store: StateStore, loaded: ConsumerState | None, ring: Any = None,
-                 interval: float = 1.0) -> None:
-        self.store = store
-        self.ring = ring
-        self.interval = interval
-        self.parts: dict[int, PartitionCheckpoint] = dict(loaded.partitions) if loaded is not None else {}
-        self.partition_count = loaded.partition_count if loaded is not None else None
-        self._last_write = 0.0
-        self._dirty = False
-        self._timer: asyncio.TimerHandle | None = None
-
-    def put(self, partition: int, checkpoint: PartitionCheckpoint) -> None:
-        self.parts[partition] = checkpoint
-        self.changed()
-
-    def changed(self) -> None:
-        """Some checkpoint moved: write now if the last write is ``interval`` old, else soon."""
-        self._dirty = True
-        wait = self.interval - (time.monotonic() - self._last_write)
-        if wait <= 0:
-            self.save()
-        elif self._timer is None:
-            self._timer = asyncio.get_running_loop().call_later(wait, self._due)
-
-    def _due(self) -> None:
-        self._timer = None
-        if self._dirty:
-            try:
-                self.save()
-            except Exception:  # the next write retries; a timer callback has nobody to raise to
-                log.exception("saving the consumer's positions failed")
-
-    def save(self) -> None:
-        """Write now (after syncing the ring)."""
-        if self._timer is not None:
-            self._timer.cancel()
-            self._timer = None
-        if self.ring is not None:
-            self.ring.sync()
-        self.store.save(ConsumerState(dict(self.parts), None, self.partition_count))
-        self._last_write = time.monotonic()
-        self._dirty = False
-
-    def view(self, partitions: Iterable[int]) -> "_StateView":
-        return _StateView(self, set(partitions))
-
-
-class _StateView:
-    """A node stream's window on ``PartitionStates``: it reads and writes only its partitions."""
-
-    def __init__(self, states: PartitionStates, partitions: set[int]) -> None:
-        self.states = states
-        self.partitions = partitions
-
-    def load(self) -> ConsumerState | None:
-        parts = {p: c for p, c in self.states.parts.items() if p in self.partitions}
-        return ConsumerState(parts, None, self.states.partition_count)
-
-    def save(self, state: ConsumerState) -> None:
-        for p, cp in state.partitions.items():
-            if p in self.partitions:
-                self.states.parts[p] = cp
-        if state.partition_count is not None:
-            self.states.partition_count = state.partition_count
-        self.states.changed()
-
-
-class ClusterStreams:
-    """Drives a ``Consumer`` over a cluster (see the module docstring)."""
+class ClusterStreams(ClusterBarriers, ClusterSeeks, PartitionMoves):
+    """Drives a ``Consumer`` over a cluster (see the module docstring): the stream loop and the map
+    reads here; barriers (``clients.cluster_barriers``), seeks (``clients.cluster_seek``) and which
+    node stream holds which partition (``clients.cluster_moves``) in their own modules."""
 
     def __init__(self, owner: Any, seeds: Sequence[str], first: MapView, answered: str,
                  client: httpx.AsyncClient, node_stream: Any, map_refresh_s: float = 2.5) -> None:
@@ -265,6 +100,8 @@ class ClusterStreams:
         self.barriers: dict[str, dict[Any, dict[int, int]]] = {}
         #: cookies sent on each node stream
         self._sent: dict[Any, set[str]] = {}
+        #: barrier cookies being sent (see ``_send_barriers``)
+        self._sending: set[asyncio.Future[None]] = set()
         #: node streams closing in the background (see ``_close_conn``)
         self._closing: set[asyncio.Future[None]] = set()
         #: the map is read this often even when nothing happened: a hung node says nothing (the
@@ -324,136 +161,25 @@ class ClusterStreams:
         if s is not None:
             return await s.http.partition(partition)
         view = self.router.map
-        url = view.url_of(partition)[1] if view is not None else None
-        resp = await self.client.get(f"{url or self._good_url}/partitions/{partition}", timeout=self.owner.open_timeout,
-                                     headers={"Authorization": f"Bearer {self.owner.token}"} if self.owner.token else {})
+        url = (view.url_of(partition)[1] if view is not None else None) or self._good_url
+        what = f"GET /partitions/{partition} from {url}"
+        try:
+            resp = await self.client.get(f"{url}/partitions/{partition}", timeout=self.owner.open_timeout,
+                                         headers={"Authorization": f"Bearer {self.owner.token}"} if self.owner.token else {})
+        except httpx.HTTPError as exc:  # the client's typed error, as every other request of the consumer
+            raise ConnectionFailed(f"{what}: {exc or type(exc).__name__}", partition=partition) from None
+        if resp.status_code in (401, 403):
+            raise AuthFailed(f"{what}: HTTP {resp.status_code}: the token is missing, unknown or lacks the read role",
+                             field="token", partition=partition)
         if resp.status_code != 200:
-            raise ConnectionFailed(f"GET /partitions/{partition} from {url or self._good_url}: HTTP {resp.status_code}")
+            raise ConnectionFailed(f"{what}: HTTP {resp.status_code}", partition=partition)
         result: dict[str, Any] = resp.json()
         return result
-
-    # ------------------------------------------------------------------ seeks
-    def seek(self, partition: int, offset: StreamOffset) -> None:
-        """``Consumer.seek`` on a cluster: the same rules as on one node, wherever the partition is.
-
-        * On a node stream: that stream's seek (a streaming partition reconnects to the same
-          node; the other nodes' partitions are not touched), and an event of the partition that
-          stream already read ahead is dropped: nothing of the old stream is handed over after this.
-        * Waiting for a node (moved, unserved, not opened yet): its checkpoint becomes ``offset``,
-          so whichever node streams it next starts there.
-        * Its bounded stream ended: placed again, from ``offset``."""
-        r = self.router
-        first = self._first  # before the first iteration the router has not seen the map yet
-        known = r.partitions or (r.wanted if r.wanted is not None else
-                                 tuple(range(first.num_partitions)) if first is not None else ())
-        if partition not in known:
-            raise UsageError(f"partition {partition} is not one of the consumer's partitions", partition=partition)
-        if not isinstance(offset, StreamOffset):
-            raise UsageError(f"seek needs a StreamOffset, got {type(offset).__name__}", partition=partition,
-                             field="offset")
-        s = self.holder(partition)
-        if s is not None and s.session.positions:
-            s.seek(partition, offset)
-            task = self._armed.get(s)
-            if task is not None and task.done() and not task.cancelled() and task.exception() is None:
-                ahead = task.result()
-                if getattr(ahead, "partition", None) == partition and type(ahead) not in _KEPT_AHEAD:
-                    del self._armed[s]  # its stream resumes with the seek (a reconnect or a new request)
-            return
-        end = self.ends.get(partition, self.owner.session.end_seqnos.get(partition))
-        if end is not None and offset.seqno > end:
-            raise UsageError(f"partition {partition}: cannot seek to seqno {offset.seqno}, after the stream's end "
-                             f"{end}", partition=partition, seqno=offset.seqno, field="offset")
-        if s is not None or partition not in self.opened:
-            # not resolved by any handshake yet: a start offset like any other
-            target = s.session if s is not None else self.owner.session
-            target.offsets[partition] = offset
-            self._forget_above(partition, offset, None)
-        else:
-            old = self.states.parts.get(partition)
-            log = tuple(e for e in (old.failover_log if old is not None else ()) if e.seqno <= offset.seqno)
-            moved = PartitionPosition(partition, offset, log)
-            self.states.put(partition, PartitionCheckpoint(moved.offset(), moved.failover_log, moved.last_complete))
-            self._forget_above(partition, offset, old.offset if old is not None else None)
-        if partition in r.done:
-            self._later.extend(r.reopen(partition, time.monotonic()))
-
-    def _forget_above(self, partition: int, offset: StreamOffset, old: StreamOffset | None) -> None:
-        """Nothing above ``offset`` counts as applied (the shared ring's rule of ``ClientSession.seek``)."""
-        ring = self.owner.ring
-        if ring is None:
-            return
-        model = ring.model
-        model.drop_above(partition, offset.seqno)
-        floor = model.floor(partition)
-        if floor is None or floor > offset.seqno or old is None or offset.seqno > old.seqno:
-            model.set_floor(partition, offset.seqno)
 
     @property
     def done(self) -> bool:
         r = self.router
         return r.map is not None and bool(r.partitions) and all(p in r.done for p in r.partitions)
-
-    # ------------------------------------------------------------------ barriers
-    def request_barrier(self, cookie: str) -> None:
-        """A cluster barrier: ``cookie`` goes on every node connection (and on every connection
-        that opens while it is pending, for partitions that moved); it completes once every node
-        stream holding partitions returned it and no wanted partition waits for a node.  Each node's
-        barrier covers every write acknowledged there before the cookie arrived, so the merged
-        vector is a cut of the whole cluster covering every write acknowledged before the request."""
-        self.barriers[cookie] = {}
-        self._send_barriers()
-
-    def _send_barriers(self) -> bool:
-        """Send pending cookies on node streams that are open; True if some stream is not open yet."""
-        unopened = False
-        for s in self.live():
-            if s._conn is None or not _all_streaming(s):
-                # its handshake is not done, or a partition of it is between a rollback answer and
-                # its new request: send after (a node's barrier covers only partitions streaming
-                # when the cookie arrives, so the new request must go first)
-                unopened = True
-                continue
-            sent = self._sent.setdefault(s, set())
-            for cookie in self.barriers:
-                if cookie not in sent:
-                    sent.add(cookie)
-                    asyncio.ensure_future(s._send_quiet(M.Barrier(cookie)))
-        return unopened
-
-    def _barrier_returned(self, s: Any, event: BarrierReached) -> BarrierReached | None:
-        returned = self.barriers.get(event.cookie)
-        if returned is None:
-            return None
-        held = {p for p in s.view.partitions if p not in s.session.finished}
-        if not held <= event.seqnos.keys():
-            # some partition was not streaming there when the cookie arrived (its request was
-            # answered with a rollback meanwhile): that node's cut does not cover it; ask again
-            self._sent.get(s, set()).discard(event.cookie)
-            return None
-        returned[s] = {p: q for p, q in event.seqnos.items() if p in s.view.partitions}
-        return self._completed(event.cookie)
-
-    def _completed(self, cookie: str) -> BarrierReached | None:
-        returned = self.barriers[cookie]
-        if self.router.map is None or self.router.waiting():
-            return None
-        holders = [s for s in self.live() if s.view.partitions]
-        if not all(s in returned for s in holders):
-            return None
-        del self.barriers[cookie]
-        seqnos: dict[int, int] = {}
-        for s in holders:
-            seqnos.update(returned[s])
-        return BarrierReached(cookie, dict(sorted(seqnos.items())))
-
-    def _reached(self) -> BarrierReached | None:
-        """A pending barrier that completed because streams closed or partitions moved."""
-        for cookie in list(self.barriers):
-            reached = self._completed(cookie)
-            if reached is not None:
-                return reached
-        return None
 
     # ------------------------------------------------------------------ commit, close
     async def commit(self) -> None:
@@ -570,108 +296,6 @@ class ClusterStreams:
             await asyncio.gather(*tasks, return_exceptions=True)
 
     # ------------------------------------------------------------------ router actions
-    async def _apply(self, actions: list[RouteAction]) -> None:
-        for action in actions:
-            kind = type(action)
-            if kind is Open:
-                self._open(action)  # type: ignore[arg-type]
-            elif kind is Close:
-                await self._close_conn(action.conn)  # type: ignore[union-attr]
-            elif kind is Unserved:
-                log.warning("consumer %s: partitions %s have no node serving them (%s); retrying",
-                            self.owner.name, list(action.partitions), action.reason)  # type: ignore[union-attr]
-                self._events.append(PartitionsUnavailable(action.partitions, action.reason))  # type: ignore[union-attr]
-
-    def _open(self, action: Open) -> None:
-        first = [p for p in action.partitions if p not in self.opened]
-        resumed = [p for p in action.partitions if p in self.opened]
-        log.info("consumer %s: streaming partitions %s from node %s (%s), map revision %d", self.owner.name,
-                 list(action.partitions), action.node, action.url, self.router.revision)
-        streams = []
-        if first:
-            streams.append(self._new_stream(action, first, initial=True))
-        if resumed:
-            streams.append(self._new_stream(action, resumed, initial=False))
-        self.streams[action.conn] = streams
-
-    def _new_stream(self, action: Open, partitions: list[int], *, initial: bool) -> Any:
-        o = self.owner
-        options = dict(o._options)
-        session = o.session
-        if initial:
-            options.update(start=session.start, until_now=session.until_now,
-                           offsets={p: off for p, off in session.offsets.items() if p in partitions},
-                           end_seqnos={p: e for p, e in session.end_seqnos.items() if p in partitions})
-        else:
-            options.update(start=StartMode.SAVED, until_now=False, offsets=None,
-                           end_seqnos={p: e for p, e in self.ends.items() if p in partitions} or None)
-        stream = self._node_stream(action.conn, action.node, self.states.view(partitions), action.url,
-                                   partitions=partitions, ring=o.ring, **options)
-        if not initial:
-            stream.session.adopt_goals({p: g for p, g in self.goals.items() if p in partitions})
-        return stream
-
-    async def _close_conn(self, conn: int) -> None:
-        for s in self.streams.pop(conn, []):
-            task = self._armed.pop(s, None)
-            if task is not None:
-                task.cancel()
-                await asyncio.gather(task, return_exceptions=True)
-            self._retire(s)
-            self._sent.pop(s, None)
-            if s.session.positions:
-                s._save()  # its partitions' processed positions, before they open elsewhere
-            s.view.partitions.clear()  # nothing it saves later is its business any more
-            # The socket closes in the background: closing waits for the peer's answer, and a
-            # hung node would stall every other partition's stream for the close timeout.
-            closing = asyncio.ensure_future(self._close_quietly(s))
-            self._closing.add(closing)
-            closing.add_done_callback(self._closing.discard)
-
-    async def _close_quietly(self, s: Any) -> None:
-        try:
-            await s.close()
-        except Exception as exc:  # the partitions moved on; a failing close only needs a line
-            log.info("consumer %s: closing the connection to node %s: %s", self.owner.name, s.node, exc)
-
-    def _retire(self, s: Any) -> None:
-        self.opened.update(s.session.positions)
-        for p, end in s.session.end_seqnos.items():
-            self.ends[p] = end
-        self.goals.update(s.session.goals(s.session.end_seqnos))
-        for name in ("rollbacks", "resets"):
-            self._retired[name] += getattr(s.session, name)
-        self._retired["corrections"] += s.corrections
-        self._retired["items_processed"] += s.items_processed
-        self._retired["acked"] += s.session.acks.acked_total
-        if s is self._current:
-            self._current = None
-
-    async def _moved(self, s: Any, event: PartitionMoved) -> None:
-        p = event.partition
-        log.info("consumer %s: partition %d left node %s (%s); following the map", self.owner.name, p, s.node,
-                 event.reason)
-        end = s.session.end_seqnos.get(p)
-        if end is not None:
-            self.ends[p] = end
-        self.goals.update(s.session.goals([p]))
-        self.opened.add(p)
-        checkpoint = s.session.release(p)
-        s.view.partitions.discard(p)
-        self.states.put(p, checkpoint)
-        await self._apply(self.router.partition_moved(s.conn_id, p, time.monotonic(), revision_in(event.detail)))
-
-    async def _finished(self, s: Any) -> None:
-        """A node stream's bounded streams all reached their ends."""
-        finished = [p for p in s.session.finished if p in s.view.partitions]
-        streams = self.streams.get(s.conn_id, [])
-        if s in streams:
-            streams.remove(s)
-            self._retire(s)
-            self._sent.pop(s, None)
-            await s.close()
-        await self._apply(self.router.finished(s.conn_id, finished))
-
     # ------------------------------------------------------------------ the map
     async def _read_map_at(self, at: float) -> MapView | None:
         await asyncio.sleep(max(0.0, at - time.monotonic()))
@@ -707,4 +331,3 @@ class ClusterStreams:
             await self._apply(self.router.map_failed(now))
             return
         await self._apply(self.router.map_loaded(view, now))
-

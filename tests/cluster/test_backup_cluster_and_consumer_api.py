@@ -16,6 +16,7 @@ import asyncio
 import json
 import logging
 import os
+import socket
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -28,6 +29,10 @@ from clients import BarrierReached, Consumer, Mutation, Rollback, StreamOffset
 from clients.backup import Archive, create_backup, verify
 from clients.backup.restore import BulkClient
 from clients.backup.targets import PartitionTargets
+from clients.cluster import ClusterStreams
+from clients.consumer import NodeStream
+from clients.errors import ConnectionFailed
+from engine.protocol.client.routing import MapView
 from tests.backup.live import cli
 from tests.cluster.etcd_server import start_etcd
 from tests.cluster.nodes import Cluster, partition_of, replicas_caught_up, started_in_sync, until
@@ -269,3 +274,23 @@ def test_backup_and_restore_follow_the_map_through_a_sigkill(tmp_path: Path, clu
     assert report["partitions"] == list(range(PARTS)), report
     restored = state(cluster.view(survivor), everything)
     assert restored == source
+
+
+def test_partition_info_from_a_node_that_does_not_answer_is_a_typed_error() -> None:
+    """A backup asks the node a waiting partition streams from for its failover log: a node that
+    refuses the connection is the client's ``ConnectionFailed`` naming it, not httpx's own error."""
+    asyncio.run(_partition_info_unreachable())
+
+
+async def _partition_info_unreachable() -> None:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        dead = f"http://127.0.0.1:{sock.getsockname()[1]}"  # closed below: nothing listens there
+    first = MapView.from_cluster_json({"nodes": [{"name": "n1", "state": "up", "url": dead}],
+                                       "map": {"revision": 1, "partitions": [{"partition": 0, "active": "n1"}]}})
+    consumer = Consumer([dead], name="info-unreachable", start="beginning")
+    async with httpx.AsyncClient() as client:
+        streams = ClusterStreams(consumer, [dead], first, dead, client, NodeStream)
+        with pytest.raises(ConnectionFailed) as caught:
+            await streams.partition_info(0)
+    assert caught.value.partition == 0 and dead in str(caught.value)

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import time
 
 import httpx
 
@@ -66,3 +67,22 @@ async def test_overview_and_events_need_the_read_role(tmp_path) -> None:  # type
             assert (await client.get(path)).status_code == 401
             assert (await client.get(path, headers={"Authorization": "Bearer nope"})).status_code == 401
             assert (await client.get(path, headers={"Authorization": "Bearer reader-token"})).status_code == 200
+
+
+async def test_closing_the_feed_answers_waiting_readers_at_once(asgi_app: InProcessApp) -> None:
+    """Shutdown closes the feed: a reader waiting must be answered then, not hold the node's exit
+    for its whole wait, and a reader arriving after is not let wait."""
+    client = asgi_app.client
+    first = (await client.get("/events")).json()
+    query = f"/events?since={first['last_id']}&log={first['log_id']}"
+    waiting = asyncio.ensure_future(client.get(query, headers={"Prefer": "wait=20"}))
+    feed = asgi_app.app.state.event_feed
+    deadline = time.monotonic() + 10
+    while not feed.waiters and time.monotonic() < deadline:  # until the reader waits in the feed
+        await asyncio.sleep(0.01)
+    assert feed.waiters == 1 and not waiting.done()
+    feed.close()
+    answer = await asyncio.wait_for(waiting, 10)  # well before its 20 s
+    assert answer.status_code == 200 and answer.json()["events"] == []
+    later = await asyncio.wait_for(client.get(query, headers={"Prefer": "wait=20"}), 10)
+    assert later.status_code == 200 and feed.waiters == 0

@@ -124,12 +124,13 @@ async function pollOverview() {
     if (e instanceof AuthError) { S.token = null; sessionStorage.removeItem(TOKEN_KEY); showLogin("Token refused: " + e.message); return; }
   }
   checkLost();
-  // a fixed rhythm, not a fixed pause: an answer that took 300 ms still leaves one update a second
+  // a fixed rhythm, not a fixed pause: a slow answer still leaves one update a second
   setTimeout(pollOverview, Math.max(100, POLL_MS - (Date.now() - started)));
 }
 
 async function pollEvents() {
   while (!S.authFailed) {
+    const started = Date.now();
     try {
       const log = S.eventsLog ? `&log=${encodeURIComponent(S.eventsLog)}` : "";
       const page = await api(`/events?since=${S.eventsSince}${log}`, { wait: EVENT_WAIT_S, signal: AbortSignal.timeout((EVENT_WAIT_S + 10) * 1000) });
@@ -139,6 +140,10 @@ async function pollEvents() {
       if (page.events.length || page.reset) {
         S.events = S.events.concat(page.events).slice(-MAX_EVENTS_SHOWN);
         renderEvents();
+      } else {
+        // nothing new, answered without waiting (the node lets only so many readers wait):
+        // asking again at once would spin, so keep the overview's rhythm
+        await new Promise((res) => setTimeout(res, Math.max(0, POLL_MS - (Date.now() - started))));
       }
     } catch (e) {
       if (e instanceof AuthError) return;
