@@ -35,7 +35,11 @@ class _Server(uvicorn.Server):
     async def shutdown(self, sockets: list | None = None) -> None:  # type: ignore[type-arg]
         """End stream connections first (``stream_end(shutting_down)``, close 1001): uvicorn's own
         shutdown would close every WebSocket with 1012 before the lifespan runs."""
-        streams = getattr(getattr(self.config.app, "state", None), "streams", None)
+        app_state = getattr(self.config.app, "state", None)
+        feed = getattr(app_state, "event_feed", None)
+        if feed is not None:
+            feed.close()  # a console's long poll would otherwise hold the exit for its whole wait
+        streams = getattr(app_state, "streams", None)
         handles = [h for h in (streams or ()) if hasattr(h, "shutdown")]
         if handles:
             results = await asyncio.gather(*(h.shutdown() for h in handles), return_exceptions=True)
