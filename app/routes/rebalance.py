@@ -16,7 +16,7 @@ from pydantic import BaseModel, Field
 from app.cluster.etcd import EtcdError
 from app.cluster.rebalance import progress_of
 from app.deps import AdminCtx, ReadCtx
-from app.problems import NOT_FOUND, NOT_READY, Problem, ProblemType
+from app.problems import INVALID_INPUT, NOT_FOUND, NOT_READY, Problem, ProblemType
 from app.routes.responses import problems
 from engine.cluster.rebalance import RebalanceRequest
 
@@ -29,10 +29,12 @@ _CONFLICT = {409: "a rebalance is already in progress (`DELETE` stops it), or th
 
 
 class RebalanceBody(BaseModel):
-    remove: list[str] = Field(default_factory=list, max_length=64,
+    # at most 63 names in all: with the request itself one etcd transaction must stay within etcd's
+    # default limit of 128 operations
+    remove: list[str] = Field(default_factory=list, max_length=63,
                               description="nodes to empty: every copy they hold moves away, then they are out of "
                                           "the map and may be stopped; they get no new copy until added back")
-    add: list[str] = Field(default_factory=list, max_length=64,
+    add: list[str] = Field(default_factory=list, max_length=63,
                            description="up nodes to take partitions (and to clear of an earlier removal)")
 
 
@@ -98,14 +100,14 @@ async def _status(cluster: Any) -> RebalanceStatus:
                 if not before.holds(node) and node in now.replicas and now != want:
                     reported = cluster.progress.get((p, node))
                     building.append(RebalanceCopy(partition=p, node=node, seqno=reported.seqno if reported else None,
-                                             in_sync=bool(reported and reported.in_sync)))
+                                                  in_sync=bool(reported and reported.in_sync)))
     return RebalanceStatus(
         request=RebalanceRequestInfo(id=request.id, remove=list(request.eject), stopped=request.stopped,
-                            refused=request.refused, waiting=request.waiting,
+                                     refused=request.refused, waiting=request.waiting,
                                      planned=request.planned) if request is not None else None,
         **figures,
         takeovers=[RebalanceTakeover(partition=p, source=s.handover.source, target=s.handover.target,
-                            fenced_at=s.handover.fenced_at) for p, s in sorted(observed.records.items())],
+                                     fenced_at=s.handover.fenced_at) for p, s in sorted(observed.records.items())],
         building=building, removed=sorted(observed.ejected), last=last, map_revision=current.revision)
 
 
@@ -118,6 +120,11 @@ async def start_rebalance(body: RebalanceBody, request: Request, ctx: AdminCtx) 
     rolls back), then the copy no longer wanted is dropped.  Refused, with the reason in
     `request.refused`, when it cannot be planned (a node down); a node going down later pauses
     the moves (`request.waiting`) until it is back."""
+    both = sorted(set(body.remove) & set(body.add))
+    if both:
+        raise Problem(INVALID_INPUT, f"node {both[0]!r} is both removed and added: name it in one list", field="add")
+    if len(set(body.remove)) + len(set(body.add)) > 63:
+        raise Problem(INVALID_INPUT, "at most 63 nodes may be removed and added in one request", field="remove")
     cluster = _cluster(request)
     known = set(cluster.nodes) | set(cluster.map.nodes())
     for node in body.remove:
@@ -133,7 +140,8 @@ async def start_rebalance(body: RebalanceBody, request: Request, ctx: AdminCtx) 
         eject = (observed.ejected | set(body.remove)) - set(body.add)
         eject = {n for n in eject if n in known}
         asked = RebalanceRequest(eject=tuple(sorted(eject)), id=uuid.uuid4().hex[:12])
-        if not await cluster.rebalance.ask(asked, remove=tuple(body.remove), add=tuple(body.add)):
+        if not await cluster.rebalance.ask(asked, remove=tuple(sorted(set(body.remove))),
+                                           add=tuple(sorted(set(body.add)))):
             raise Problem(REBALANCE_RUNNING, "a rebalance is already in progress: follow it with "
                                              "`upr cluster rebalance` or stop it with `--stop`")
     except EtcdError as exc:
