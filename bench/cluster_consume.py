@@ -1,4 +1,4 @@
-"""Consumer throughput from a three-node cluster against one node with the same data (issue 15).
+"""Consumer throughput from a three-node cluster against one node with the same data.
 
 Two clusters on the bench's etcd, without replicas: ``cons3`` (three nodes, each active for a
 third of the partitions) and ``cons1`` (one node: a one-node cluster, so that only the node count

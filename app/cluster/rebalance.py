@@ -44,6 +44,8 @@ Note = Callable[..., None]
 
 @dataclass(frozen=True, slots=True)
 class Observed:
+    """One read of the rebalance's etcd keys (request, removed nodes, takeover records), with the
+    request's mod revision so that what is written back is guarded by what was seen."""
     request: RebalanceRequest | None
     mod_revision: int
     ejected: frozenset[str]
@@ -51,6 +53,9 @@ class Observed:
 
 
 class RebalanceStore:
+    """The rebalance's keys in etcd: the operator's request (one at a time), the removed nodes
+    and the last outcome.  It lives in etcd, not in the orchestrator, so a run survives the
+    orchestrator's node and is resumed by the next one."""
     def __init__(self, etcd: EtcdClient, layout: Layout) -> None:
         self.etcd = etcd
         root = layout.prefix.rstrip("/")

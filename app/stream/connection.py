@@ -197,6 +197,11 @@ class StreamConnection(PassSender):
         return self.session.hello.codec.value if self.session.hello else M.Codec.JSON.value
 
     # ------------------------------------------------------------------ hub subscriber
+    def notified_at(self) -> dict[int, float]:
+        """Partition -> when its oldest undelivered change was announced (loop time): what a
+        stream's lag in seconds is measured from (the console's Streams page)."""
+        return dict(self._notified_at)
+
     def notify(self, partitions: frozenset[int]) -> None:
         """Engine changes (writes, state changes) on ``partitions``.  The state is read here, on
         the loop (one attribute read), so a stream of a partition that left its state ends at

@@ -27,7 +27,8 @@ def _stream_rows(app: Any) -> list[dict[str, Any]]:
     registry = app.state.streams
     # both walk the registry in connection order, with no await between them
     for handle, s in zip(list(registry), registry.statuses()):
-        notified: dict[int, float] = dict(getattr(handle, "_notified_at", {}) or {})
+        notified_at = getattr(handle, "notified_at", None)
+        notified: dict[int, float] = notified_at() if callable(notified_at) else {}
         parts = []
         for p in s.partitions:
             # behind the partition's high seqno, not only the snapshot being sent: a stalled

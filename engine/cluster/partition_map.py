@@ -96,7 +96,7 @@ class PartitionMap:
         entries = data.get("partitions")
         if not isinstance(entries, list):
             raise MapFormatError("partitions must be a list")
-        return cls(revision, tuple(_placement_from_json(i, e) for i, e in enumerate(entries)))
+        return cls(revision, tuple(placement_from_json(i, e) for i, e in enumerate(entries)))
 
     @classmethod
     def empty(cls, partitions: int) -> PartitionMap:
@@ -104,7 +104,7 @@ class PartitionMap:
         return cls(0, tuple(Placement(None) for _ in range(partitions)))
 
 
-def _placement_from_json(index: int, entry: Any) -> Placement:
+def placement_from_json(index: int, entry: Any) -> Placement:
     where = f"partitions[{index}]"
     if not isinstance(entry, Mapping):
         raise MapFormatError(f"{where} must be an object")

@@ -51,7 +51,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from engine.cluster.handover import Handover, switched_placement
-from engine.cluster.partition_map import PartitionMap, Placement, _placement_from_json
+from engine.cluster.partition_map import PartitionMap, Placement, placement_from_json
 from engine.cluster.placement import place
 from engine.cluster.promotion import ReplicaProgress
 
@@ -98,6 +98,7 @@ class RebalanceRequest:
 
 @dataclass(frozen=True, slots=True)
 class RebalanceView:
+    """What one orchestrator cycle observed, the only input ``advance`` decides from (pure)."""
     map: PartitionMap
     live_nodes: frozenset[str]
     replicas: int
@@ -111,6 +112,8 @@ class RebalanceView:
 
 @dataclass(frozen=True, slots=True)
 class RebalanceStep:
+    """What one cycle must write: the adapter carries it out in etcd transactions guarded by the
+    revisions it was computed from, so a step decided on a stale view changes nothing."""
     #: the request to store in place of the one observed (planned, refused); None: unchanged
     store: RebalanceRequest | None = None
     #: delete the request: done, or stopped and wound down
@@ -330,4 +333,4 @@ def _placements_json(placements: tuple[Placement, ...] | None) -> list[dict[str,
 def _placements_from_json(data: Any) -> tuple[Placement, ...] | None:
     if data is None:
         return None
-    return tuple(_placement_from_json(i, entry) for i, entry in enumerate(data))
+    return tuple(placement_from_json(i, entry) for i, entry in enumerate(data))
