@@ -333,7 +333,9 @@ class Writers:
 
 
 def test_cluster_barrier_covers_every_write_acknowledged_before_it(tmp_path: Path, etcd: EtcdProcess) -> None:
-    cluster = Cluster(tmp_path, etcd.url, partitions=PARTS, replicas=1, initial_nodes=3,
+    # a longer lease than the default: a node losing its lease on a loaded machine would be failed
+    # over, and a failover may take back `memory` writes, which is not what this test is about
+    cluster = Cluster(tmp_path, etcd.url, partitions=PARTS, replicas=1, initial_nodes=3, lease_ttl_s=6,
                       prefix=f"/upr/{uuid.uuid4().hex[:8]}")
     try:
         for name in ("n1", "n2", "n3"):
