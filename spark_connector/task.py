@@ -17,6 +17,15 @@ reading).  ``read()`` cannot re-plan, so it never follows the branch silently: i
 ``reset`` control row for that partition and restreams it from 0 (up to the planned end, or the
 partition's high seqno if that is lower).  The next planning step sees the branch again and
 applies ``onRollback``: redundant but convergent.
+
+On a cluster each partition is read from its active node (one connection per node, the routes
+planning saw, or the map read by the task itself).  A partition that moves (``not_my_partition``,
+a ``state_changed`` end) or a node lost mid-read makes the task wait (``fetchOffset.retryIntervalMs``,
+doubling, at most ``fetchOffset.numRetries`` times per task), read the map again and resume what is
+left of every unfinished piece from its last delivered item on the new active
+(``cluster_map.resume_item``): nothing is read twice, and a piece planned on a branch the new
+active does not hold stops where that branch ends (``cluster_map.reachable_end``) so the next
+planning step meets the branch through ``onRollback``.
 """
 from __future__ import annotations
 
@@ -42,7 +51,7 @@ from engine.protocol.client.offset import StreamOffset
 from engine.protocol.client.session import ClientSession
 from engine.protocol.frames import HEADER, ITEM_BATCH, PER_ITEM_BYTES, ItemBatch, decode_binary
 
-from .cluster_map import Fault, Progress, reachable_end, resume_item, routes_from_map
+from .cluster_map import Fault, Progress, fault_of_end, fault_of_refusal, reachable_end, resume_item, routes_from_map
 from .cuts import items_through
 from .retry import Retryable, SourceUnavailable
 from .planning import WorkItem
@@ -373,8 +382,12 @@ def _round(ws: Any, timeout: float, logs: M.FailoverLogs, acks: AckTracker,
                     raise _NodeFault(fault_of_end(str(action.reason)), cause)
                 raise StreamReadError(cause)
             elif kind is Moved:
-                raise _NodeFault(Fault.MOVED, f"partition {action.partition}: {action.reason} on {url}"
-                                              + (f" ({action.detail})" if action.detail else ""))
+                cause = (f"partition {action.partition}: {action.reason} on {url}"
+                         + (f" ({action.detail})" if action.detail else ""))
+                fault = fault_of_refusal(action.reason) if action.reason != "state_changed" else Fault.MOVED
+                if fault is Fault.FATAL:
+                    raise StreamReadError(cause)
+                raise _NodeFault(fault, cause)
             elif kind is Repair:
                 # the planned position is on a branch the server no longer has: restream the
                 # partition from 0, up to the planned end or the partition's high seqno if lower
