@@ -61,6 +61,8 @@ def read_map(servers: tuple[str, ...], token: str | None, timeout: float) -> tup
             raise
         except Retryable as exc:
             causes.append(str(exc))
+    if len(causes) == 1:
+        raise Retryable(causes[0])
     raise Retryable("no node answered GET /cluster: " + "; ".join(causes))
 
 
