@@ -212,7 +212,7 @@ def _follow(partition: Any, items: tuple[WorkItem, ...]) -> Iterator[pa.RecordBa
             delay = next(delays, None)
             if delay is None:
                 raise SourceUnavailable(
-                    f"partitions {sorted({w.partition for w in left})}: {exc}; gave up after {attempts} attempt"
+                    f"partitions {sorted({w.partition for _, w in left})}: {exc}; gave up after {attempts} attempt"
                     f"{'s' if attempts > 1 else ''} in {time.monotonic() - started:.1f} s "
                     f"({partition.retry.describe()})") from None
             time.sleep(delay)
