@@ -16,7 +16,7 @@ partition is read from it, as before clusters existed.
 from __future__ import annotations
 
 import enum
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -142,11 +142,3 @@ def reachable_end(log: Sequence[tuple[int, int]], high_seqno: int, branch_uuid: 
             limit = high_seqno if i == 0 else log[i - 1][1]
             return min(end, limit)
     return end
-
-
-def routes_summary(routes: Mapping[int, str]) -> str:
-    """``"http://a: 0,2; http://b: 1"`` for error messages."""
-    by_url: dict[str, list[int]] = {}
-    for p, url in sorted(routes.items()):
-        by_url.setdefault(url, []).append(p)
-    return "; ".join(f"{url}: {','.join(map(str, ps))}" for url, ps in by_url.items())
