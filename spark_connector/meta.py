@@ -21,6 +21,9 @@ from engine.core.errors import SeqnoRangeError
 from engine.core.rollback import MustRollBack, StreamPosition, decide
 from engine.core.types import FailoverEntry
 
+from engine.protocol.client.routing import MapView
+
+from .cluster_map import parse_map, routes_from_map
 from .cuts import resume_position
 from .offsets import PartitionOffset
 from .options import OptionError, SourceOptions
@@ -29,12 +32,58 @@ from .retry import Retryable, call_with_retries
 
 
 def fetch_meta(opts: SourceOptions) -> ServerMeta:
-    """One round trip: every partition's high/purge seqno and failover log (``GET /partitions``),
-    retried as ``fetchOffset.numRetries`` / ``fetchOffset.retryIntervalMs`` allow."""
-    path = "/partitions"
-    body = call_with_retries(f"GET {path} from {opts.server}",
-                             lambda: get_once(opts.server, path, opts.token, opts.timeout), opts.retry)
-    return parse_meta(body)
+    """Every partition's high/purge seqno and failover log, retried as ``fetchOffset.numRetries``
+    / ``fetchOffset.retryIntervalMs`` allow (see ``fetch_routed``)."""
+    return fetch_routed(opts)[0]
+
+
+def fetch_routed(opts: SourceOptions) -> tuple[ServerMeta, dict[int, str] | None]:
+    """The metadata and, on a cluster, each partition's active node URL (None: a single server).
+
+    A single server is one round trip (``GET /partitions``) after ``GET /cluster`` answered 404.
+    On a cluster each partition's entry comes from its active node (a replica's high seqno lags,
+    and a dead copy's history may have branched off); a map that names no live active, or a node
+    that does not hold the partition active yet (it has not read the new map), is retried."""
+    seeds = opts.seeds
+    return call_with_retries(f"GET /partitions from {','.join(seeds)}", lambda: routed_once(opts), opts.retry)
+
+
+def read_map(servers: tuple[str, ...], token: str | None, timeout: float) -> tuple[str, MapView | None]:
+    """``GET /cluster`` from the first server that answers: (that server, its map), or (it, None)
+    when it is a single server (404: not in a cluster).  ``Retryable`` when none answers."""
+    causes = []
+    for server in servers:
+        try:
+            return server, parse_map(get_once(server, "/cluster", token, timeout))
+        except OptionError as exc:
+            if "HTTP 404" in str(exc):
+                return server, None
+            raise
+        except Retryable as exc:
+            causes.append(str(exc))
+    if len(causes) == 1:
+        raise Retryable(causes[0])
+    raise Retryable("no node answered GET /cluster: " + "; ".join(causes))
+
+
+def routed_once(opts: SourceOptions) -> tuple[ServerMeta, dict[int, str] | None]:
+    """One attempt of ``fetch_routed``."""
+    server, view = read_map(opts.seeds, opts.token, opts.timeout)
+    if view is None:
+        return parse_meta(get_once(server, "/partitions", opts.token, opts.timeout)), None
+    routes = routes_from_map(view, view.actives)
+    parts: dict[int, ServerPartition] = {}
+    for url in sorted(set(routes.values())):
+        answer = parse_meta(get_once(url, "/partitions", opts.token, opts.timeout))
+        for p, node_url in routes.items():
+            if node_url != url:
+                continue
+            sp = answer.partitions.get(p)
+            if sp is None or sp.state != "active":
+                raise Retryable(f"partition {p}: node {url} is not active for it yet "
+                                f"(map revision {view.revision}, state {sp.state if sp else 'unknown'})")
+            parts[p] = sp
+    return ServerMeta(len(parts), parts), routes
 
 
 def get_json(server: str, path: str, token: str | None, timeout: float) -> Any:

@@ -46,7 +46,7 @@ class Position(str, enum.Enum):
 Start = PartitionOffset | Position
 
 KNOWN = {
-    "server": "base URL of the upr server, e.g. http://127.0.0.1:8000",
+    "server": "base URL of the upr server, e.g. http://127.0.0.1:8000, or URL,URL,... of cluster nodes (any will do)",
     "token": "bearer token with at least the read role",
     "partitions": "'all' (default), '0-15,32', or a JSON list of partition ids",
     "startingOffsets": "earliest (default), latest, or per-partition JSON; new checkpoints only",
@@ -78,6 +78,12 @@ class SourceOptions:
     timeout: float = 30.0
     retry: RetryPolicy = RetryPolicy()
     raw: Mapping[str, str] = field(default_factory=dict)
+    #: every node URL the user named (``server`` is the first): the map is read from any that answers
+    servers: tuple[str, ...] = ()
+
+    @property
+    def seeds(self) -> tuple[str, ...]:
+        return self.servers or (self.server,)
 
 
 def parse_options(options: Mapping[str, str]) -> SourceOptions:
@@ -90,12 +96,10 @@ def parse_options(options: Mapping[str, str]) -> SourceOptions:
         opts[canonical] = "" if value is None else str(value)
     if not opts.get("server"):
         raise OptionError("server", "required (base URL of the upr server)")
-    server = opts["server"].rstrip("/")
-    url = urlparse(server)
-    if url.scheme not in ("http", "https") or not url.netloc:
-        raise OptionError("server", f"expected an http(s) URL, got {opts['server']!r}")
+    servers = parse_server_list(opts["server"])
     return SourceOptions(
-        server=server,
+        server=servers[0],
+        servers=servers,
         token=opts.get("token") or None,
         partitions=parse_partitions(opts.get("partitions", "all")),
         starting=parse_positions("startingOffsets", opts.get("startingOffsets", "earliest")),
@@ -109,6 +113,20 @@ def parse_options(options: Mapping[str, str]) -> SourceOptions:
                           _count(opts, "fetchOffset.retryIntervalMs", 1000) / 1000),
         raw=opts,
     )
+
+
+def parse_server_list(text: str) -> tuple[str, ...]:
+    """``"http://a:1, http://b:2/"`` -> ``("http://a:1", "http://b:2")``, the rule of
+    ``clients.redirects.parse_servers`` (not imported: the driver's source process stays free of
+    the ``clients`` package), failing as an ``OptionError`` on ``server``."""
+    servers = tuple(s.strip().rstrip("/") for s in text.split(",") if s.strip())
+    if not servers:
+        raise OptionError("server", f"no server URL in {text!r}")
+    for server in servers:
+        url = urlparse(server)
+        if url.scheme not in ("http", "https") or not url.netloc:
+            raise OptionError("server", f"expected an http(s) URL, got {server!r}")
+    return servers
 
 
 def _unknown(name: str) -> str:

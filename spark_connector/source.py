@@ -17,7 +17,7 @@ from pyspark.sql.datasource import DataSource, DataSourceReader, DataSourceStrea
 from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadLimit, ReadMaxRows, SupportsTriggerAvailableNow
 from pyspark.sql.types import StructType
 
-from .meta import fetch_meta, local_check
+from .meta import fetch_meta, fetch_routed, local_check
 from .offsets import SourceOffset
 from .options import Position, SourceOptions, parse_options
 from .planning import WorkItem, plan_tasks
@@ -45,12 +45,23 @@ class UprInputPartition(InputPartition):
     items: tuple[WorkItem, ...]
     batch_rows: int
     timeout: float
-    retry: RetryPolicy = RetryPolicy()   # for the stream connect
+    retry: RetryPolicy = RetryPolicy()   # for the stream connect and each move to another node
+    #: every node URL the user named: where the task reads the map when a partition moves
+    servers: tuple[str, ...] = ()
+    #: (partition, active node URL) as planning saw the map; empty: a single server, or unknown
+    #: (a batch replayed by a new driver process), in which case the task reads the map itself
+    routes: tuple[tuple[int, str], ...] = ()
 
 
-def _input_partitions(opts: SourceOptions, start: SourceOffset, end: SourceOffset) -> list[UprInputPartition]:
-    return [UprInputPartition(opts.server, opts.token, tuple(group), opts.batch_rows, opts.timeout, opts.retry)
-            for group in plan_tasks(start, end, opts.min_partitions)]
+def _input_partitions(opts: SourceOptions, start: SourceOffset, end: SourceOffset,
+                      routes: dict[int, str] | None = None) -> list[UprInputPartition]:
+    out = []
+    for group in plan_tasks(start, end, opts.min_partitions):
+        wanted = {w.partition for w in group}
+        hint = tuple(sorted((p, url) for p, url in (routes or {}).items() if p in wanted))
+        out.append(UprInputPartition(opts.server, opts.token, tuple(group), opts.batch_rows, opts.timeout,
+                                     opts.retry, opts.seeds, hint))
+    return out
 
 
 def _read(partition: UprInputPartition) -> Iterator[Any]:
@@ -87,13 +98,13 @@ class UprBatchReader(DataSourceReader):
         self.opts = parse_options(options)
 
     def partitions(self) -> list[UprInputPartition]:
-        meta = fetch_meta(self.opts)
+        meta, routes = fetch_routed(self.opts)
         selected = select_partitions(meta, self.opts.partitions)
         start = resolve_positions(self.opts.starting, meta, selected)
         ending = resolve_positions(self.opts.ending, meta, selected, unlisted=Position.LATEST)
         end = next_offset(start, meta, check=local_check, policy=self.opts.on_rollback,
                           target={p: o.seqno for p, o in ending.partitions.items()})
-        return _input_partitions(self.opts, start, end)
+        return _input_partitions(self.opts, start, end, routes)
 
     def read(self, partition: UprInputPartition) -> Iterator[Any]:   # type: ignore[override]
         return _read(partition)
@@ -105,6 +116,7 @@ class UprStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self._target: dict[int, int] | None = None    # AvailableNow: never plan past these seqnos
         self._fresh: ServerMeta | None = None          # metadata fetched by prepareForTriggerAvailableNow
         self._planned: SourceOffset | None = None      # the end offset latestOffset returned last
+        self._routes: dict[int, str] | None = None     # each partition's active node, as last fetched
 
     # ---------------------------------------------------------------- offsets (driver)
     def initialOffset(self) -> dict[str, Any]:
@@ -115,13 +127,17 @@ class UprStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         n = self.opts.max_offsets_per_trigger
         return ReadMaxRows(n) if n else ReadAllAvailable()
 
+    def _fetch(self) -> ServerMeta:
+        meta, self._routes = fetch_routed(self.opts)
+        return meta
+
     def prepareForTriggerAvailableNow(self) -> None:
-        meta = fetch_meta(self.opts)
+        meta = self._fetch()
         self._target = {p: meta.partitions[p].high_seqno for p in select_partitions(meta, self.opts.partitions)}
         self._fresh = meta    # Spark calls latestOffset right after this: one round trip instead of two
 
     def latestOffset(self, start: dict[str, Any] | None = None, limit: ReadLimit | None = None) -> dict[str, Any]:
-        meta, self._fresh = self._fresh or fetch_meta(self.opts), None
+        meta, self._fresh = self._fresh or self._fetch(), None
         selected = select_partitions(meta, self.opts.partitions)
         if start is None:
             # Spark 4.0/4.1 call latestOffset() without the start: all they can be told is "the
@@ -149,7 +165,7 @@ class UprStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return {**latest.to_json(), **lag_metrics(self._planned, latest)}
 
     def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> list[UprInputPartition]:
-        return _input_partitions(self.opts, SourceOffset.from_json(start), SourceOffset.from_json(end))
+        return _input_partitions(self.opts, SourceOffset.from_json(start), SourceOffset.from_json(end), self._routes)
 
     def commit(self, end: dict[str, Any]) -> None:
         """Spark calls this one batch late (../shared/notes/spark.md §1.3); durable progress is the checkpoint."""

@@ -17,6 +17,15 @@ reading).  ``read()`` cannot re-plan, so it never follows the branch silently: i
 ``reset`` control row for that partition and restreams it from 0 (up to the planned end, or the
 partition's high seqno if that is lower).  The next planning step sees the branch again and
 applies ``onRollback``: redundant but convergent.
+
+On a cluster each partition is read from its active node (one connection per node, the routes
+planning saw, or the map read by the task itself).  A partition that moves (``not_my_partition``,
+a ``state_changed`` end) or a node lost mid-read makes the task wait (``fetchOffset.retryIntervalMs``,
+doubling, at most ``fetchOffset.numRetries`` times per task), read the map again and resume what is
+left of every unfinished piece from its last delivered item on the new active
+(``cluster_map.resume_item``): nothing is read twice, and a piece planned on a branch the new
+active does not hold stops where that branch ends (``cluster_map.reachable_end``) so the next
+planning step meets the branch through ``onRollback``.
 """
 from __future__ import annotations
 
@@ -24,7 +33,8 @@ import os
 import socket
 import sys
 from array import array
-from collections.abc import Iterator
+import time
+from collections.abc import Iterable, Iterator
 from dataclasses import replace
 from typing import Any
 
@@ -34,15 +44,16 @@ import pyarrow.compute as pc
 from clients.connection import stream_url
 from engine.protocol import messages as M
 from engine.protocol.client.acks import AckTracker
-from engine.protocol.client.actions import Deliver, EndAction, Reconnect, Repair, Send, StreamEnded
+from engine.protocol.client.actions import Deliver, EndAction, Moved, Reconnect, Repair, Send, StreamEnded
 from engine.protocol.client.errors import ClientError
 from engine.protocol.client.incoming import decode_frame, frame_bytes
 from engine.protocol.client.offset import StreamOffset
 from engine.protocol.client.session import ClientSession
 from engine.protocol.frames import HEADER, ITEM_BATCH, PER_ITEM_BYTES, ItemBatch, decode_binary
 
+from .cluster_map import Fault, Progress, fault_of_end, fault_of_refusal, reachable_end, resume_item, routes_from_map
 from .cuts import items_through
-from .retry import Retryable, RetryPolicy, call_with_retries
+from .retry import Retryable, SourceUnavailable
 from .planning import WorkItem
 from .rows import ARROW_SCHEMA, RESET, control_batch, ops_array
 
@@ -139,17 +150,125 @@ def frame_to_arrow(data: bytes, snaps: dict[int, tuple[int, int]]) -> pa.RecordB
 def read_task(partition: Any) -> Iterator[pa.RecordBatch]:
     """Serve the task's work items; each partition's pieces are streamed one after the other."""
     items: tuple[WorkItem, ...] = partition.items
-    rounds: list[list[WorkItem]] = []
-    for item in items:   # round k holds the k-th piece of every partition
-        k = sum(1 for r in rounds if any(w.partition == item.partition for w in r))
-        if k == len(rounds):
-            rounds.append([])
-        rounds[k].append(item)
     for control in (w for w in items if w.control):
         yield control_batch(control.partition, control.control, control.start)
     if not any(w.end > w.start for w in items):
         return
-    yield from coalesce(_stream(partition, rounds), partition.batch_rows)
+    yield from coalesce(_follow(partition, items), partition.batch_rows)
+
+
+Keyed = tuple[tuple[int, int], WorkItem]   # (planned partition, planned start) and the item to read now
+
+
+def _rounds(items: Iterable[Keyed]) -> list[list[Keyed]]:
+    """Round k holds the k-th piece of every partition: a partition's pieces are read in order."""
+    rounds: list[list[Keyed]] = []
+    for key, item in items:
+        k = sum(1 for r in rounds if any(w.partition == item.partition for _, w in r))
+        if k == len(rounds):
+            rounds.append([])
+        rounds[k].append((key, item))
+    return rounds
+
+
+class _NodeFault(Exception):
+    """The node stopped serving (some of) this task's partitions: read the map, resume elsewhere."""
+
+    def __init__(self, fault: Fault, cause: str) -> None:
+        super().__init__(cause)
+        self.fault = fault
+
+
+def _follow(partition: Any, items: tuple[WorkItem, ...]) -> Iterator[pa.RecordBatch]:
+    """Stream every work item from its partition's active node, one connection per node; on a
+    move or a lost node, read the map again and resume what is left from what was delivered
+    (``cluster_map.resume_item``), within ``fetchOffset.numRetries`` waits."""
+    servers: tuple[str, ...] = tuple(getattr(partition, "servers", ()) or (partition.server,))
+    routes: dict[int, str] | None = dict(partition.routes) if getattr(partition, "routes", ()) else None
+    if routes is None and len(servers) > 1:
+        routes = _read_routes(partition, servers, None)
+    progress: dict[tuple[int, int], Progress] = {}
+    delays = partition.retry.delays()
+    started = time.monotonic()
+    attempts = 0
+    while True:
+        left: list[Keyed] = []
+        for w in items:
+            key = (w.partition, w.start)
+            now = resume_item(w, progress.get(key))
+            if now is not None and now.end > now.start:
+                left.append((key, now))
+        if not left:
+            return
+        by_node: dict[str, list[Keyed]] = {}
+        for key, w in left:
+            by_node.setdefault((routes or {}).get(w.partition, partition.server), []).append((key, w))
+        attempts += 1
+        try:
+            for url, node_items in by_node.items():
+                yield from _stream(partition, url, node_items, progress)
+            return
+        except _NodeFault as exc:
+            delay = next(delays, None)
+            if delay is None:
+                raise SourceUnavailable(
+                    f"partitions {sorted({w.partition for _, w in left})}: {exc}; gave up after {attempts} attempt"
+                    f"{'s' if attempts > 1 else ''} in {time.monotonic() - started:.1f} s "
+                    f"({partition.retry.describe()})") from None
+            time.sleep(delay)
+            routes = _read_routes(partition, servers, routes)
+
+
+def _read_routes(partition: Any, servers: tuple[str, ...], old: dict[int, str] | None) -> dict[int, str] | None:
+    """The map's routes for this task's partitions now; the old ones when no node answers (the
+    next connect fails and counts as one more retry)."""
+    from .meta import read_map
+    try:
+        _, view = read_map(servers, partition.token, partition.timeout)
+        if view is None:
+            return None
+        return routes_from_map(view, {w.partition for w in partition.items})
+    except Retryable:
+        return old
+
+
+def _stream(partition: Any, url_base: str, items: list[Keyed],
+            progress: dict[tuple[int, int], Progress]) -> Iterator[pa.RecordBatch]:
+    """Each round is one ``ClientSession`` over one connection to ``url_base``: the session
+    validates every message, decides rollbacks (always a reset: see the module docstring) and the
+    acks; this function only moves frames and turns items into Arrow.  ``progress`` is keyed by
+    the planned item (partition, planned start) and records what was delivered."""
+    from websockets.exceptions import InvalidHandshake, InvalidStatus, WebSocketException
+    from websockets.sync.client import connect
+
+    headers = {"Authorization": f"Bearer {partition.token}"} if partition.token else None
+    wanted = sorted({w.partition for _, w in items})
+    name = f"spark-{socket.gethostname()}-{os.getpid()}"
+    url = stream_url(url_base)
+    try:
+        ws = connect(url, additional_headers=headers, max_size=None, open_timeout=partition.timeout,
+                     close_timeout=2)
+    except InvalidStatus as exc:
+        if exc.response.status_code >= 500:
+            raise _NodeFault(Fault.LOST, f"stream connection to {url}: HTTP {exc.response.status_code}") from None
+        raise
+    except (OSError, TimeoutError, InvalidHandshake) as exc:
+        raise _NodeFault(Fault.LOST, f"stream connection to {url}: cannot connect: "
+                                     f"{exc or type(exc).__name__}") from None
+    try:
+        with ws:
+            hello = ClientSession(partitions=wanted, window_bytes=WINDOW_BYTES)
+            ws.send(M.encode(hello.hello(name, M.Codec.BINARY)))
+            data = ws.recv(timeout=partition.timeout)
+            hello.receive_handshake(decode_frame(data), frame_bytes(data))
+            logs = _failover_logs(decode_frame(data))
+            acks = hello.acks   # one flow-control window for the whole connection
+            for round_items in _rounds(items):
+                yield from _round(ws, partition.timeout, logs, acks, round_items, url, progress)
+    except (OSError, TimeoutError, WebSocketException) as exc:
+        raise _NodeFault(Fault.LOST, f"connection to {url} lost: {exc or type(exc).__name__}") from None
+    except ClientError as exc:
+        raise StreamReadError(str(exc)) from None
 
 
 def coalesce(batches: Iterator[pa.RecordBatch], rows: int) -> Iterator[pa.RecordBatch]:
@@ -173,52 +292,6 @@ def _concat(held: list[pa.RecordBatch]) -> pa.RecordBatch:
     return pa.Table.from_batches(held).combine_chunks().to_batches()[0]
 
 
-def _stream(partition: Any, rounds: list[list[WorkItem]]) -> Iterator[pa.RecordBatch]:
-    """Each round is one ``ClientSession`` over the task's one connection: the session validates
-    every message, decides rollbacks (always a reset: see the module docstring) and the acks; this
-    function only moves frames and turns items into Arrow."""
-    from websockets.sync.client import connect
-
-    headers = {"Authorization": f"Bearer {partition.token}"} if partition.token else None
-    wanted = sorted({w.partition for r in rounds for w in r})
-    name = f"spark-{socket.gethostname()}-{os.getpid()}"
-    url = stream_url(partition.server)
-    policy: RetryPolicy = partition.retry
-
-    def attempt() -> tuple[Any, ClientSession, M.FailoverLogs]:
-        from websockets.exceptions import InvalidHandshake, InvalidStatus, WebSocketException
-        try:
-            ws = connect(url, additional_headers=headers, max_size=None, open_timeout=partition.timeout,
-                         close_timeout=2)
-        except InvalidStatus as exc:
-            if exc.response.status_code >= 500:
-                raise Retryable(f"HTTP {exc.response.status_code}") from None
-            raise
-        except (OSError, TimeoutError, InvalidHandshake) as exc:
-            raise Retryable(f"cannot connect: {exc or type(exc).__name__}") from None
-        try:
-            hello = ClientSession(partitions=wanted, window_bytes=WINDOW_BYTES)
-            ws.send(M.encode(hello.hello(name, M.Codec.BINARY)))
-            data = ws.recv(timeout=partition.timeout)
-            hello.receive_handshake(decode_frame(data), frame_bytes(data))
-            return ws, hello, _failover_logs(decode_frame(data))
-        except (OSError, TimeoutError, WebSocketException) as exc:
-            ws.close()
-            raise Retryable(f"connection lost during hello: {exc or type(exc).__name__}") from None
-        except BaseException:
-            ws.close()
-            raise
-
-    try:
-        ws, hello, logs = call_with_retries(f"stream connection to {url}", attempt, policy)
-        with ws:
-            acks = hello.acks   # one flow-control window for the whole connection
-            for round_items in rounds:
-                yield from _round(ws, partition.timeout, logs, acks, [w for w in round_items if w.end > w.start])
-    except ClientError as exc:
-        raise StreamReadError(str(exc)) from None
-
-
 def _resume(w: WorkItem, logs: M.FailoverLogs) -> StreamOffset:
     info = logs.partitions.get(w.partition)
     if info is None:
@@ -239,19 +312,45 @@ def _failover_logs(msg: Any) -> M.FailoverLogs:
 
 
 def _round(ws: Any, timeout: float, logs: M.FailoverLogs, acks: AckTracker,
-           items: list[WorkItem]) -> Iterator[pa.RecordBatch]:
-    """Stream one piece of each partition of the round, each from its planned position."""
-    if not items:
+           keyed: list[tuple[tuple[int, int], WorkItem]], url: str,
+           progress: dict[tuple[int, int], Progress]) -> Iterator[pa.RecordBatch]:
+    """Stream one piece of each partition of the round, each from its planned (or resumed)
+    position, recording in ``progress`` what was delivered; a move or a going-away node raises
+    ``_NodeFault`` so the caller resumes elsewhere."""
+    planned: dict[int, WorkItem] = {}
+    keys: dict[int, tuple[int, int]] = {}
+    ends: dict[int, int] = {}
+    for key, w in keyed:
+        info = logs.partitions.get(w.partition)
+        end = w.end
+        if info is not None:
+            end = reachable_end([(e.uuid, e.seqno) for e in info.log], info.high_seqno, w.branch_uuid, w.end)
+            if end < w.start:
+                end = w.end          # the start itself is off the branch: the server answers a rollback
+        if end <= w.start:
+            progress[key] = replace(progress.get(key) or Progress(w.start, None, w.uuid), done=True)
+            continue
+        planned[w.partition], keys[w.partition], ends[w.partition] = w, key, end
+    if not planned:
         return
-    planned = {w.partition: w for w in items}
     session = ClientSession(partitions=sorted(planned), start="beginning", on_rollback="reset",
                             offsets={p: _resume(w, logs) for p, w in planned.items()},
-                            end_seqnos={p: w.end for p, w in planned.items()}, window_bytes=WINDOW_BYTES)
+                            end_seqnos=ends, window_bytes=WINDOW_BYTES, follow_map=True)
     session.acks = acks
     highs = {p: info.high_seqno for p, info in logs.partitions.items()}
     for request in session.handshake(logs.node_id, logs.partition_count, logs.partitions):
         ws.send(M.encode(request))
     snaps: dict[int, tuple[int, int]] = {}
+
+    def delivered(p: int, rb: pa.RecordBatch) -> pa.RecordBatch:
+        rb = _through(rb, ends[p])
+        if rb.num_rows:
+            key = keys[p]
+            old = progress.get(key)
+            progress[key] = Progress(rb.column(1)[-1].as_py(), snaps.get(p), session.positions[p].uuid,
+                                     reset=bool(old and old.reset))
+        return rb
+
     while not session.all_finished:
         data = ws.recv(timeout=timeout)
         size = frame_bytes(data)
@@ -260,7 +359,7 @@ def _round(ws: Any, timeout: float, logs: M.FailoverLogs, acks: AckTracker,
             if rb.num_rows:
                 p = rb.column(0)[0].as_py()
                 session.items_arrived(p)
-                yield _through(rb, planned[p].end)
+                yield delivered(p, rb)
             actions: list[Any] = []
         else:
             actions = session.receive(decode_frame(data))
@@ -269,26 +368,41 @@ def _round(ws: Any, timeout: float, logs: M.FailoverLogs, acks: AckTracker,
             if kind is Deliver and type(action.message) is ItemBatch:   # JSON codec (not requested, but valid)
                 batch = action.message
                 if len(batch):
-                    rb = batch_to_arrow(batch, snaps.get(batch.partition, (0, 0)))
-                    yield _through(rb, planned[batch.partition].end)
+                    yield delivered(batch.partition, batch_to_arrow(batch, snaps.get(batch.partition, (0, 0))))
             elif kind is Deliver and type(action.message) is M.SnapshotMarker:
                 snaps[action.message.partition] = (action.message.start, action.message.end)
             elif kind is StreamEnded:
-                if action.then is not EndAction.FINISHED or action.reason != M.StreamEndReason.END_SEQNO_REACHED.value:
-                    raise StreamReadError(f"partition {action.partition}: stream ended early ({action.reason}) "
-                                          f"at {action.last_seqno}")
+                if action.then is EndAction.FINISHED and action.reason == M.StreamEndReason.END_SEQNO_REACHED.value:
+                    key = keys[action.partition]
+                    progress[key] = replace(progress.get(key) or Progress(0, None, 0), done=True)
+                    continue
+                cause = (f"partition {action.partition}: stream ended early on {url} ({action.reason}) "
+                         f"at {action.last_seqno}")
+                if fault_of_end(str(action.reason)) is not Fault.FATAL:
+                    raise _NodeFault(fault_of_end(str(action.reason)), cause)
+                raise StreamReadError(cause)
+            elif kind is Moved:
+                cause = (f"partition {action.partition}: {action.reason} on {url}"
+                         + (f" ({action.detail})" if action.detail else ""))
+                fault = fault_of_refusal(action.reason) if action.reason != "state_changed" else Fault.MOVED
+                if fault is Fault.FATAL:
+                    raise StreamReadError(cause)
+                raise _NodeFault(fault, cause)
             elif kind is Repair:
                 # the planned position is on a branch the server no longer has: restream the
                 # partition from 0, up to the planned end or the partition's high seqno if lower
                 # (the items between would never come on the branch that exists)
                 w = planned[action.plan.partition]
                 yield control_batch(w.partition, RESET, 0)
+                progress[keys[w.partition]] = Progress(0, None, 0, reset=True)
                 request = session.finish_rollback(action.plan)
-                ws.send(M.encode(replace(request, end_seqno=min(w.end, highs.get(w.partition, w.end)))))
+                end = min(ends[w.partition], highs.get(w.partition, w.end))
+                ends[w.partition] = end
+                ws.send(M.encode(replace(request, end_seqno=end)))
             elif kind is Send:
                 ws.send(M.encode(action.message))
             elif kind is Reconnect:
-                raise StreamReadError(f"stream request refused: {action.reason}")
+                raise StreamReadError(f"stream request refused on {url}: {action.reason}")
         ack = session.processed(size)
         if ack is not None:
             ws.send(M.encode(ack))
