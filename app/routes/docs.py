@@ -32,7 +32,9 @@ from app.params import (
 from app.plain import serve_plainly
 from app.results import version_headers, write_result_dict
 from app.routes.responses import problems
-from engine.core.types import Durability, Op, WriteOp
+from engine.core.errors import KeyNotFound, PartitionNotActive
+from engine.core.types import Durability, Op, PartitionState, WriteOp
+from engine.engine import Engine
 
 router = APIRouter(prefix="/docs", tags=["documents"])
 
@@ -152,8 +154,25 @@ async def get_doc(request: Request) -> Response:
     """The current value; CAS (also as ETag), seqno, partition and revision in headers."""
     ctx = await ctx_for(request, read_ctx)
     runner = ctx.runner
-    doc = await runner.read(runner.engine.get, key_of(request))
+    clustered = getattr(request.app.state, "cluster", None) is not None
+    try:
+        doc = await runner.read(runner.engine.get, key_of(request))
+    except KeyNotFound as exc:
+        if clustered and exc.partition is not None:
+            _served_here(runner.engine, exc.partition)
+        raise
+    if clustered:
+        _served_here(runner.engine, doc.partition)
     return Response(doc.value, 200, version_headers(doc), media_type="application/octet-stream")
+
+
+def _served_here(engine: Engine, partition: int) -> None:
+    """In a cluster a document is read where its partition is active (a 421 names that node), as
+    Couchbase answers NOT_MY_VBUCKET: a replica's copy may lag, and a node that holds no copy
+    would answer 404 for a document that exists."""
+    state = engine.state(partition)
+    if state is not PartitionState.ACTIVE:
+        raise PartitionNotActive(f"partition {partition} is {state.value} on this node", partition=partition)
 
 
 serve_plainly(router.routes)

@@ -12,6 +12,7 @@ import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
+import httpx
 import pytest
 
 from app import cli
@@ -44,6 +45,10 @@ def test_document_commands_follow_the_map_from_any_node(tmp_path: Path, etcd: Et
             assert stored["partition"] == partition_of(key, 8)
             assert cli.main(["get", key, "--raw", "--server", other]) == 0
             assert capsys.readouterr().out == f"v-{owner}"
+            # a read is served where the partition is active, as a write is: the other node's copy
+            # (a replica, or none at all) answers 421 naming the active
+            misread = httpx.get(f"{other}/docs/{key}", timeout=10)
+            assert misread.status_code == 421 and misread.json()["active"] == owner, misread.text
             with HttpApi(cluster.nodes[owner].url) as api:  # it really is on the active
                 doc = api.get(key)
                 assert doc is not None and doc.value == f"v-{owner}".encode() and doc.seqno == stored["seqno"]
