@@ -294,3 +294,29 @@ async def _partition_info_unreachable() -> None:
         with pytest.raises(ConnectionFailed) as caught:
             await streams.partition_info(0)
     assert caught.value.partition == 0 and dead in str(caught.value)
+
+
+def test_a_barrier_send_is_held_until_it_is_done() -> None:
+    """``request_barrier`` on one node starts the cookie's send as a task: the consumer holds it
+    until it is done (the loop keeps only a weak reference, a dropped task can vanish mid-send)."""
+    asyncio.run(_barrier_send_held())
+
+
+async def _barrier_send_held() -> None:
+    sent: list[Any] = []
+    release = asyncio.Event()
+
+    class SlowConnection:
+        async def send_quiet(self, msg: Any) -> None:
+            await release.wait()
+            sent.append(msg)
+
+    consumer = Consumer("http://127.0.0.1:9", name="held-barrier", start="beginning")
+    consumer._conn = SlowConnection()  # type: ignore[assignment]
+    cookie = consumer.request_barrier()
+    [sending] = consumer._barrier_sends
+    assert not sending.done()
+    release.set()
+    await sending
+    assert [m.cookie for m in sent] == [cookie] and not consumer._barrier_sends
+    consumer._conn = None
