@@ -15,8 +15,10 @@ covers every earlier batch:
 
 Both hold only while every batch of the round was acknowledged by the same active on the same
 history.  When the active may have changed in between (the map named another node, an item came
-back 421/503, the node stopped answering, a request met a 5xx), batches acknowledged only in the
-old active's memory may be gone, and the final wait on the new active does not cover them: the
+back 421/503, the node stopped answering, a request met a 5xx), or the partition's history
+branched (the newest failover-log entry read before the first batch differs from the one read
+after the last: a promotion or a crash restart, even one the client never saw), batches
+acknowledged only in the old active's memory may be gone, and the final wait on the new active does not cover them: the
 partition is written again from its first batch (restore writes are idempotent), at most
 ``max_rounds`` times.  A final batch answered 504 ``durability-ambiguous`` or 503
 ``durability-impossible`` by an undisturbed active is sent again (its earlier batches are still
@@ -86,6 +88,7 @@ class PartitionRounds:
         self.round = 1
         self.redo_reasons: list[str] = []
         self._route: Route | None = None  # who acknowledged this round's first batch
+        self._branch: int | None = None  # the partition's newest failover-log uuid before the first batch
         self._final_retries = 0
 
     @property
@@ -99,14 +102,26 @@ class PartitionRounds:
         level = self.final if batch == self.batches - 1 else MEMORY
         return Send(batch, level, self.round, delay_s)
 
-    def acked(self, batch: int, route: Route, *, disturbed: bool = False, seqno: int | None = None) -> Step:
+    def branch_before(self, branch: int | None) -> None:
+        """The partition's newest failover-log uuid on its active, read before the round's first
+        batch is sent (None: it could not be read)."""
+        self._branch = branch
+
+    def acked(self, batch: int, route: Route, *, disturbed: bool = False, seqno: int | None = None,
+              branch: int | None = None) -> Step:
         """Every item of ``batch`` (its last seqno ``seqno``) was acknowledged by ``route`` at the
-        level it was sent with."""
+        level it was sent with; for the last batch, ``branch`` is the partition's newest
+        failover-log uuid read after that acknowledgement."""
         if batch == 0:
             self._route = route  # nothing of this round was acknowledged before: nothing to lose
         elif disturbed or route != self._route:
             return self._redo(self._why(route, disturbed), route, seqno)
         if batch == self.batches - 1:
+            if self.batches > 1 and (branch is None or branch != self._branch):
+                why = (f"its history on {route.url} branched (failover log {self._branch} -> {branch})"
+                       if branch is not None and self._branch is not None
+                       else f"its history on {route.url} could not be read to rule out a branch")
+                return self._redo(why, route, seqno)
             return Done(self.round)
         return self._send(batch + 1)
 

@@ -107,6 +107,29 @@ class BulkClient:
             return Route(self.server)
         return Route(targets.url_of(partition) or "", targets.epoch_of(partition))
 
+    def branch_of(self, partition: int, url: str | None = None, attempts: int = 3) -> int | None:
+        """The newest failover-log uuid of ``partition`` on ``url`` (its active by default): a
+        new one means its history branched (a promotion, a crash restart).  None when no answer
+        came: the caller cannot rule a branch out."""
+        delay = 0.2
+        for attempt in range(attempts):
+            where = url or self.route_of(partition).url
+            try:
+                if where:
+                    log = self._api(where).partition(partition).get("failover_log") or []
+                    return int(log[0]["uuid"]) if log else None
+            except (ConnectionFailed, HttpError):
+                pass
+            if attempt + 1 < attempts:
+                time.sleep(delay)
+                delay *= 2
+                if self.targets is not None and self.targets.cluster:
+                    try:
+                        self.targets.refresh()
+                    except ConnectionFailed:
+                        pass
+        return None
+
     def send(self, ops: list[dict[str, Any]], durability: str, partition: int | None = None) -> Ack:
         """One batch, sent again after anything safe to retry; the answer says who acknowledged it
         and whether a sign of a move (a lost node, a 421/503 item, a 5xx) was met on the way.
@@ -328,8 +351,11 @@ def _write_rounds(client: BulkClient, p: int, batches: list[list[Item]], cluster
         if step.delay_s:
             time.sleep(step.delay_s)
         batch = batches[step.batch]
+        last = step.batch == len(batches) - 1
         if step.batch == 0:
             written = 0
+            if not last:  # before anything of the round is acknowledged: a later branch shows at the end
+                rounds.branch_before(client.branch_of(p))
         try:
             ack = _write(client, p, batch, step.durability)
         except DurabilityRefused as exc:
@@ -339,7 +365,8 @@ def _write_rounds(client: BulkClient, p: int, batches: list[list[Item]], cluster
         if written > reported:
             advance(written - reported)
             reported = written
-        step = rounds.acked(step.batch, ack.route, disturbed=ack.disturbed, seqno=batch[-1].seqno)
+        branch = client.branch_of(p, ack.route.url) if last and len(batches) > 1 else None
+        step = rounds.acked(step.batch, ack.route, disturbed=ack.disturbed, seqno=batch[-1].seqno, branch=branch)
     if isinstance(step, Fail):
         raise RestoreFailed(step.message, partition=p, seqno=step.seqno)
     assert isinstance(step, Done)

@@ -12,13 +12,19 @@ A, B = "http://a", "http://b"
 
 
 def replay(rounds: PartitionRounds, events: list[tuple[Any, ...]]) -> list[Any]:
-    """Feed ``events`` (("ack", batch, route, disturbed) | ("refused", route, disturbed)) and
-    return every step answered, the first one (``start``) included."""
+    """Feed ``events`` (("ack", batch, route, disturbed[, branch after]) | ("refused", route,
+    disturbed)) and return every step answered, the first one (``start``) included.  The
+    partition's history branch reads 7 before each round and after its last batch unless the
+    event gives the read after it (a new round then starts on that branch)."""
     steps: list[Any] = [rounds.start()]
+    rounds.branch_before(7)
     for ev in events:
         if ev[0] == "ack":
-            _, batch, route, disturbed = ev
-            steps.append(rounds.acked(batch, route, disturbed=disturbed, seqno=10 * (batch + 1)))
+            _, batch, route, disturbed, *after = ev
+            branch = (after[0] if after else 7) if batch == rounds.batches - 1 else None
+            steps.append(rounds.acked(batch, route, disturbed=disturbed, seqno=10 * (batch + 1), branch=branch))
+            if isinstance(steps[-1], Send) and steps[-1].batch == 0:
+                rounds.branch_before(after[0] if after and after[0] is not None else 7)
         else:
             _, route, disturbed = ev
             steps.append(rounds.refused(route, "504 durability-ambiguous: partition 3 seqno 30 on node b",
@@ -67,6 +73,18 @@ CASES: list[tuple[str, list[tuple[Any, ...]], list[tuple[int, str, int]], Any]] 
      [("ack", 0, Route(B, 1), True), ("ack", 1, Route(B, 1), False), ("ack", 2, Route(B, 1), False)],
      [(0, "memory", 1), (1, "memory", 1), (2, "persist_majority", 1)],
      Done(1)),
+    ("a crash restart the client never saw (same URL and epoch, no failed request): the history branched",
+     [("ack", 0, Route(A), False), ("ack", 1, Route(A), False), ("ack", 2, Route(A), False, 8),
+      ("ack", 0, Route(A), False), ("ack", 1, Route(A), False), ("ack", 2, Route(A), False, 8)],
+     [(0, "memory", 1), (1, "memory", 1), (2, "persist_majority", 1), (0, "memory", 2), (1, "memory", 2),
+      (2, "persist_majority", 2)],
+     Done(2)),
+    ("the history could not be read after the last batch: a branch cannot be ruled out",
+     [("ack", 0, Route(A), False), ("ack", 1, Route(A), False), ("ack", 2, Route(A), False, None),
+      ("ack", 0, Route(A), False), ("ack", 1, Route(A), False), ("ack", 2, Route(A), False)],
+     [(0, "memory", 1), (1, "memory", 1), (2, "persist_majority", 1), (0, "memory", 2), (1, "memory", 2),
+      (2, "persist_majority", 2)],
+     Done(2)),
     ("a 504 on the final batch from the same undisturbed active: only the final batch is sent again",
      [("ack", 0, Route(A), False), ("ack", 1, Route(A), False), ("refused", Route(A), False),
       ("ack", 2, Route(A), False)],
@@ -123,6 +141,7 @@ def test_a_final_wait_refused_too_often_fails_naming_partition_seqno_and_node() 
 def test_an_active_that_keeps_moving_fails_after_max_rounds_never_succeeds() -> None:
     rounds = PartitionRounds(2, 2, cluster=True, max_rounds=3)
     step: Any = rounds.start()
+    rounds.branch_before(7)
     for epoch in range(10):
         step = rounds.acked(0, Route(A, 2 * epoch), seqno=1)
         step = rounds.acked(1, Route(A, 2 * epoch + 1), seqno=2)
