@@ -161,6 +161,11 @@ class BulkClient:
                 why = str(exc)
             except HttpError as exc:
                 if exc.server_code in DURABILITY_REFUSALS:
+                    if targets is not None:  # "no longer active" is one of its reasons: the retry goes by a fresh map
+                        try:
+                            targets.refresh()
+                        except ConnectionFailed:
+                            pass
                     raise DurabilityRefused(str(exc), route, disturbed) from None
                 if exc.status not in RETRY_STATUSES or attempt == self.retries:
                     raise
