@@ -184,6 +184,8 @@ class Consumer(ReceiveLoop):
         self._idle_save: asyncio.TimerHandle | None = None
         self._cookies = itertools.count(1)
         self._barriers: dict[str, asyncio.Future[BarrierReached]] = {}
+        #: barrier sends in flight, held until done: the loop keeps only a weak reference to a task
+        self._barrier_sends: set[asyncio.Future[None]] = set()
         # seeks waiting for the stream loop: partitions to request, or a reconnect for open streams
         self._seek_requests: set[int] = set()
         self._seek_reconnect = False
@@ -298,7 +300,9 @@ class Consumer(ReceiveLoop):
         if self._cluster is not None:
             self._cluster.request_barrier(cookie)
         elif self._conn is not None:
-            asyncio.ensure_future(self._send_quiet(M.Barrier(cookie)))
+            sending = asyncio.ensure_future(self._send_quiet(M.Barrier(cookie)))
+            self._barrier_sends.add(sending)
+            sending.add_done_callback(self._barrier_sends.discard)
         return cookie
 
     def _barrier_done(self, event: BarrierReached) -> None:

@@ -205,7 +205,7 @@ def _cmd_restore(args: argparse.Namespace) -> int:
                           parallel=args.parallel, progress=progress)
     if args.json:
         _print_json({"run_id": rep.run_id, "sets": rep.sets, "deletes": rep.deletes, "partitions": rep.partitions,
-                     "skipped_partitions": rep.skipped, "filtered_out": rep.filtered_out, "seconds": rep.seconds})
+                     "skipped_partitions": rep.skipped, "rewritten_partitions": rep.rewritten, "filtered_out": rep.filtered_out, "seconds": rep.seconds})
     else:
         _console().print(f"restored run {rep.run_id}: {rep.sets} sets, {rep.deletes} deletes in "
                          f"{len(rep.partitions)} partitions in {rep.seconds:.1f}s"

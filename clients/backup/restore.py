@@ -2,9 +2,12 @@
 
 Idempotent: every key is set to its archived value or deleted, so replaying a batch (after a crash,
 a timeout, a resumed restore) converges to the same state; a delete of a key the target does not
-have counts as done.  Resumable: after the last batch of a partition is acknowledged with
-``durability=persist`` the partition is recorded in a journal (``ARCHIVE/restores/<id>.json``,
-atomic), and a restore with the same target, run and filters skips journaled partitions.
+have counts as done.  A partition's batches go at ``memory`` and its last one at a level whose
+wait covers them all (``persist`` on one node, ``persist_majority`` in a cluster); a partition
+whose active changed on the way is written again from its first batch (``partition_rounds``).
+Resumable: once that last batch is acknowledged the partition is recorded in a journal
+(``ARCHIVE/restores/<id>.json``, atomic), and a restore with the same target, run and filters
+skips journaled partitions.
 Transient failures (unreachable server, 429, 503) are retried with backoff; anything else stops the
 restore with an error naming partition, seqno and key.
 """
@@ -27,6 +30,7 @@ from clients.backup.archive import Archive
 from clients.backup.errors import RestoreFailed
 from clients.backup.fsutil import atomic_write
 from clients.backup.manifest import RunManifest
+from clients.backup.partition_rounds import Done, Fail, PartitionRounds, Route, Send
 from clients.backup.plan import plan_partitions, runs_upto
 from clients.backup.targets import MOVED_STATUSES, PartitionTargets
 from clients.errors import ConnectionFailed, HttpError
@@ -35,6 +39,25 @@ from engine.core.errors import InvalidPartition
 from engine.core.types import Item
 
 RETRY_STATUSES = {429, 502, 503, 504}
+#: problem types of a durable wait that did not succeed: the caller decides (``PartitionRounds``)
+DURABILITY_REFUSALS = {"durability-ambiguous", "durability-impossible"}
+
+
+@dataclass(frozen=True, slots=True)
+class Ack:
+    """A bulk answer, who gave it, and whether a sign of a move was met before it."""
+
+    results: list[dict[str, Any]]
+    route: Route
+    disturbed: bool = False
+
+
+class DurabilityRefused(Exception):
+    """A batch's durable wait answered 504 ``durability-ambiguous`` or 503 ``durability-impossible``."""
+
+    def __init__(self, detail: str, route: Route, disturbed: bool) -> None:
+        super().__init__(detail)
+        self.detail, self.route, self.disturbed = detail, route, disturbed
 
 
 @dataclass(slots=True)
@@ -42,6 +65,7 @@ class RestoreReport:
     run_id: str
     partitions: list[int] = field(default_factory=list)
     skipped: list[int] = field(default_factory=list)  # already done according to the journal
+    rewritten: list[int] = field(default_factory=list)  # written again: their active changed mid-restore
     sets: int = 0
     deletes: int = 0
     filtered_out: int = 0
@@ -74,12 +98,50 @@ class BulkClient:
             api.close()
 
     def write(self, ops: list[dict[str, Any]], *, persist: bool, partition: int | None = None) -> list[dict[str, Any]]:
-        durability = "persist" if persist else "memory"
+        return self.send(ops, "persist" if persist else "memory", partition).results
+
+    def route_of(self, partition: int | None) -> Route:
+        """Where ``partition``'s writes go now, with the epoch of the map that says so."""
+        targets = self.targets if self.targets is not None and self.targets.cluster else None
+        if targets is None or partition is None:
+            return Route(self.server)
+        return Route(targets.url_of(partition) or "", targets.epoch_of(partition))
+
+    def branch_of(self, partition: int, url: str | None = None, attempts: int = 3) -> int | None:
+        """The newest failover-log uuid of ``partition`` on ``url`` (its active by default): a
+        new one means its history branched (a promotion, a crash restart).  None when no answer
+        came: the caller cannot rule a branch out."""
+        delay = 0.2
+        for attempt in range(attempts):
+            where = url or self.route_of(partition).url
+            try:
+                if where:
+                    log = self._api(where).partition(partition).get("failover_log") or []
+                    return int(log[0]["uuid"]) if log else None
+            except (ConnectionFailed, HttpError):
+                pass
+            if attempt + 1 < attempts:
+                time.sleep(delay)
+                delay *= 2
+                if self.targets is not None and self.targets.cluster:
+                    try:
+                        self.targets.refresh()
+                    except ConnectionFailed:
+                        pass
+        return None
+
+    def send(self, ops: list[dict[str, Any]], durability: str, partition: int | None = None) -> Ack:
+        """One batch, sent again after anything safe to retry; the answer says who acknowledged it
+        and whether a sign of a move (a lost node, a 421/503 item, a 5xx) was met on the way.
+        A durable wait answered 504/503 is not retried here: ``DurabilityRefused`` goes to the
+        caller, whose ``PartitionRounds`` decides between sending the batch again and a redo."""
         delay = 0.2
         targets = self.targets if self.targets is not None and self.targets.cluster else None
         why = "no attempt"
+        disturbed = False
         for attempt in range(self.retries + 1):
-            url = self.server if targets is None or partition is None else targets.url_of(partition)
+            route = self.route_of(partition)
+            url = self.server if targets is None or partition is None else route.url or None
             try:
                 if url is None:
                     why = f"partition {partition} has no active node (map revision {targets.revision})"  # type: ignore[union-attr]
@@ -87,20 +149,32 @@ class BulkClient:
                     results: list[dict[str, Any]] = self._api(url).bulk(ops, durability=durability)["results"]
                     moved = [r for r in results if r.get("status") in MOVED_STATUSES]
                     if targets is None or not moved:
-                        return results
+                        return Ack(results, route, disturbed)
                     why = f"partition {partition}: {url} answered {moved[0].get('status')}"
                 if attempt == self.retries:
                     if url is None:
                         break
-                    return results  # the 421s are reported as refused items
+                    return Ack(results, route, True)  # the 421s are reported as refused items
             except ConnectionFailed as exc:
                 if attempt == self.retries:
                     raise
                 why = str(exc)
             except HttpError as exc:
+                if exc.server_code in DURABILITY_REFUSALS:
+                    if targets is not None:  # "no longer active" is one of its reasons: the retry goes by a fresh map
+                        try:
+                            targets.refresh()
+                        except ConnectionFailed:
+                            pass
+                    raise DurabilityRefused(str(exc), route, disturbed) from None
                 if exc.status not in RETRY_STATUSES or attempt == self.retries:
                     raise
                 why = str(exc)
+                if exc.status == 429:  # the node is busy, not gone
+                    time.sleep(delay)
+                    delay = min(delay * 2, 5.0)
+                    continue
+            disturbed = True
             time.sleep(delay)
             delay = min(delay * 2, 5.0)
             if targets is not None:
@@ -194,7 +268,7 @@ def restore(
 
     ``parallel`` partitions are restored at once (each plans and writes its own partition): the
     server's write path, not the client, is the bottleneck, and overlapping requests hides each
-    partition's final ``durability=persist`` wait.
+    partition's final durable wait.
 
     ``server``: one node, or a cluster's nodes (a list or "URL,URL"): each partition's writes go
     to its active node per the map, following moves (``targets``)."""
@@ -234,14 +308,15 @@ def restore(
 
     def one(p: int) -> None:
         client = client_of_thread()
+        cluster = targets is not None and targets.cluster
         for plan, skipped in plan_partitions(archive, runs, [p], rx):
             batches = list(_batches(plan.items, batch_items, batch_bytes))
-            sent = 0
-            for n, batch in enumerate(batches):
-                _write(client, p, batch, persist=n == len(batches) - 1)
-                sent += len(batch)
-                advance(len(batch))
-            advance(per_part[p] - sent)  # what the plan folded away counts as done too
+            if batches:
+                rounds = _write_rounds(client, p, batches, cluster, advance)
+                if rounds > 1:
+                    with lock:
+                        report.rewritten.append(p)
+            advance(per_part[p] - sum(len(b) for b in batches))  # what the plan folded away counts as done too
             with lock:
                 report.filtered_out += skipped
                 report.sets += plan.sets
@@ -263,23 +338,60 @@ def restore(
         for c in clients:
             c.close()
     report.partitions.sort()
+    report.rewritten.sort()
     journal.finish()
     report.seconds = time.perf_counter() - t0
     return report
 
 
-def _write(client: BulkClient, p: int, batch: list[Item], *, persist: bool) -> None:
-    """One bulk request; a server whose limits are lower than our batch (413) gets halves."""
+def _write_rounds(client: BulkClient, p: int, batches: list[list[Item]], cluster: bool,
+                  advance: Callable[[int], None]) -> int:
+    """Write partition ``p``'s batches as ``PartitionRounds`` says until it is done; the number of
+    rounds it took.  ``advance`` counts each item once, however many rounds write it."""
+    rounds = PartitionRounds(p, len(batches), cluster=cluster)
+    step = rounds.start()
+    reported = 0
+    written = 0
+    while isinstance(step, Send):
+        if step.delay_s:
+            time.sleep(step.delay_s)
+        batch = batches[step.batch]
+        last = step.batch == len(batches) - 1
+        if step.batch == 0:
+            written = 0
+            if not last:  # before anything of the round is acknowledged: a later branch shows at the end
+                rounds.branch_before(client.branch_of(p))
+        try:
+            ack = _write(client, p, batch, step.durability)
+        except DurabilityRefused as exc:
+            step = rounds.refused(exc.route, exc.detail, disturbed=exc.disturbed, seqno=batch[-1].seqno)
+            continue
+        written += len(batch)
+        if written > reported:
+            advance(written - reported)
+            reported = written
+        branch = client.branch_of(p, ack.route.url) if last and len(batches) > 1 else None
+        step = rounds.acked(step.batch, ack.route, disturbed=ack.disturbed, seqno=batch[-1].seqno, branch=branch)
+    if isinstance(step, Fail):
+        raise RestoreFailed(step.message, partition=p, seqno=step.seqno)
+    assert isinstance(step, Done)
+    return step.rounds
+
+
+def _write(client: BulkClient, p: int, batch: list[Item], durability: str) -> Ack:
+    """One bulk request; a server whose limits are lower than our batch (413) gets halves (the
+    answer of the second half, disturbed if the halves met different routes or a move)."""
     try:
-        results = client.write([_op(i) for i in batch], persist=persist, partition=p)
+        ack = client.send([_op(i) for i in batch], durability, partition=p)
     except HttpError as exc:
         if exc.status != 413 or len(batch) == 1:
             raise
         half = len(batch) // 2
-        _write(client, p, batch[:half], persist=False)
-        _write(client, p, batch[half:], persist=persist)
-        return
-    _check_results(p, batch, results)
+        first = _write(client, p, batch[:half], "memory")
+        second = _write(client, p, batch[half:], durability)
+        return Ack([], second.route, first.disturbed or second.disturbed or first.route != second.route)
+    _check_results(p, batch, ack.results)
+    return ack
 
 
 def _check_results(p: int, batch: list[Item], results: list[dict[str, Any]]) -> None:

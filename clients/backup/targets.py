@@ -6,6 +6,9 @@ partition's keys and can go straight to that partition's active node, as the map
 (``421``).  The map is read again whenever a write meets a sign that it moved on: an item
 answered 421 or 503 (a handover pauses the partition's writes), a node that does not answer, or a
 partition without an active node; the batch is then sent again (restore writes are idempotent).
+Each partition's ``epoch`` counts the times a map read named another active for it (or none):
+restore compares the epochs its batches were sent at to tell a partition whose active changed
+mid-restore (``partition_rounds``).
 
 A server that answers ``GET /cluster`` with 404 is a single node: every write goes to it, as before.
 """
@@ -39,6 +42,7 @@ class PartitionTargets:
         #: None: a single node (no map); else partition -> URL of its active (None: no active now)
         self.urls: dict[int, str | None] | None = None
         self.revision = -1
+        self._epochs: dict[int, int] = {}
         self._read_at = 0.0
         self.refresh(force=True)
 
@@ -51,6 +55,10 @@ class PartitionTargets:
         if self.urls is None:
             return ",".join(self.servers)
         return self.urls.get(partition)
+
+    def epoch_of(self, partition: int) -> int:
+        """How many times the map was seen to name another active for ``partition`` (0 on a single node)."""
+        return self._epochs.get(partition, 0)
 
     def refresh(self, *, force: bool = False) -> None:
         """Read the map again from any node named or known (``ConnectionFailed`` when none answers)."""
@@ -85,6 +93,11 @@ class PartitionTargets:
         if revision < self.revision:
             return  # a node behind the one read before
         nodes = {n["name"]: n.get("url") for n in view["nodes"] if n.get("state", "up") == "up"}
+        before = self.urls
         self.urls = {int(e["partition"]): (nodes.get(e["active"]) if e.get("active") else None)
                      for e in view["map"]["partitions"]}
+        if before is not None:
+            for p, url in self.urls.items():
+                if before.get(p) != url:
+                    self._epochs[p] = self._epochs.get(p, 0) + 1
         self.revision = revision
