@@ -22,25 +22,13 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from engine.protocol.client.errors import UsageError
+from engine.protocol.client.servers import parse_servers
 
 __all__ = ["MAX_HOPS", "MISDIRECTED_STATUS", "parse_servers", "redirect_target", "revisit_delay"]
 
 #: 421s followed for one request before giving up.
 MAX_HOPS = 3
 MISDIRECTED_STATUS = 421
-
-
-def parse_servers(text: str) -> tuple[str, ...]:
-    """``"http://a:1, http://b:2/"`` -> ``("http://a:1", "http://b:2")``; a typed error when empty
-    or when an entry is not an http(s) URL."""
-    servers = tuple(s.strip().rstrip("/") for s in text.split(",") if s.strip())
-    if not servers:
-        raise UsageError(f"no server URL in {text!r}", field="server")
-    for server in servers:
-        if not server.startswith(("http://", "https://")):
-            raise UsageError(f"server {server!r} is not an http:// or https:// URL", field="server")
-    return servers
 
 
 def redirect_target(status: int, body: Any, current: str) -> str | None:

@@ -14,9 +14,10 @@ import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
-from urllib.parse import urlparse
 
 from engine.core.errors import InvalidInput
+from engine.protocol.client.errors import UsageError
+from engine.protocol.client.servers import parse_servers
 
 from .offsets import OffsetFormatError, PartitionOffset
 from .retry import RetryPolicy
@@ -116,17 +117,12 @@ def parse_options(options: Mapping[str, str]) -> SourceOptions:
 
 
 def parse_server_list(text: str) -> tuple[str, ...]:
-    """``"http://a:1, http://b:2/"`` -> ``("http://a:1", "http://b:2")``, the rule of
-    ``clients.redirects.parse_servers`` (not imported: the driver's source process stays free of
-    the ``clients`` package), failing as an ``OptionError`` on ``server``."""
-    servers = tuple(s.strip().rstrip("/") for s in text.split(",") if s.strip())
-    if not servers:
-        raise OptionError("server", f"no server URL in {text!r}")
-    for server in servers:
-        url = urlparse(server)
-        if url.scheme not in ("http", "https") or not url.netloc:
-            raise OptionError("server", f"expected an http(s) URL, got {server!r}")
-    return servers
+    """``"http://a:1, http://b:2/"`` -> ``("http://a:1", "http://b:2")`` by the clients' rule,
+    failing as an ``OptionError`` on ``server``."""
+    try:
+        return parse_servers(text)
+    except UsageError as exc:
+        raise OptionError("server", str(exc)) from None
 
 
 def _unknown(name: str) -> str:
