@@ -56,3 +56,17 @@ def test_limits() -> None:
 )
 def test_resume_uuid(log, high, expected) -> None:
     assert resume_uuid(log, high) == expected
+
+
+def test_a_copy_rolled_back_by_undo_catches_up_from_the_rollback_seqno() -> None:
+    from engine.cluster.replica_sync import Progress, ReplicaSync
+
+    sync = ReplicaSync(30)
+    sync.requested(25, 30)  # ahead of an active whose branch holds 25: "in sync" by the figures
+    sync.rolled_back(20)
+    assert sync.progress == Progress(20, False)  # holds 20 whole, and catches up to 25
+    sync.snapshot_applied(25)
+    assert sync.progress == Progress(25, True)
+    sync.requested(20, 30)
+    sync.rolled_back(20)  # nothing written on the new branch yet: it holds all of it
+    assert sync.progress == Progress(20, True)
