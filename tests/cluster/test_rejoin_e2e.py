@@ -1,6 +1,6 @@
 """A failed node of a three-node cluster rejoins as a replica within the replace grace.
 
-Three nodes, 16 partitions, 1 replica, lease TTL 4 s, the default 60 s grace: the node that is
+Three nodes, 16 partitions, 1 replica, lease TTL 6 s, the default 60 s grace: the node that is
 active for some partitions takes ``memory`` writes its replicas may not have (their node is
 paused) and is SIGKILLed.  Its partitions are promoted on their replicas and it keeps a (dead,
 out-of-sync) replica slot of everything it held, so no copy streams to another node meanwhile.
@@ -28,7 +28,7 @@ pytestmark = pytest.mark.slow
 
 PARTITIONS = 16
 #: longer than the pause below takes on a loaded machine, so the paused node keeps its lease
-LEASE_TTL_S = 4
+LEASE_TTL_S = 6
 
 
 def test_a_killed_node_restarted_within_the_grace_rolls_back_every_copy_it_held(tmp_path: Path,
