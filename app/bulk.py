@@ -20,7 +20,7 @@ import binascii
 import contextlib
 import gc
 from base64 import b64decode
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from itertools import repeat
 from operator import attrgetter, itemgetter
 from typing import Any, Literal, NamedTuple, Protocol
@@ -298,6 +298,17 @@ def to_op(index: int, item: Any) -> WriteOp | Problem:
             return _bad(index, "delete takes no value", "value")
         return WriteOp(Op.DELETION, key, b"", cas)
     return _bad(index, 'op must be "set" or "delete"', "op")
+
+
+def refuse_impossible(batch: Batch, partition_of: Callable[[str], int], impossible: Mapping[int, Exception]) -> None:
+    """Raise the refusal (the cluster's ``DurabilityImpossible``) of the first operation whose
+    partition is in ``impossible`` (its live copies cannot form a majority): the whole batch is
+    refused before anything is written, as one durability wait covers the whole batch.  Costs a
+    key hash per operation, so the caller asks only when some partition is impossible."""
+    for op in batch.ops:
+        refusal = impossible.get(partition_of(op[1]))
+        if refusal is not None:
+            raise refusal
 
 
 def apply(engine: BatchWriter, batch: Batch, durability: str,

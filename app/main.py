@@ -96,7 +96,7 @@ def create_app(
             node.durable.on_advance = stream_server.ceiling_advanced
             await node.start()
             app.state.cluster = node
-            app.state.metrics.attach_cluster(ClusterCollector(node.view))
+            app.state.metrics.attach_cluster(ClusterCollector(node.view, node.replication, node.durable))
             app.state.stream_server.owner_of = node.misdirected
         await ui.start(app, engine, runner)
         try:

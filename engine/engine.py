@@ -54,6 +54,8 @@ from engine.core.types import (
 from engine.flush_health import FlushFault
 from engine.flusher import Flusher, lmdb_turn
 from engine.partition import Partition
+from engine.cluster.replica_rollback import Resync, Undo
+from engine.replica_undo import UndoResult, undo_above
 from engine.replica import ByKeyReader, ItemsStep, MarkerStep, ReplicaStep, append_items, apply_items
 from engine.snapshot import PartitionSnapshot, capture, capture_memory_only, memory_backlog
 from engine.storage.store import Store
@@ -484,10 +486,8 @@ class Engine:
         self._notify((partition,))
 
     def reset_partition(self, partition: int) -> None:
-        """Empty replica ``partition`` (items, meta, failover log) so it streams again from 0.
-
-        A replica's answer to a rollback: undoing key by key is not built, so every rollback of
-        a replica, however shallow, resyncs the partition from 0."""
+        """Empty replica ``partition`` (items, meta, failover log) so it streams again from 0: a
+        replica's answer to a rollback it cannot undo (``undo_replica``)."""
         part = self._replica(partition)
         with self._lock:
             self._check_open()
@@ -508,6 +508,39 @@ class Engine:
             part.failover_log = ()
             part.snapshots = ReplicaSnapshots()
         self._notify((partition,))
+
+    def undo_replica(self, partition: int, seqno: int) -> UndoResult:
+        """Roll replica ``partition`` back to ``seqno`` by undoing what it holds above it, keeping
+        every seqno, CAS and rev below (``engine.replica_undo``; what is restored and when an
+        undo cannot be exact: ``engine.cluster.replica_rollback``).  Returns the result: with a
+        ``Resync`` plan nothing changed, and the caller resets the partition instead."""
+        part = self._replica(partition)
+        if not 0 <= seqno <= part.high_seqno:
+            raise SeqnoRangeError(f"rollback seqno {seqno} is outside 0..{part.high_seqno} for partition {partition}",
+                                  partition=partition, seqno=seqno)
+        # the undo works on the store alone: everything the queue holds goes there first (a
+        # replica's queue grows only by the caller's own applies, so it stays flushed)
+        self.persist_future({partition: part.high_seqno}).result()
+        with self._lock:
+            self._check_open()
+            self._replica(partition)
+            if part.queue.persisted != part.high_seqno:
+                return UndoResult(Resync(seqno, "items arrived while the copy was being flushed for the undo"))
+            result = undo_above(self._store, self._turn, partition, seqno, live_items=part.persisted_live,
+                                purge_seqno=part.purge_seqno, max_cas=part.persisted_max_cas,
+                                failover_log=part.failover_log)
+            if isinstance(result.plan, Undo):
+                # queue first, generation second (as ``reset_partition``): a flush round that read
+                # the old queue skips it
+                part.queue.reset(seqno)
+                part.generation += 1
+                part.live_items = part.persisted_live = result.live_items
+                part.purge_seqno = result.purge_seqno
+                part.failover_log = result.failover_log
+                part.snapshots = ReplicaSnapshots.restored(SnapshotMark(seqno, seqno, seqno), seqno)
+        if isinstance(result.plan, Undo):
+            self._notify((partition,))
+        return result
 
     def _activate(self, part: Partition, event: failover_policy.Event) -> None:
         log_ = failover_policy.apply(part.failover_log, event, self.config.failover_log_cap)

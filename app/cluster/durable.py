@@ -81,16 +81,19 @@ async def majority_wait(durable: DurableWrites | None, targets: Mapping[int, int
     try:
         await durable.wait(targets, persist, timeout_s)
     except DurabilityAmbiguous as exc:
+        durable.count_failure("ambiguous", exc.level)
         raise problem_of(exc) from None
 
 
-def check_possible(durable: DurableWrites | None, partition: int) -> None:
-    """``DurableWrites.check_possible`` for a route (503 ``durability-impossible``)."""
+def check_possible(durable: DurableWrites | None, partition: int, level: str = "majority") -> None:
+    """``DurableWrites.check_possible`` for a route (503 ``durability-impossible``), counted
+    under ``level``."""
     if durable is None:
         return
     try:
         durable.check_possible(partition)
     except DurabilityImpossible as exc:
+        durable.count_failure("impossible", level)
         raise problem_of(exc) from None
 
 
@@ -109,6 +112,8 @@ class DurableWrites:
         self._claimed: dict[object, set[int]] = {}
         #: connection -> partition -> the last ``seqno_ack`` taken from it (each message object once)
         self._seen: dict[object, dict[int, object]] = {}
+        #: (outcome, level) -> durable writes answered ``ambiguous`` or ``impossible`` (``GET /metrics``)
+        self.failures: dict[tuple[str, str], int] = {}
         #: told the partitions whose ``majority_seqno`` may have moved (an ack moved, a new map):
         #: the stream server's ``visibility: majority`` ceilings wake on it
         self.on_advance: Callable[[int], None] | None = None
@@ -148,6 +153,23 @@ class DurableWrites:
         live = 1 + sum(1 for r in replicas if self.is_live(r))
         if live < majority_of(copies):
             raise DurabilityImpossible(partition, self.node, live, copies)
+
+    def impossible(self) -> dict[int, DurabilityImpossible]:
+        """Each partition this node is active for whose live copies cannot form a majority now,
+        with its refusal: a bulk batch, whose partitions are known only once parsed, is checked
+        against it before anything is written."""
+        out = {}
+        for p in self._copies:
+            try:
+                self.check_possible(p)
+            except DurabilityImpossible as exc:
+                out[p] = exc
+        return out
+
+    def count_failure(self, outcome: str, level: str) -> None:
+        """A durable write was answered ``outcome`` (``ambiguous``, ``impossible``) at ``level``."""
+        key = (outcome, level)
+        self.failures[key] = self.failures.get(key, 0) + 1
 
     # ------------------------------------------------------------------ acks (stream adapter hook)
     def acked(self, conn: object, session: ServerSession) -> None:

@@ -11,17 +11,29 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
-from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 __all__ = ["ClusterCollector"]
 
 
-class ClusterCollector(Collector):
-    """Turns a cluster view (``ClusterNode.view()``) into gauges at each scrape."""
+#: the durability levels and outcomes counted, always reported (zeros included) so a rate is
+#: defined from the first scrape
+DURABLE_LEVELS = ("majority", "persist_majority")
+DURABLE_OUTCOMES = ("ambiguous", "impossible")
 
-    def __init__(self, view: Callable[[], Mapping[str, Any]]) -> None:
+
+class ClusterCollector(Collector):
+    """Turns a cluster view (``ClusterNode.view()``) into gauges at each scrape, and the node's
+    counters into counters: replica rollbacks by how they were answered (``replication``'s
+    ``undos`` and ``resets``), durable writes that failed by outcome and level (``durable``'s
+    ``failures``).  WHY the rollback counter: an undo costs the items above the rollback point,
+    a resync the whole partition, and how often each happens is what an operator sizes for."""
+
+    def __init__(self, view: Callable[[], Mapping[str, Any]], replication: Any = None, durable: Any = None) -> None:
         self._view = view
+        self._replication = replication
+        self._durable = durable
 
     def describe(self) -> list[Metric]:
         return []  # labels depend on the map: discovered at collect time
@@ -75,3 +87,20 @@ class ClusterCollector(Collector):
                                 value=float(unavailable))
         yield lag
         yield in_sync
+        if self._replication is not None:
+            rollbacks = CounterMetricFamily("upr_cluster_replica_rollbacks",
+                                            "rollbacks of this node's replica copies, by how they were answered: "
+                                            "undo (cut back to the rollback seqno) or resync (from 0)", labels=["path"])
+            rollbacks.add_metric(["undo"], float(self._replication.undos))
+            rollbacks.add_metric(["resync"], float(self._replication.resets))
+            yield rollbacks
+        if self._durable is not None:
+            failures = CounterMetricFamily("upr_cluster_durable_write_failures",
+                                           "durable writes on this node answered ambiguous (504: may have been applied) "
+                                           "or impossible (503: not applied), by durability level",
+                                           labels=["outcome", "level"])
+            counts = dict(self._durable.failures)
+            for outcome in DURABLE_OUTCOMES:
+                for level in DURABLE_LEVELS:
+                    failures.add_metric([outcome, level], float(counts.get((outcome, level), 0)))
+            yield failures

@@ -14,8 +14,12 @@ stream ``ok`` + failover log ``Engine.adopt_failover_log``: the copy's history i
 snapshot marker, item batch  ``Engine.apply_replica_run``, a received run at a time (the active's
                              seqno, CAS, rev and deletions); a whole snapshot moves the
                              copy's progress (``engine.cluster.replica_sync``)
-rollback (``Repair``)        ``Engine.reset_partition``, then stream from 0: undoing key by key
-                             is not built, so every rollback of a replica is a resync
+rollback (``Repair``)        ``Engine.undo_replica``: the copy cuts its history back to the
+                             rollback seqno, restoring each key's version there, and streams on
+                             from it; when that cannot be exact (a version it needs is gone,
+                             the undo is over its limit: ``engine.cluster.replica_rollback``),
+                             ``Engine.reset_partition`` and stream from 0 (counted: ``undos``,
+                             ``resets``)
 reconnect, connection lost   a new connection after a capped backoff, resuming from what the
                              engine holds (its high seqno and snapshot range), never from
                              what the previous connection had received
@@ -38,15 +42,26 @@ import asyncio
 import json
 import logging
 from collections.abc import Callable, Mapping
+from dataclasses import replace
 from typing import Any
 
 from app.cluster.etcd import Delete, EtcdClient, EtcdError, Put
 from app.cluster.layout import Layout
 from clients.connection import ReconnectNeeded, StreamConnection, stream_url
+from engine.cluster.replica_rollback import Resync, Undo, resume_uuid
 from engine.cluster.replica_sync import Progress, ReplicaSync
+from engine.core.errors import UprError
 from engine.engine import Engine
 from engine.protocol import messages as M
-from engine.protocol.client.actions import Deliver, Reconnect, Repair, RollbackPolicy, Send, StreamEnded
+from engine.protocol.client.actions import (
+    Deliver,
+    Reconnect,
+    Repair,
+    RollbackPlan,
+    RollbackPolicy,
+    Send,
+    StreamEnded,
+)
 from engine.protocol.client.offset import StreamOffset
 from engine.protocol.client.session import ClientSession
 from engine.protocol.frames import ItemBatch
@@ -99,6 +114,8 @@ class ReplicationStreams:
         self._streams: dict[tuple[str, str], tuple[frozenset[int], asyncio.Task[None]]] = {}
         self._gone: set[int] = set()
         self._publisher: asyncio.Task[None] | None = None
+        #: rollbacks answered by undo, and by a reset (a resync from 0)
+        self.undos = 0
         self.resets = 0
 
     # ------------------------------------------------------------------ what to replicate
@@ -203,8 +220,7 @@ class ReplicationStreams:
 
     def _offset(self, p: int) -> StreamOffset:
         high, mark = self.engine.replica_mark(p)
-        log_ = self.engine.failover_log(p)
-        uuid = log_[0].uuid if log_ else 0
+        uuid = resume_uuid(self.engine.failover_log(p), high)
         return StreamOffset(uuid, high, mark.snap_start, mark.snap_end) if uuid else StreamOffset.beginning()
 
     async def _connection(self, active: str, url: str, partitions: frozenset[int]) -> None:
@@ -217,7 +233,7 @@ class ReplicationStreams:
                 # data without a history: nothing the active could check it against
                 await asyncio.to_thread(engine.reset_partition, p)
             offsets[p] = offset
-        session = ClientSession(partitions=sorted(partitions), offsets=offsets, on_rollback=RollbackPolicy.RESET)
+        session = ClientSession(partitions=sorted(partitions), offsets=offsets, on_rollback=RollbackPolicy.REPORT)
         conn = await StreamConnection.open(stream_url(url), self.token, open_timeout=self.open_timeout_s,
                                            max_frame_bytes=self.max_frame_bytes, ping_interval=None)
         acks = asyncio.create_task(acker.run(conn), name=f"replica acks to {active}")
@@ -320,21 +336,38 @@ class ReplicationStreams:
             elif kind is Send:
                 await conn.send(action.message)
             elif kind is Repair:
-                plan = action.plan
-                log.warning("node %s: partition %d must roll back to seqno %d (%s); the replica copy is reset "
-                            "and streams again from 0", self.node, plan.partition, plan.seqno,
-                            plan.reason or "rollback")
-                await asyncio.to_thread(engine.reset_partition, plan.partition)
-                self.resets += 1
-                sync = self.syncs.get(plan.partition)
-                if sync is not None:
-                    sync.reset()
-                await conn.send(session.finish_rollback(plan))
+                await conn.send(await self._roll_back(session, action.plan))
             elif kind is Reconnect:
                 raise ReconnectNeeded(action.reason)
             elif kind is StreamEnded:
                 log.info("node %s: replication stream of partition %d ended: %s", self.node, action.partition,
                          action.reason)
+
+    async def _roll_back(self, session: ClientSession, plan: RollbackPlan) -> M.StreamRequest:
+        """The active says the copy is ahead of its branch: undo what the copy holds above the
+        rollback seqno, or, when that cannot be exact, reset it; returns the request to stream on."""
+        p = plan.partition
+        try:
+            outcome: Undo | Resync = (await asyncio.to_thread(self.engine.undo_replica, p, plan.seqno)).plan
+        except UprError as exc:  # e.g. a rollback seqno above what the copy holds: resync, never stop
+            outcome = Resync(plan.seqno, f"the undo failed: {exc}")
+        sync = self.syncs.get(p)
+        if isinstance(outcome, Undo):
+            self.undos += 1
+            log.warning("node %s: partition %d rolled back by undo to seqno %d (%s): %d version(s) above it undone, "
+                        "%d key(s) restored", self.node, p, plan.seqno, plan.reason or "rollback",
+                        outcome.items_above, len(outcome.restore))
+            if sync is not None:
+                sync.rolled_back(plan.seqno)
+            return session.finish_rollback(plan)
+        log.warning("node %s: partition %d must roll back to seqno %d (%s) and cannot undo it: %s; the replica copy "
+                    "is reset and streams again from 0", self.node, p, plan.seqno, plan.reason or "rollback",
+                    outcome.reason)
+        await asyncio.to_thread(self.engine.reset_partition, p)
+        self.resets += 1
+        if sync is not None:
+            sync.reset()
+        return session.finish_rollback(replace(plan, reset=True))
 
     async def _apply(self, session: ClientSession, batch: ItemBatch) -> None:
         await asyncio.to_thread(_apply_all, self.engine, [batch])

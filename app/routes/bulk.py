@@ -1,6 +1,7 @@
 """``POST /docs/_bulk``: many sets/deletes in one request, one durability wait."""
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 import orjson
@@ -10,7 +11,7 @@ from starlette.responses import Response
 from app import bulk
 from app.deps import WriteCtx
 from app.limits import read_body
-from app.cluster.durable import majority_wait
+from app.cluster.durable import DurabilityImpossible, majority_wait, problem_of
 from app.params import (
     DURABILITY_PARAM,
     DURABILITY_TIMEOUT_PARAM,
@@ -45,12 +46,16 @@ _BULK_BODY: dict[str, Any] = {
 
 
 def _run(engine: Any, body: bytes, ndjson: bool, max_items: int, durability: Durability,
-         columns: bool = False) -> tuple[tuple[bytes, int, int, dict[int, int]], Any]:
+         columns: bool = False, impossible: Mapping[int, DurabilityImpossible] | None = None,
+         ) -> tuple[tuple[bytes, int, int, dict[int, int]], Any]:
     """Writer thread: parse, write the batch, and take its persist future in one hop; returns
     (the encoded answer, its counts and the highest seqno written per partition; the persist
-    future or None)."""
+    future or None).  A batch with an item in one of the ``impossible`` partitions is refused
+    whole before anything is written (``bulk.refuse_impossible``)."""
     with bulk.gc_paused():
         items = bulk.decode(body, ndjson, max_items)
+        if impossible:
+            bulk.refuse_impossible(items, engine.partition_of, impossible)
         out, targets = bulk.apply(engine, items, durability.value, columns)
         encoded = orjson.dumps(out)
     future = engine.persist_future(targets) if durability.persist and targets else None
@@ -73,7 +78,8 @@ async def post_bulk(
     item does not stop the others.  `results=columns` answers with one array per field
     instead of one object per item (much cheaper for large batches).  With `durability=persist` the answer waits until every
     successful item is fsynced (with `majority`/`persist_majority`, until a majority of each written partition's
-    copies hold them; 504 `durability-ambiguous` past `durability_timeout_ms`); on a full disk it is 507 (the items were applied and stay queued in
+    copies hold them; 504 `durability-ambiguous` past `durability_timeout_ms`; 503 `durability-impossible`, with nothing
+    applied, when an item's partition has too few live copies to form a majority); on a full disk it is 507 (the items were applied and stay queued in
     memory until space returns; `unpersisted` names each partition and seqno)."""
     settings, runner, metrics = ctx.settings, ctx.runner, ctx.metrics
     durability = durability_of(request, BULK_QUERY)
@@ -81,10 +87,20 @@ async def post_bulk(
     columns = columns_wanted(request)
     body = await read_body(request, settings.max_bulk_bytes, "the bulk body")
     ndjson = bulk.is_ndjson(request.headers.get("content-type"), body)
-    out, ok, failed, targets = await runner.write_durable(_run, runner.engine, body, ndjson, settings.max_bulk_items,
-                                                          durability, columns)
+    durable = durable_writes(ctx) if durability.majority else None
+    # partitions whose live copies cannot form a majority: the batch is refused before it is
+    # written if it touches one (503), as a single document is, rather than applied and then
+    # answered "ambiguous"
+    impossible = durable.impossible() if durable is not None else None
+    try:
+        out, ok, failed, targets = await runner.write_durable(_run, runner.engine, body, ndjson,
+                                                              settings.max_bulk_items, durability, columns, impossible)
+    except DurabilityImpossible as exc:
+        assert durable is not None
+        durable.count_failure("impossible", durability.value)
+        raise problem_of(exc) from None
     if durability.majority:
-        await majority_wait(durable_writes(ctx), targets, durability.persist, timeout_s)
+        await majority_wait(durable, targets, durability.persist, timeout_s)
     metrics.bulk_items.labels("ok").inc(ok)
     if failed:
         metrics.bulk_items.labels("failed").inc(failed)

@@ -97,7 +97,7 @@ async def _apply_majority(ctx: Ctx, op: WriteOp, durability: Durability, timeout
     runner = ctx.runner
     durable = durable_writes(ctx)
     if durable is not None:
-        check_possible(durable, runner.engine.partition_of(op.key))
+        check_possible(durable, runner.engine.partition_of(op.key), durability.value)
     res = await runner.write_one(op, durability.persist)
     await majority_wait(durable, {res.partition: res.seqno}, durability.persist, timeout_s)
     body = orjson.dumps(write_result_dict(res, durability.value))

@@ -72,6 +72,12 @@ class ReplicaSync:
         if self.goal is not None and self.complete_seqno >= self.goal:
             self.in_sync = True
 
+    def rolled_back(self, complete_seqno: int) -> None:
+        """The copy undid its history down to ``complete_seqno``, a whole state of its active's
+        branch: it catches up from there (in sync only if that already reaches the goal)."""
+        self.complete_seqno = complete_seqno
+        self.in_sync = self.goal is not None and complete_seqno >= self.goal
+
     def reset(self) -> None:
         """The copy was emptied (a rollback it cannot undo): it holds nothing and catches up again."""
         self.complete_seqno = 0
