@@ -212,6 +212,11 @@ def misdirected(partition: int, where: dict[str, Any]) -> Problem:
     return Problem(MISDIRECTED, detail, partition=partition, extra=dict(where))
 
 
+#: how long a write refused by a handover's pause waits for the switch before its 503: past the
+#: pause such a handover takes (bench/cluster_rebalance.py), well below a client's timeout
+PAUSED_WRITE_WAIT_S = 1.0
+
+
 def install(app: FastAPI) -> None:
     """Register the handlers that turn every error into a problem document."""
 
@@ -223,7 +228,12 @@ def install(app: FastAPI) -> None:
         if cluster is not None and isinstance(exc, E.PartitionNotActive) and exc.partition is not None:
             where = cluster.misdirected(exc.partition)
             # the map names this very node (a graceful handover paused the partition's writes):
-            # no other node to send the client to, so a retryable 503 rather than a 421 to itself
+            # the write waits for the switch, briefly, then is sent to the new active with a 421
+            # (nothing was applied here); a pause that outlasts the wait, or a handover called
+            # off, gets a retryable 503 rather than a 421 to this node itself
+            if where.get("active") == cluster.name and await cluster.handover.until_moved(exc.partition,
+                                                                                          PAUSED_WRITE_WAIT_S):
+                where = cluster.misdirected(exc.partition)
             if where.get("active") != cluster.name:
                 return misdirected(exc.partition, where).response(request.url.path)
         return Problem.from_engine(exc).response(request.url.path)

@@ -15,7 +15,8 @@ keys (so a partition's seqno is its item count).  Then, in the same run:
 3. **Write unavailability per partition during its handover**: while the rebalance runs, one
    probe per partition writes (``PUT``, ``memory``) to the node the newest map names, again as
    soon as the last answer came back (a 503, the takeover's pause, is retried after 2 ms; a 421
-   makes it read the map again).  For each partition whose active moved: from its first refused
+   is followed to the node it names, as ``clients.http`` does, and makes it read the map only
+   when it names none).  Each handover's phases are printed too (``bench.cluster_phases``).  For each partition whose active moved: from its first refused
    write to the next accepted one (0 when no write was refused).  p50 / p99 / max.
 """
 from __future__ import annotations
@@ -28,8 +29,10 @@ from pathlib import Path
 import httpx
 
 from bench.cluster_figures import Figure, summary_ms, verdict
+from bench.cluster_phases import HandoverMarks, PhaseWatch, phase_rows
 from bench.cluster_procs import BenchCluster, Node, key_in_partition, partition_of, progress
 from bench.suite.procs import ProcessGroup, free_port
+from clients.redirects import redirect_target
 
 __all__ = ["RebalanceRun", "measure_rebalance", "rebalance_figures"]
 
@@ -46,6 +49,9 @@ class RebalanceRun:
     #: partition -> seconds from its first refused write to the next accepted one
     pauses: dict[int, float] = field(default_factory=dict)
     refused: int = 0
+    #: partition -> the marks of its handover (``bench.cluster_phases``)
+    marks: dict[int, HandoverMarks] = field(default_factory=dict)
+    moved_partitions: list[int] = field(default_factory=list)
 
 
 def _seed(cluster: BenchCluster, items: int, partitions: int, batch: int = 1000) -> None:
@@ -78,11 +84,18 @@ async def _backfill(url: str, partitions: list[int], highs: dict[int, int], stat
     return count, time.monotonic() - started
 
 
+def _json_or_none(r: httpx.Response) -> object:
+    try:
+        return r.json()
+    except ValueError:
+        return None
+
+
 class _Probes:
     """One writer per partition through the newest map; notes refusals and acceptances."""
 
-    def __init__(self, urls: list[str], partitions: int) -> None:
-        self.urls, self.partitions = urls, partitions
+    def __init__(self, urls: list[str], partitions: int, phases: PhaseWatch | None = None) -> None:
+        self.urls, self.partitions, self.phases = urls, partitions, phases
         self.stop = asyncio.Event()
         self.actives: dict[int, str] = {}
         self.first_refused: dict[int, float] = {}
@@ -117,12 +130,22 @@ class _Probes:
             if r.status_code in (200, 201):
                 if p in self.first_refused:
                     self.pauses[p] = max(self.pauses.get(p, 0.0), now - self.first_refused.pop(p))
+                    if self.phases is not None:
+                        self.phases.probe_accepted(p, now)
                 n += 1
             else:
                 self.refused += 1
                 self.first_refused.setdefault(p, now)
+                if self.phases is not None:
+                    self.phases.probe_refused(p, r.status_code, now)
                 if r.status_code == 421:
-                    await self.read_map(client)
+                    # as clients.http does: the problem names the active's URL; the map is read
+                    # only when it names none
+                    target = redirect_target(r.status_code, _json_or_none(r), url)
+                    if target is not None:
+                        self.actives[p] = target
+                    else:
+                        await self.read_map(client)
                 else:
                     await asyncio.sleep(0.002)
 
@@ -136,7 +159,11 @@ class _Probes:
 async def _rebalance(cluster: BenchCluster, new: Node, args: argparse.Namespace) -> RebalanceRun:
     base = cluster.nodes[next(iter(cluster.nodes))].url
     before = {e["partition"]: e["active"] for e in cluster.view()["map"]["partitions"]}
-    probes = _Probes([n.url for n in cluster.live()], args.partitions)
+    phases = PhaseWatch(cluster.etcd_url, f"/upr/bench/{cluster.name}")
+    ready = asyncio.Event()
+    phase_task = asyncio.create_task(phases.run(ready))
+    await asyncio.wait_for(ready.wait(), 30)
+    probes = _Probes([n.url for n in cluster.live()], args.partitions, phases)
     probing = asyncio.create_task(probes.run())
     await asyncio.sleep(0.5)
     #: (partition, node) of each new copy -> [first seen building, first seen in sync, its seqno then]
@@ -166,6 +193,8 @@ async def _rebalance(cluster: BenchCluster, new: Node, args: argparse.Namespace)
     await asyncio.sleep(0.5)
     probes.stop.set()
     await probing
+    phase_task.cancel()
+    await asyncio.gather(phase_task, return_exceptions=True)
     after = {e["partition"]: e["active"] for e in cluster.view()["map"]["partitions"]}
     moved = [p for p in before if before[p] != after[p]]
     # the move rate: the items of the copies seen from building to in sync, over the time at
@@ -178,7 +207,8 @@ async def _rebalance(cluster: BenchCluster, new: Node, args: argparse.Namespace)
     return RebalanceRun(items=args.rebalance_items, backfill_items=0, backfill_s=0.0,
                         transferred=sum(int(c[2]) for c in copies.values() if c[1] is not None),
                         transfer_s=busy if spans else float("nan"), rebalance_s=ended - started, moved=len(moved),
-                        pauses={p: probes.pauses.get(p, 0.0) for p in moved}, refused=probes.refused)
+                        pauses={p: probes.pauses.get(p, 0.0) for p in moved}, refused=probes.refused,
+                        marks=phases.marks, moved_partitions=moved)
 
 
 def measure_rebalance(group: ProcessGroup, work: Path, etcd: str, args: argparse.Namespace) -> RebalanceRun:
@@ -227,4 +257,6 @@ def rebalance_figures(run: RebalanceRun, args: argparse.Namespace) -> list[Figur
                "p99 < 200 ms", verdict(s["p99"], 200, higher_is_better=False),
                f"first refused write to the next accepted one, per partition whose active moved "
                f"({run.refused} refusals in all; probes retry a 503 after 2 ms)"),
+        *(Figure(f"handover phase: {label}", result, "—", "—")
+          for label, result in phase_rows(run.marks, run.moved_partitions)),
     ]

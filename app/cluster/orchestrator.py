@@ -79,12 +79,15 @@ class Orchestrator:
         outage = Outage(f"orchestrator {self.election.name}")
         try:
             while True:
+                # cleared before the cycle reads, not after: a change written while the cycle
+                # runs (a source recording its fence) wakes the next cycle at once instead of
+                # waiting out the tick, which every handover's write pause would pay
+                changed.clear()
                 try:
                     await self.cycle()
                     outage.ok()
                 except EtcdError as exc:
                     outage.failed(exc)
-                changed.clear()
                 try:
                     await asyncio.wait_for(changed.wait(), self.tick_s)
                 except asyncio.TimeoutError:

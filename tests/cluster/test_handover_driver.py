@@ -98,6 +98,7 @@ async def test_a_source_stops_writes_for_its_records_and_takes_them_again_when_c
         await client.put(store.record_key(0), json.dumps(Handover(0, "a", "b").to_json()).encode())
         await node.load()
         await node.follow(MAP)
+        await node.fenced()
         assert engine.writes_stopped(0) and not engine.writes_stopped(2)
         assert (await store.records())[0].handover.fenced_at == seqno
         with pytest.raises(PartitionNotActive):
