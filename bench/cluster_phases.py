@@ -5,9 +5,10 @@ The bench watches the cluster's prefix in etcd itself (one more watcher, like ev
 notes, per partition, when its takeover record appeared (the orchestrator started it), when the
 record carried ``fenced_at`` (the source stopped writes and recorded its seqno), when a map named
 the target active (the switch) and when the record went (the target took over).  The probe adds
-its own marks: its first refused write, its first 421 and its next accepted write.  Each phase
-is the time between two marks, so the sum of the phases is the pause the probe saw, and the
-phase that dominates is the step to shorten.  The watch's own delivery (a few ms on loopback)
+its own marks: when its first refused write was sent, when its first 421 came back, and its
+next accepted write.  Each phase
+is the time between two marks (some overlap: the source's fence and the probe's refusals
+run side by side), and the phase that dominates is the step to shorten.  The watch's own delivery (a few ms on loopback)
 shifts every etcd mark alike.
 """
 from __future__ import annotations
@@ -39,13 +40,13 @@ class HandoverMarks:
 
 #: (label, from mark, to mark): the chain of one handover, in order
 PHASES = (
-    ("record -> source refuses", "created", "first_refused"),
-    ("source refuses -> fence recorded", "first_refused", "fenced"),
+    ("record -> fence recorded", "created", "fenced"),
+    ("record -> first refused write sent", "created", "first_refused"),
     ("fence recorded -> map switched", "fenced", "switched"),
     ("map switched -> target took over", "switched", "taken_over"),
     ("map switched -> probe's first 421", "switched", "first_misdirected"),
     ("map switched -> probe's accepted write", "switched", "accepted"),
-    ("probe's first refusal -> accepted", "first_refused", "accepted"),
+    ("first refused write sent -> accepted", "first_refused", "accepted"),
 )
 
 
@@ -95,11 +96,13 @@ class PhaseWatch:
         finally:
             await etcd.aclose()
 
-    def probe_refused(self, p: int, status: int, now: float) -> None:
+    def probe_refused(self, p: int, status: int, sent: float, answered: float) -> None:
+        """A refused write: sent at ``sent`` (the refusal's mark: a source may hold a write
+        paused by its handover until the switch), answered at ``answered`` (the 421's mark)."""
         marks = self.marks.setdefault(p, HandoverMarks())
-        marks.first_refused = marks.first_refused or now
+        marks.first_refused = marks.first_refused or sent
         if status == 421:
-            marks.first_misdirected = marks.first_misdirected or now
+            marks.first_misdirected = marks.first_misdirected or answered
 
     def probe_accepted(self, p: int, now: float) -> None:
         marks = self.marks.get(p)

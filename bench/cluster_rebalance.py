@@ -17,7 +17,8 @@ keys (so a partition's seqno is its item count).  Then, in the same run:
    soon as the last answer came back (a 503, the takeover's pause, is retried after 2 ms; a 421
    is followed to the node it names, as ``clients.http`` does, and makes it read the map only
    when it names none).  Each handover's phases are printed too (``bench.cluster_phases``).  For each partition whose active moved: from its first refused
-   write to the next accepted one (0 when no write was refused).  p50 / p99 / max.
+   write (from when it was sent: a paused write may wait on the source for the switch) to the
+   next accepted one (0 when no write was refused).  p50 / p99 / max.
 """
 from __future__ import annotations
 
@@ -121,6 +122,7 @@ class _Probes:
                 await self.read_map(client)
                 await asyncio.sleep(0.01)
                 continue
+            sent = time.monotonic()
             try:
                 r = await client.put(f"{url}/docs/{key}", content=f"{n}".encode(), timeout=5)
             except httpx.HTTPError:
@@ -135,9 +137,10 @@ class _Probes:
                 n += 1
             else:
                 self.refused += 1
-                self.first_refused.setdefault(p, now)
+                # from when the refused write was sent: a node may hold it a while before answering
+                self.first_refused.setdefault(p, sent)
                 if self.phases is not None:
-                    self.phases.probe_refused(p, r.status_code, now)
+                    self.phases.probe_refused(p, r.status_code, sent, now)
                 if r.status_code == 421:
                     # as clients.http does: the problem names the active's URL; the map is read
                     # only when it names none

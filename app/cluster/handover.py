@@ -96,13 +96,34 @@ class HandoverDriver:
                  max_parallel: int = 4) -> None:
         self.store = HandoverStore(etcd, layout)
         self.etcd, self.maps, self.guard, self.max_parallel = etcd, maps, guard, max_parallel
+        #: set by the orchestrator's watch when a key under ``handover/`` changed
+        self.dirty = True
+        #: whether such a watch runs (set by the orchestrator); without one every cycle reads
+        self.watched = False
+        self._read: tuple[dict[str, HandoverRequest], dict[int, Stored]] | None = None
+        self._read_ahead = False
+
+    async def read(self) -> None:
+        """Read the requests and records for the next ``cycle``, if they may have changed: only
+        when the orchestrator's watch saw a change under ``handover/`` (or this driver wrote
+        there), so an idle cluster's cycles cost no read.  The orchestrator calls it beside its
+        own reads."""
+        if self.dirty or not self.watched or self._read is None:
+            self.dirty = False  # before the reads: a change made while they run marks it again
+            self._read = await asyncio.gather(self.store.requests(), self.store.records())
+        self._read_ahead = True
 
     async def cycle(self, view: ClusterView, map_mod_revision: int) -> None:
-        requests = await self.store.requests()
+        if not self._read_ahead:
+            await self.read()
+        self._read_ahead = False
+        assert self._read is not None
+        requests, records = self._read
         # a rebalance's takeover records are the rebalance driver's to advance
-        stored = {p: s for p, s in (await self.store.records()).items() if s.handover.kind != REBALANCE}
+        stored = {p: s for p, s in records.items() if s.handover.kind != REBALANCE}
         if not requests and not stored:
             return
+        self.dirty = True  # something is in motion: what this cycle writes is read back next time
         step = advance(HandoverView(view.map, view.live_nodes, view.progress, requests,
                                     {p: s.handover for p, s in stored.items()}, self.max_parallel))
         for handover in step.start:
