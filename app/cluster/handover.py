@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from app.cluster.etcd import Compare, Delete, EtcdClient, EtcdError, Put, WatchEvent
 from app.cluster.layout import Layout
 from app.cluster.mapstore import MapStore
-from engine.cluster.handover import Handover, HandoverRequest, HandoverView, advance, takes_over
+from engine.cluster.handover import Handover, HandoverRequest, HandoverView, advance, switch_by_source, takes_over
 from engine.cluster.orchestration import ClusterView
 from engine.cluster.partition_map import PartitionMap
 from engine.cluster.rebalance import REBALANCE
@@ -181,6 +181,7 @@ class HandoverParticipant:
                  ack_wait_s: float = 0.5, late_ack_wait_s: float = 10.0, catch_up_items: int = 256,
                  catch_up_wait_s: float = 10.0, max_parked: int = 1024) -> None:
         self.store = HandoverStore(etcd, layout)
+        self.maps = MapStore(etcd, layout)
         self.engine, self.node = engine, node
         self.records: dict[int, Stored] = {}
         #: the etcd revision ``records`` is as of (a full read's, or the last event applied)
@@ -220,7 +221,11 @@ class HandoverParticipant:
         if event.kind == "delete":
             self.records.pop(partition, None)
         else:
-            self.records[partition] = Stored(Handover.from_json(json.loads(event.kv.value)), event.kv.mod_revision)
+            stored = Stored(Handover.from_json(json.loads(event.kv.value)), event.kv.mod_revision)
+            self.records[partition] = stored
+            # a new record naming this node its source: the fence starts now, not after the
+            # node's next full read of the cluster
+            self._maybe_fence(stored)
         self.revision = event.kv.mod_revision
         moved = self._ack_moved.get(partition)
         if moved is not None:
@@ -251,13 +256,7 @@ class HandoverParticipant:
             if h.target == self.node and current.active_of(p) == self.node and engine.state(p) is PartitionState.ACTIVE:
                 await self.taken_over(p)  # taken over earlier, but deleting the record failed then
                 continue
-            if h.source != self.node or h.fenced_at is not None or current.active_of(p) != self.node:
-                continue
-            if engine.state(p) is not PartitionState.ACTIVE or p in self._fencing:
-                continue
-            task = asyncio.create_task(self._fence(p, stored), name=f"fence partition {p}")
-            self._fencing[p] = task
-            task.add_done_callback(lambda _t, p=p: self._fencing.pop(p, None))
+            self._maybe_fence(stored)
         for p in range(engine.num_partitions):
             stored = self.records.get(p)
             if (engine.writes_stopped(p) and current.active_of(p) == self.node and p not in self._fencing
@@ -265,6 +264,17 @@ class HandoverParticipant:
                 await asyncio.to_thread(engine.resume_writes, p)
                 log.warning("node %s: partition %d takes writes again (its handover was called off)", self.node, p)
         self._release(current)
+
+    def _maybe_fence(self, stored: Stored) -> None:
+        """Start the fence task of a record that makes this node a source, if not started yet."""
+        h, current = stored.handover, self._current
+        p = h.partition
+        if (h.source != self.node or h.fenced_at is not None or current is None or current.active_of(p) != self.node
+                or self.engine.state(p) is not PartitionState.ACTIVE or p in self._fencing):
+            return
+        task = asyncio.create_task(self._fence(p, stored), name=f"fence partition {p}")
+        self._fencing[p] = task
+        task.add_done_callback(lambda _t: self._fencing.pop(p, None))
 
     async def fenced(self) -> None:
         """Wait for the fence tasks started so far (tests, shutdown)."""
@@ -302,6 +312,26 @@ class HandoverParticipant:
                 del self._pause_over[p]
 
     # ------------------------------------------------------------------ the source's fence
+    async def _switch(self, stored: Stored, fenced: Handover) -> bool:
+        """Record the fence and publish the switched map in one transaction, guarded by the map's
+        and the record's etcd revisions (``switch_by_source``); False when the map does not allow
+        it or either changed meanwhile: the fence is then recorded alone and the orchestrator
+        switches (or calls the handover off)."""
+        current, mod_revision = await self.maps.load(self.engine.num_partitions)
+        new = switch_by_source(current, fenced, self.node)
+        if new is None:
+            return False
+        key = self.store.record_key(fenced.partition)
+        done = await self.store.etcd.txn(
+            [Compare(key, "mod", stored.mod_revision), Compare(self.maps.layout.map, "mod", mod_revision)],
+            [Put(key, _dumps(fenced.to_json())),
+             Put(self.maps.layout.map, _dumps(new.to_json()))])
+        if done.succeeded:
+            log.warning("node %s: partition %d stopped taking writes at seqno %d and, acknowledged by node %s, is "
+                        "active there from map revision %d (switched by its source)", self.node, fenced.partition,
+                        fenced.fenced_at, fenced.target, new.revision)
+        return done.succeeded
+
     def _on_ack(self, partition: int) -> None:
         event = self._ack_moved.get(partition)
         if event is not None:
@@ -365,6 +395,8 @@ class HandoverParticipant:
                 return got is not None and got >= seqno
             acked = self.acked is not None and await self._until(p, acknowledged, self.ack_wait_s)
             fenced = h.fenced(seqno, self._target_ack(h) if acked else None)
+            if acked and await self._switch(stored, fenced):
+                return
             if not await self.store.update(stored, fenced):
                 await asyncio.to_thread(engine.resume_writes, p)  # called off meanwhile
                 self._pause_over.pop(p, asyncio.Event()).set()
