@@ -200,6 +200,8 @@ class HandoverParticipant:
         self._pause_over: dict[int, asyncio.Event] = {}
         self._parked = 0
         self._current: PartitionMap | None = None
+        #: the newest map a watch event carried, and its etcd mod revision
+        self._map_kv: tuple[bytes, int] | None = None
 
     async def load(self) -> None:
         kvs, revision = await self.store.etcd.get_prefix(self.store._partitions)
@@ -215,6 +217,9 @@ class HandoverParticipant:
         """A watch event of the cluster's prefix: True if it was a handover record's (applied)."""
         key = event.kv.key
         prefix = self.store._partitions
+        if key == self.maps.layout.map and event.kind == "put":
+            self._map_kv = (event.kv.value, event.kv.mod_revision)  # the newest map, for ``_switch``
+            return False
         if not key.startswith(prefix) or event.kv.mod_revision <= self.revision:
             return False
         partition = int(key[len(prefix):])
@@ -317,20 +322,31 @@ class HandoverParticipant:
         and the record's etcd revisions (``switch_by_source``); False when the map does not allow
         it or either changed meanwhile: the fence is then recorded alone and the orchestrator
         switches (or calls the handover off)."""
-        current, mod_revision = await self.maps.load(self.engine.num_partitions)
-        new = switch_by_source(current, fenced, self.node)
-        if new is None:
-            return False
-        key = self.store.record_key(fenced.partition)
-        done = await self.store.etcd.txn(
-            [Compare(key, "mod", stored.mod_revision), Compare(self.maps.layout.map, "mod", mod_revision)],
-            [Put(key, _dumps(fenced.to_json())),
-             Put(self.maps.layout.map, _dumps(new.to_json()))])
-        if done.succeeded:
-            log.warning("node %s: partition %d stopped taking writes at seqno %d and, acknowledged by node %s, is "
-                        "active there from map revision %d (switched by its source)", self.node, fenced.partition,
-                        fenced.fenced_at, fenced.target, new.revision)
-        return done.succeeded
+        # the newest map the watch brought saves a read; if another map came meanwhile the
+        # transaction fails and the map is read once
+        seen = self._map_kv
+        for _ in range(2):
+            if seen is not None:
+                current, mod_revision = PartitionMap.from_json(json.loads(seen[0])), seen[1]
+            else:
+                current, mod_revision = await self.maps.load(self.engine.num_partitions)
+            new = switch_by_source(current, fenced, self.node)
+            if new is None:
+                return False
+            key = self.store.record_key(fenced.partition)
+            done = await self.store.etcd.txn(
+                [Compare(key, "mod", stored.mod_revision), Compare(self.maps.layout.map, "mod", mod_revision)],
+                [Put(key, _dumps(fenced.to_json())),
+                 Put(self.maps.layout.map, _dumps(new.to_json()))])
+            if done.succeeded:
+                log.warning("node %s: partition %d stopped taking writes at seqno %d and, acknowledged by node %s, "
+                            "is active there from map revision %d (switched by its source)", self.node,
+                            fenced.partition, fenced.fenced_at, fenced.target, new.revision)
+                return True
+            if seen is None:
+                return False
+            seen = None
+        return False
 
     def _on_ack(self, partition: int) -> None:
         event = self._ack_moved.get(partition)
