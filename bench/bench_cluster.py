@@ -162,6 +162,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seed", type=int, default=14, help="seeds the pause before each kill")
     p.add_argument("--rebalance-items", type=int, default=100_000,
                    help="distinct keys seeded before the rebalance (each moved copy streams its share)")
+    p.add_argument("--idle-seconds", type=float, default=5.0,
+                   help="after the rebalance: seconds the idle cluster's etcd requests are counted")
     p.add_argument("--rebalance-timeout", type=float, default=300.0, help="seconds the rebalance may take")
     p.add_argument("--gap-write-ms", type=float, default=10.0,
                    help="the gap figure's writer: one write per partition every this many ms")

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 
 from bench.cluster_figures import summary_ms
 
-__all__ = ["HandoverMarks", "PhaseWatch", "PHASES", "phase_rows"]
+__all__ = ["HandoverMarks", "PhaseWatch", "PHASES", "phase_rows", "etcd_counts"]
 
 
 @dataclass
@@ -135,3 +135,18 @@ def phase_rows(marks: dict[int, HandoverMarks], moved: list[int]) -> list[tuple[
         else:
             rows.append((label, "not seen"))
     return rows
+
+
+async def etcd_counts(client: object, etcd_url: str) -> dict[str, float]:
+    """etcd's own counters of the requests it served (``/metrics``): ranges, txns, puts.  Counts
+    do not depend on the machine's load, unlike the pause itself."""
+    import httpx
+
+    assert isinstance(client, httpx.AsyncClient)
+    text = (await client.get(f"{etcd_url}/metrics", timeout=10)).text
+    out = {}
+    for name in ("range", "txn", "put"):
+        for line in text.splitlines():
+            if line.startswith(f"etcd_mvcc_{name}_total "):
+                out[name] = float(line.split()[1])
+    return out

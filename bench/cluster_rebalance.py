@@ -30,7 +30,7 @@ from pathlib import Path
 import httpx
 
 from bench.cluster_figures import Figure, summary_ms, verdict
-from bench.cluster_phases import HandoverMarks, PhaseWatch, phase_rows
+from bench.cluster_phases import HandoverMarks, PhaseWatch, etcd_counts, phase_rows
 from bench.cluster_procs import BenchCluster, Node, key_in_partition, partition_of, progress
 from bench.suite.procs import ProcessGroup, free_port
 from clients.redirects import redirect_target
@@ -53,6 +53,9 @@ class RebalanceRun:
     #: partition -> the marks of its handover (``bench.cluster_phases``)
     marks: dict[int, HandoverMarks] = field(default_factory=dict)
     moved_partitions: list[int] = field(default_factory=list)
+    #: etcd requests served during the rebalance, and per second on the idle cluster after it
+    etcd_during: dict[str, float] = field(default_factory=dict)
+    etcd_idle_per_s: dict[str, float] = field(default_factory=dict)
 
 
 def _seed(cluster: BenchCluster, items: int, partitions: int, batch: int = 1000) -> None:
@@ -172,6 +175,7 @@ async def _rebalance(cluster: BenchCluster, new: Node, args: argparse.Namespace)
     #: (partition, node) of each new copy -> [first seen building, first seen in sync, its seqno then]
     copies: dict[tuple[int, str], list] = {}
     async with httpx.AsyncClient(timeout=10) as client:
+        counts_before = await etcd_counts(client, cluster.etcd_url)
         started = time.monotonic()
         r = await client.post(f"{base}/cluster/rebalance", json={"add": [new.name]})
         r.raise_for_status()
@@ -193,11 +197,17 @@ async def _rebalance(cluster: BenchCluster, new: Node, args: argparse.Namespace)
                 raise RuntimeError("the rebalance did not finish in time")
             await asyncio.sleep(0.05)
         ended = time.monotonic()
-    await asyncio.sleep(0.5)
-    probes.stop.set()
-    await probing
-    phase_task.cancel()
-    await asyncio.gather(phase_task, return_exceptions=True)
+        counts_after = await etcd_counts(client, cluster.etcd_url)
+        await asyncio.sleep(0.5)
+        probes.stop.set()
+        await probing
+        phase_task.cancel()
+        await asyncio.gather(phase_task, return_exceptions=True)
+        # the idle cluster's own traffic to etcd (no writes, no moves): what every tick costs
+        await asyncio.sleep(2.0)
+        idle_from, idle_start = await etcd_counts(client, cluster.etcd_url), time.monotonic()
+        await asyncio.sleep(args.idle_seconds)
+        idle_to, idle_s = await etcd_counts(client, cluster.etcd_url), time.monotonic() - idle_start
     after = {e["partition"]: e["active"] for e in cluster.view()["map"]["partitions"]}
     moved = [p for p in before if before[p] != after[p]]
     # the move rate: the items of the copies seen from building to in sync, over the time at
@@ -211,7 +221,9 @@ async def _rebalance(cluster: BenchCluster, new: Node, args: argparse.Namespace)
                         transferred=sum(int(c[2]) for c in copies.values() if c[1] is not None),
                         transfer_s=busy if spans else float("nan"), rebalance_s=ended - started, moved=len(moved),
                         pauses={p: probes.pauses.get(p, 0.0) for p in moved}, refused=probes.refused,
-                        marks=phases.marks, moved_partitions=moved)
+                        marks=phases.marks, moved_partitions=moved,
+                        etcd_during={k: counts_after[k] - counts_before.get(k, 0) for k in counts_after},
+                        etcd_idle_per_s={k: (idle_to[k] - idle_from.get(k, 0)) / idle_s for k in idle_to})
 
 
 def measure_rebalance(group: ProcessGroup, work: Path, etcd: str, args: argparse.Namespace) -> RebalanceRun:
@@ -262,4 +274,12 @@ def rebalance_figures(run: RebalanceRun, args: argparse.Namespace) -> list[Figur
                f"({run.refused} refusals in all; probes retry a 503 after 2 ms)"),
         *(Figure(f"handover phase: {label}", result, "—", "—")
           for label, result in phase_rows(run.marks, run.moved_partitions)),
+        Figure("etcd requests during the rebalance",
+               f"{run.etcd_during.get('range', 0):,.0f} ranges, {run.etcd_during.get('txn', 0):,.0f} txns, "
+               f"{run.etcd_during.get('put', 0):,.0f} puts", "—", "—",
+               "etcd's own counters (/metrics), load-independent; the bench's own watch and polls add a few"),
+        Figure("etcd requests per second, idle 3-node cluster after it",
+               f"{run.etcd_idle_per_s.get('range', 0):.1f} ranges/s, {run.etcd_idle_per_s.get('txn', 0):.1f} txns/s, "
+               f"{run.etcd_idle_per_s.get('put', 0):.1f} puts/s", "—", "—",
+               f"over {args.idle_seconds:.0f} s with no writes and nothing moving (lease keep-alives are not counted)"),
     ]
