@@ -167,8 +167,9 @@ class HandoverParticipant:
     2. **fence**: ``Engine.stop_writes``, then the target's acknowledgement of the fenced seqno
        (up to ``ack_wait_s``), recorded with ``fenced_at`` in one write so the orchestrator can
        switch on the record alone; an acknowledgement that comes later is added in a second write;
-    3. **the pause**: a write refused meanwhile may wait (``until_moved``) for the switch, then be
-       answered with a 421 naming the target, which clients follow without reading the map.
+    3. **the pause**: a write refused meanwhile may wait (``until_settled``) until the target
+       has taken over, then be answered with a 421 naming it, which clients follow without
+       reading the map.
 
     ``records`` mirrors the records in etcd as of ``revision``: a full read (``load``) and the
     node's watch events (``apply_event``) both feed it, and neither replaces newer knowledge with
@@ -212,6 +213,7 @@ class HandoverParticipant:
             handover = Handover.from_json(json.loads(kv.value))
             records[handover.partition] = Stored(handover, kv.mod_revision)
         self.records, self.revision = records, revision
+        self._release()
 
     def apply_event(self, event: WatchEvent) -> bool:
         """A watch event of the cluster's prefix: True if it was a handover record's (applied)."""
@@ -225,6 +227,7 @@ class HandoverParticipant:
         partition = int(key[len(prefix):])
         if event.kind == "delete":
             self.records.pop(partition, None)
+            self._release()
         else:
             stored = Stored(Handover.from_json(json.loads(event.kv.value)), event.kv.mod_revision)
             self.records[partition] = stored
@@ -268,7 +271,7 @@ class HandoverParticipant:
                     and (stored is None or stored.handover.source != self.node)):
                 await asyncio.to_thread(engine.resume_writes, p)
                 log.warning("node %s: partition %d takes writes again (its handover was called off)", self.node, p)
-        self._release(current)
+        self._release()
 
     def _maybe_fence(self, stored: Stored) -> None:
         """Start the fence task of a record that makes this node a source, if not started yet."""
@@ -293,12 +296,20 @@ class HandoverParticipant:
         await self.fenced()
 
     # ------------------------------------------------------------------ writes during the pause
-    async def until_moved(self, partition: int, timeout_s: float) -> bool:
-        """A write to ``partition`` was refused because its handover paused it here: wait until
-        the pause ends (the map moved the partition away, or writes resumed), at most
-        ``timeout_s``; True if it ended.  At most ``max_parked`` writes wait at once; the others
-        get their refusal at once."""
-        if not self.engine.writes_stopped(partition) or self._parked >= self.max_parked:
+    def in_handover(self, partition: int) -> bool:
+        """Whether this node is the source of ``partition``'s handover in flight (its record
+        is still there: the target deletes it once it has taken over)."""
+        stored = self.records.get(partition)
+        return stored is not None and stored.handover.source == self.node
+
+    async def until_settled(self, partition: int, timeout_s: float) -> bool:
+        """A write to ``partition`` was refused here during its handover (paused, or the map
+        just moved it): wait until the handover settles, at most ``timeout_s``; True if it did.
+        Settled: the target took over (it deleted the record), or the handover was called off.
+        Waiting for the takeover rather than the switch alone sends the write on to a target
+        that serves it, not one still following the map (which would send it back).  At most
+        ``max_parked`` writes wait at once; the others get their answer at once."""
+        if not self.in_handover(partition) or self._parked >= self.max_parked:
             return False
         event = self._pause_over.setdefault(partition, asyncio.Event())
         self._parked += 1
@@ -310,9 +321,10 @@ class HandoverParticipant:
         finally:
             self._parked -= 1
 
-    def _release(self, current: PartitionMap) -> None:
+    def _release(self) -> None:
         for p, event in list(self._pause_over.items()):
-            if current.active_of(p) != self.node or not self.engine.writes_stopped(p):
+            if not self.in_handover(p) or (not self.engine.writes_stopped(p) and self._current is not None
+                                           and self._current.active_of(p) == self.node):
                 event.set()
                 del self._pause_over[p]
 

@@ -141,3 +141,26 @@ async def test_a_source_whose_target_acknowledged_the_fence_switches_the_map_in_
         switched, _ = await maps.load(3)
         assert switched.revision == 2 and switched.placements[0] == Placement("b", ("a",))
         assert switched.placements[1:] == MAP.placements[1:]
+
+
+async def test_a_write_refused_during_its_handover_waits_until_the_target_took_over(
+        client: EtcdClient, tmp_path: Path) -> None:
+    layout = Layout(f"/upr/{uuid.uuid4().hex[:8]}")
+    store = HandoverStore(client, layout)
+    with Engine.open(EngineConfig(data_dir=tmp_path, partitions=3)) as engine:
+        for p in range(3):
+            engine.set_state(p, PartitionState.ACTIVE if MAP.active_of(p) == "a" else PartitionState.REPLICA)
+        node = HandoverParticipant(client, layout, engine, "a")
+        assert not await node.until_settled(0, 5.0)  # no handover: answered at once
+        await client.put(store.record_key(0), json.dumps(Handover(0, "a", "b").to_json()).encode())
+        await node.load()
+        await node.follow(MAP)
+        await node.fenced()
+        assert engine.writes_stopped(0)
+        assert not await node.until_settled(0, 0.05)  # still in flight after the wait
+        waiting = asyncio.create_task(node.until_settled(0, 10.0))
+        await asyncio.sleep(0.05)
+        assert not waiting.done()
+        await client.delete(store.record_key(0))  # the target took over and deleted the record
+        await node.load()
+        assert await asyncio.wait_for(waiting, 5.0)
