@@ -16,9 +16,11 @@ keys (so a partition's seqno is its item count).  Then, in the same run:
    probe per partition writes (``PUT``, ``memory``) to the node the newest map names, again as
    soon as the last answer came back (a 503, the takeover's pause, is retried after 2 ms; a 421
    is followed to the node it names, as ``clients.http`` does, and makes it read the map only
-   when it names none).  Each handover's phases are printed too (``bench.cluster_phases``).  For each partition whose active moved: from its first refused
-   write (from when it was sent: a paused write may wait on the source for the switch) to the
-   next accepted one (0 when no write was refused).  p50 / p99 / max.
+   when it names none).  For each partition whose active moved: from its first refused write
+   (from when it was sent: a source may hold a write until its handover settles) to the next
+   accepted one (0 when no write was refused).  p50 / p99 / max.
+4. **Where the pause goes**: each handover's phases (``bench.cluster_phases``), and etcd's own
+   request counts during the rebalance and per second on the idle cluster after it.
 """
 from __future__ import annotations
 
