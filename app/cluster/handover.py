@@ -28,9 +28,9 @@ from engine.cluster.handover import Handover, HandoverRequest, HandoverView, adv
 from engine.cluster.orchestration import ClusterView
 from engine.cluster.partition_map import PartitionMap
 from engine.cluster.rebalance import REBALANCE
+from engine.core.errors import PartitionNotActive
 from engine.core.types import PartitionState
 from engine.engine import Engine
-from engine.core.errors import PartitionNotActive
 
 log = logging.getLogger("upr.cluster")
 
