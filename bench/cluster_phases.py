@@ -99,7 +99,9 @@ class PhaseWatch:
     def probe_refused(self, p: int, status: int, sent: float, answered: float) -> None:
         """A refused write: sent at ``sent`` (the refusal's mark: a source may hold a write
         paused by its handover until the switch), answered at ``answered`` (the 421's mark)."""
-        marks = self.marks.setdefault(p, HandoverMarks())
+        marks = self.marks.get(p)
+        if marks is None or marks.created is None:
+            return  # refused before this partition's handover began: not part of its pause
         marks.first_refused = marks.first_refused or sent
         if status == 421:
             marks.first_misdirected = marks.first_misdirected or answered
