@@ -212,6 +212,12 @@ def misdirected(partition: int, where: dict[str, Any]) -> Problem:
     return Problem(MISDIRECTED, detail, partition=partition, extra=dict(where))
 
 
+#: how long a write refused during its partition's handover waits for the takeover before its
+#: answer: past the pause such a handover takes (bench/cluster_rebalance.py), well below a
+#: client's timeout
+PAUSED_WRITE_WAIT_S = 1.0
+
+
 def install(app: FastAPI) -> None:
     """Register the handlers that turn every error into a problem document."""
 
@@ -221,9 +227,13 @@ def install(app: FastAPI) -> None:
     async def on_engine(request: Request, exc: E.UprError) -> Response:
         cluster = getattr(request.app.state, "cluster", None)
         if cluster is not None and isinstance(exc, E.PartitionNotActive) and exc.partition is not None:
+            # a handover of the partition from this node is in flight (writes paused, or the map
+            # just switched): the write waits, briefly, until the target has taken over, then is
+            # sent there with a 421 (nothing was applied here)
+            await cluster.handover.until_settled(exc.partition, PAUSED_WRITE_WAIT_S)
             where = cluster.misdirected(exc.partition)
-            # the map names this very node (a graceful handover paused the partition's writes):
-            # no other node to send the client to, so a retryable 503 rather than a 421 to itself
+            # the map names this very node (a pause that outlasted the wait, a handover called
+            # off): a retryable 503 rather than a 421 to this node itself
             if where.get("active") != cluster.name:
                 return misdirected(exc.partition, where).response(request.url.path)
         return Problem.from_engine(exc).response(request.url.path)

@@ -36,6 +36,10 @@ What each figure measures (every process on one host, so one monotonic clock):
 
 6. **Consumer throughput** (only with ``--only consume``): ``bench/cluster_consume.py``.
 
+7. **Healthy-partition gap** (only with ``--only gap``, ``bench.cluster_gap``): a consumer tails
+   three nodes while one is SIGKILLed; the longest delivery gap on a partition whose active was
+   not killed (goal under 100 ms), beside the same window before the kill and the writer's own gap.
+
 Performance is never asserted: the goals are printed beside the figures.  Every process started
 here is stopped by its PID on exit, Ctrl-C or error (``bench.suite.procs.ProcessGroup``).
 """
@@ -54,6 +58,7 @@ from pathlib import Path
 
 from bench.cluster_consume import consume_figure
 from bench.cluster_failover import failover_figure, failover_rounds
+from bench.cluster_gap import gap_figures, measure_gap
 from bench.cluster_figures import Figure, table
 from bench.cluster_ingest import ingest, majority_figure, ratio_figure
 from bench.cluster_lag import lag_figure, measure_lag
@@ -61,8 +66,8 @@ from bench.cluster_procs import BenchCluster, progress, start_etcd
 from bench.cluster_rebalance import measure_rebalance, rebalance_figures
 from bench.suite.procs import SPAWNED, ProcessGroup, stop_everything
 
-FIGURES = ("failover", "lag", "majority", "aggregate", "rebalance", "consume")
-#: what runs without ``--only`` (rebalance and consume seed and move their own clusters: ask for them)
+FIGURES = ("failover", "lag", "majority", "aggregate", "rebalance", "consume", "gap")
+#: what runs without ``--only`` (rebalance, consume and gap run their own clusters: ask for them)
 DEFAULT_FIGURES = ("failover", "lag", "majority", "aggregate")
 
 
@@ -112,6 +117,9 @@ def run(args: argparse.Namespace) -> list[Figure]:
                                             1.6, args, "a one-node cluster gets the same total"))
             if "consume" in wanted:  # bench/cluster_consume.py
                 figures += consume_figure(group, work, etcd, args)
+            if "gap" in wanted:
+                progress("gap: three nodes, one replica, a consumer tailing them all, one node SIGKILLed")
+                figures.extend(gap_figures(measure_gap(group, work, etcd, args), args))
             if "rebalance" in wanted:
                 progress("rebalance: two nodes, one replica, then a third added by rebalance")
                 figures.extend(rebalance_figures(measure_rebalance(group, work, etcd, args), args))
@@ -154,7 +162,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seed", type=int, default=14, help="seeds the pause before each kill")
     p.add_argument("--rebalance-items", type=int, default=100_000,
                    help="distinct keys seeded before the rebalance (each moved copy streams its share)")
+    p.add_argument("--idle-seconds", type=float, default=5.0,
+                   help="after the rebalance: seconds the idle cluster's etcd requests are counted")
     p.add_argument("--rebalance-timeout", type=float, default=300.0, help="seconds the rebalance may take")
+    p.add_argument("--gap-write-ms", type=float, default=10.0,
+                   help="the gap figure's writer: one write per partition every this many ms")
+    p.add_argument("--gap-warmup", type=float, default=4.0, help="seconds of writes and tailing before the kill")
+    p.add_argument("--gap-seconds", type=float, default=8.0,
+                   help="seconds measured after the kill (past the lease TTL and the failover)")
     p.add_argument("--only", type=lambda v: v.split(","), default=list(DEFAULT_FIGURES),
                    help=f"comma-separated subset of {','.join(FIGURES)}")
     p.add_argument("--keep", action="store_true", help="keep the run's directory (node logs, data dirs)")

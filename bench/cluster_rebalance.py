@@ -15,8 +15,12 @@ keys (so a partition's seqno is its item count).  Then, in the same run:
 3. **Write unavailability per partition during its handover**: while the rebalance runs, one
    probe per partition writes (``PUT``, ``memory``) to the node the newest map names, again as
    soon as the last answer came back (a 503, the takeover's pause, is retried after 2 ms; a 421
-   makes it read the map again).  For each partition whose active moved: from its first refused
-   write to the next accepted one (0 when no write was refused).  p50 / p99 / max.
+   is followed to the node it names, as ``clients.http`` does, and makes it read the map only
+   when it names none).  For each partition whose active moved: from its first refused write
+   (from when it was sent: a source may hold a write until its handover settles) to the next
+   accepted one (0 when no write was refused).  p50 / p99 / max.
+4. **Where the pause goes**: each handover's phases (``bench.cluster_phases``), and etcd's own
+   request counts during the rebalance and per second on the idle cluster after it.
 """
 from __future__ import annotations
 
@@ -28,8 +32,10 @@ from pathlib import Path
 import httpx
 
 from bench.cluster_figures import Figure, summary_ms, verdict
+from bench.cluster_phases import HandoverMarks, PhaseWatch, etcd_counts, phase_rows
 from bench.cluster_procs import BenchCluster, Node, key_in_partition, partition_of, progress
 from bench.suite.procs import ProcessGroup, free_port
+from clients.redirects import redirect_target
 
 __all__ = ["RebalanceRun", "measure_rebalance", "rebalance_figures"]
 
@@ -46,6 +52,12 @@ class RebalanceRun:
     #: partition -> seconds from its first refused write to the next accepted one
     pauses: dict[int, float] = field(default_factory=dict)
     refused: int = 0
+    #: partition -> the marks of its handover (``bench.cluster_phases``)
+    marks: dict[int, HandoverMarks] = field(default_factory=dict)
+    moved_partitions: list[int] = field(default_factory=list)
+    #: etcd requests served during the rebalance, and per second on the idle cluster after it
+    etcd_during: dict[str, float] = field(default_factory=dict)
+    etcd_idle_per_s: dict[str, float] = field(default_factory=dict)
 
 
 def _seed(cluster: BenchCluster, items: int, partitions: int, batch: int = 1000) -> None:
@@ -78,11 +90,18 @@ async def _backfill(url: str, partitions: list[int], highs: dict[int, int], stat
     return count, time.monotonic() - started
 
 
+def _json_or_none(r: httpx.Response) -> object:
+    try:
+        return r.json()
+    except ValueError:
+        return None
+
+
 class _Probes:
     """One writer per partition through the newest map; notes refusals and acceptances."""
 
-    def __init__(self, urls: list[str], partitions: int) -> None:
-        self.urls, self.partitions = urls, partitions
+    def __init__(self, urls: list[str], partitions: int, phases: PhaseWatch | None = None) -> None:
+        self.urls, self.partitions, self.phases = urls, partitions, phases
         self.stop = asyncio.Event()
         self.actives: dict[int, str] = {}
         self.first_refused: dict[int, float] = {}
@@ -108,6 +127,7 @@ class _Probes:
                 await self.read_map(client)
                 await asyncio.sleep(0.01)
                 continue
+            sent = time.monotonic()
             try:
                 r = await client.put(f"{url}/docs/{key}", content=f"{n}".encode(), timeout=5)
             except httpx.HTTPError:
@@ -117,12 +137,23 @@ class _Probes:
             if r.status_code in (200, 201):
                 if p in self.first_refused:
                     self.pauses[p] = max(self.pauses.get(p, 0.0), now - self.first_refused.pop(p))
+                    if self.phases is not None:
+                        self.phases.probe_accepted(p, now)
                 n += 1
             else:
                 self.refused += 1
-                self.first_refused.setdefault(p, now)
+                # from when the refused write was sent: a node may hold it a while before answering
+                self.first_refused.setdefault(p, sent)
+                if self.phases is not None:
+                    self.phases.probe_refused(p, r.status_code, sent, now)
                 if r.status_code == 421:
-                    await self.read_map(client)
+                    # as clients.http does: the problem names the active's URL; the map is read
+                    # only when it names none
+                    target = redirect_target(r.status_code, _json_or_none(r), url)
+                    if target is not None:
+                        self.actives[p] = target
+                    else:
+                        await self.read_map(client)
                 else:
                     await asyncio.sleep(0.002)
 
@@ -136,12 +167,17 @@ class _Probes:
 async def _rebalance(cluster: BenchCluster, new: Node, args: argparse.Namespace) -> RebalanceRun:
     base = cluster.nodes[next(iter(cluster.nodes))].url
     before = {e["partition"]: e["active"] for e in cluster.view()["map"]["partitions"]}
-    probes = _Probes([n.url for n in cluster.live()], args.partitions)
+    phases = PhaseWatch(cluster.etcd_url, f"/upr/bench/{cluster.name}")
+    ready = asyncio.Event()
+    phase_task = asyncio.create_task(phases.run(ready))
+    await asyncio.wait_for(ready.wait(), 30)
+    probes = _Probes([n.url for n in cluster.live()], args.partitions, phases)
     probing = asyncio.create_task(probes.run())
     await asyncio.sleep(0.5)
     #: (partition, node) of each new copy -> [first seen building, first seen in sync, its seqno then]
     copies: dict[tuple[int, str], list] = {}
     async with httpx.AsyncClient(timeout=10) as client:
+        counts_before = await etcd_counts(client, cluster.etcd_url)
         started = time.monotonic()
         r = await client.post(f"{base}/cluster/rebalance", json={"add": [new.name]})
         r.raise_for_status()
@@ -163,9 +199,17 @@ async def _rebalance(cluster: BenchCluster, new: Node, args: argparse.Namespace)
                 raise RuntimeError("the rebalance did not finish in time")
             await asyncio.sleep(0.05)
         ended = time.monotonic()
-    await asyncio.sleep(0.5)
-    probes.stop.set()
-    await probing
+        counts_after = await etcd_counts(client, cluster.etcd_url)
+        await asyncio.sleep(0.5)
+        probes.stop.set()
+        await probing
+        phase_task.cancel()
+        await asyncio.gather(phase_task, return_exceptions=True)
+        # the idle cluster's own traffic to etcd (no writes, no moves): what every tick costs
+        await asyncio.sleep(2.0)
+        idle_from, idle_start = await etcd_counts(client, cluster.etcd_url), time.monotonic()
+        await asyncio.sleep(args.idle_seconds)
+        idle_to, idle_s = await etcd_counts(client, cluster.etcd_url), time.monotonic() - idle_start
     after = {e["partition"]: e["active"] for e in cluster.view()["map"]["partitions"]}
     moved = [p for p in before if before[p] != after[p]]
     # the move rate: the items of the copies seen from building to in sync, over the time at
@@ -178,7 +222,10 @@ async def _rebalance(cluster: BenchCluster, new: Node, args: argparse.Namespace)
     return RebalanceRun(items=args.rebalance_items, backfill_items=0, backfill_s=0.0,
                         transferred=sum(int(c[2]) for c in copies.values() if c[1] is not None),
                         transfer_s=busy if spans else float("nan"), rebalance_s=ended - started, moved=len(moved),
-                        pauses={p: probes.pauses.get(p, 0.0) for p in moved}, refused=probes.refused)
+                        pauses={p: probes.pauses.get(p, 0.0) for p in moved}, refused=probes.refused,
+                        marks=phases.marks, moved_partitions=moved,
+                        etcd_during={k: counts_after[k] - counts_before.get(k, 0) for k in counts_after},
+                        etcd_idle_per_s={k: (idle_to[k] - idle_from.get(k, 0)) / idle_s for k in idle_to})
 
 
 def measure_rebalance(group: ProcessGroup, work: Path, etcd: str, args: argparse.Namespace) -> RebalanceRun:
@@ -227,4 +274,14 @@ def rebalance_figures(run: RebalanceRun, args: argparse.Namespace) -> list[Figur
                "p99 < 200 ms", verdict(s["p99"], 200, higher_is_better=False),
                f"first refused write to the next accepted one, per partition whose active moved "
                f"({run.refused} refusals in all; probes retry a 503 after 2 ms)"),
+        *(Figure(f"handover phase: {label}", result, "—", "—")
+          for label, result in phase_rows(run.marks, run.moved_partitions)),
+        Figure("etcd requests during the rebalance",
+               f"{run.etcd_during.get('range', 0):,.0f} ranges, {run.etcd_during.get('txn', 0):,.0f} txns, "
+               f"{run.etcd_during.get('put', 0):,.0f} puts", "—", "—",
+               "etcd's own counters (/metrics), load-independent; the bench's own watch and polls add a few"),
+        Figure("etcd requests per second, idle 3-node cluster after it",
+               f"{run.etcd_idle_per_s.get('range', 0):.1f} ranges/s, {run.etcd_idle_per_s.get('txn', 0):.1f} txns/s, "
+               f"{run.etcd_idle_per_s.get('put', 0):.1f} puts/s", "—", "—",
+               f"over {args.idle_seconds:.0f} s with no writes and nothing moving (lease keep-alives are not counted)"),
     ]

@@ -117,6 +117,9 @@ class DurableWrites:
         #: told the partitions whose ``majority_seqno`` may have moved (an ack moved, a new map):
         #: the stream server's ``visibility: majority`` ceilings wake on it
         self.on_advance: Callable[[int], None] | None = None
+        #: further listeners of the same moments (``add_advance_listener``): a handover waiting
+        #: for its target's acknowledgement wakes on the ack itself rather than polling
+        self._advance_listeners: list[Callable[[int], None]] = []
 
     # ------------------------------------------------------------------ the map
     def follow_map(self, pmap: PartitionMap) -> None:
@@ -132,9 +135,7 @@ class DurableWrites:
         self._active = frozenset(active)
         self._give_up(lambda w: w.partition not in self._active, "this node is no longer active for the partition")
         self._settle()
-        if self.on_advance is not None:
-            for p in sorted(self._active):
-                self.on_advance(p)
+        self._advanced(sorted(self._active))
 
     def retire_all(self, reason: str) -> None:
         """Fenced: nothing of ours counts any more; every waiter is ambiguous now."""
@@ -171,6 +172,26 @@ class DurableWrites:
         key = (outcome, level)
         self.failures[key] = self.failures.get(key, 0) + 1
 
+    def add_advance_listener(self, listener: Callable[[int], None]) -> Callable[[], None]:
+        """Call ``listener(partition)`` whenever ``on_advance`` is told, beside it; returns the
+        function that removes it again."""
+        self._advance_listeners.append(listener)
+
+        def remove() -> None:
+            if listener in self._advance_listeners:
+                self._advance_listeners.remove(listener)
+        return remove
+
+    def _advanced(self, partitions: list[int]) -> None:
+        hook, listeners = self.on_advance, tuple(self._advance_listeners)
+        if hook is None and not listeners:
+            return
+        for p in partitions:
+            if hook is not None:
+                hook(p)
+            for listener in listeners:
+                listener(p)
+
     # ------------------------------------------------------------------ acks (stream adapter hook)
     def acked(self, conn: object, session: ServerSession) -> None:
         """After a message on a stream connection: take the figures of a replication connection."""
@@ -201,9 +222,7 @@ class DurableWrites:
                     moved.append(p)
         if moved:
             self._settle(moved)
-            if self.on_advance is not None:
-                for p in moved:
-                    self.on_advance(p)
+            self._advanced(moved)
 
     def closed(self, conn: object, session: ServerSession) -> None:
         """A stream connection ended: the copies it spoke for are unknown until they ack again."""

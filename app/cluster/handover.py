@@ -21,13 +21,14 @@ import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from app.cluster.etcd import Compare, Delete, EtcdClient, Put
+from app.cluster.etcd import Compare, Delete, EtcdClient, EtcdError, Put, WatchEvent
 from app.cluster.layout import Layout
 from app.cluster.mapstore import MapStore
-from engine.cluster.handover import Handover, HandoverRequest, HandoverView, advance, takes_over
+from engine.cluster.handover import Handover, HandoverRequest, HandoverView, advance, switch_by_source, takes_over
 from engine.cluster.orchestration import ClusterView
 from engine.cluster.partition_map import PartitionMap
 from engine.cluster.rebalance import REBALANCE
+from engine.core.errors import PartitionNotActive
 from engine.core.types import PartitionState
 from engine.engine import Engine
 
@@ -95,13 +96,34 @@ class HandoverDriver:
                  max_parallel: int = 4) -> None:
         self.store = HandoverStore(etcd, layout)
         self.etcd, self.maps, self.guard, self.max_parallel = etcd, maps, guard, max_parallel
+        #: set by the orchestrator's watch when a key under ``handover/`` changed
+        self.dirty = True
+        #: whether such a watch runs (set by the orchestrator); without one every cycle reads
+        self.watched = False
+        self._read: tuple[dict[str, HandoverRequest], dict[int, Stored]] | None = None
+        self._read_ahead = False
+
+    async def read(self) -> None:
+        """Read the requests and records for the next ``cycle``, if they may have changed: only
+        when the orchestrator's watch saw a change under ``handover/`` (or this driver wrote
+        there), so an idle cluster's cycles cost no read.  The orchestrator calls it beside its
+        own reads."""
+        if self.dirty or not self.watched or self._read is None:
+            self.dirty = False  # before the reads: a change made while they run marks it again
+            self._read = await asyncio.gather(self.store.requests(), self.store.records())
+        self._read_ahead = True
 
     async def cycle(self, view: ClusterView, map_mod_revision: int) -> None:
-        requests = await self.store.requests()
+        if not self._read_ahead:
+            await self.read()
+        self._read_ahead = False
+        assert self._read is not None
+        requests, records = self._read
         # a rebalance's takeover records are the rebalance driver's to advance
-        stored = {p: s for p, s in (await self.store.records()).items() if s.handover.kind != REBALANCE}
+        stored = {p: s for p, s in records.items() if s.handover.kind != REBALANCE}
         if not requests and not stored:
             return
+        self.dirty = True  # something is in motion: what this cycle writes is read back next time
         step = advance(HandoverView(view.map, view.live_nodes, view.progress, requests,
                                     {p: s.handover for p, s in stored.items()}, self.max_parallel))
         for handover in step.start:
@@ -133,19 +155,90 @@ class HandoverDriver:
 
 
 class HandoverParticipant:
-    """A node's half: stop writes where it is a source, take over where it is a target."""
+    """A node's half: stop writes where it is a source, take over where it is a target.
+
+    A source fences each partition on a task of its own (``_fence``), off the node's map
+    following, in three waits, each woken by the event it waits for rather than polled:
+
+    1. **catch-up**: writes go on until the target's stream has acknowledged all but
+       ``catch_up_items`` of the partition (Couchbase's takeover streams until the replica is
+       nearly caught up before it sets the vbucket dead), or ``catch_up_wait_s`` passed, so the
+       pause is not spent streaming a backlog a busy target built up;
+    2. **fence**: ``Engine.stop_writes``, then the target's acknowledgement of the fenced seqno
+       (up to ``ack_wait_s``), recorded with ``fenced_at`` in one write so the orchestrator can
+       switch on the record alone; an acknowledgement that comes later is added in a second write;
+    3. **the pause**: a write refused meanwhile may wait (``until_settled``) until the target
+       has taken over, then be answered with a 421 naming it, which clients follow without
+       reading the map.
+
+    ``records`` mirrors the records in etcd as of ``revision``: a full read (``load``) and the
+    node's watch events (``apply_event``) both feed it, and neither replaces newer knowledge with
+    older, so a map taken from a watch event is never followed with records older than it.
+    """
 
     def __init__(self, etcd: EtcdClient, layout: Layout, engine: Engine, node: str, *,
-                 acked: Callable[[str, int], int | None] | None = None, ack_wait_s: float = 0.5) -> None:
+                 acked: Callable[[str, int], int | None] | None = None,
+                 on_ack: Callable[[Callable[[int], None]], Callable[[], None]] | None = None,
+                 ack_wait_s: float = 0.5, late_ack_wait_s: float = 10.0, catch_up_items: int = 256,
+                 catch_up_wait_s: float = 10.0, max_parked: int = 1024) -> None:
         self.store = HandoverStore(etcd, layout)
+        self.maps = MapStore(etcd, layout)
         self.engine, self.node = engine, node
         self.records: dict[int, Stored] = {}
+        #: the etcd revision ``records`` is as of (a full read's, or the last event applied)
+        self.revision = 0
         #: (replica node, partition) -> what that replica's stream acknowledged holding, if known
         self.acked = acked
-        self.ack_wait_s = ack_wait_s
+        self.ack_wait_s, self.late_ack_wait_s = ack_wait_s, late_ack_wait_s
+        self.catch_up_items, self.catch_up_wait_s = catch_up_items, catch_up_wait_s
+        self.max_parked = max_parked
+        #: partition -> set when an acknowledgement of it may have moved (``on_ack``'s listener)
+        self._ack_moved: dict[int, asyncio.Event] = {}
+        self._unsubscribe = on_ack(self._on_ack) if on_ack is not None else None
+        #: partition -> its fence task (at most one)
+        self._fencing: dict[int, asyncio.Task[None]] = {}
+        #: partition -> set when its pause ends (the map moved it, or writes resumed)
+        self._pause_over: dict[int, asyncio.Event] = {}
+        self._parked = 0
+        self._current: PartitionMap | None = None
+        #: the newest map a watch event carried, and its etcd mod revision
+        self._map_kv: tuple[bytes, int] | None = None
 
     async def load(self) -> None:
-        self.records = await self.store.records()
+        kvs, revision = await self.store.etcd.get_prefix(self.store._partitions)
+        if revision < self.revision:
+            return  # the watch already brought newer records than this read saw
+        records = {}
+        for kv in kvs:
+            handover = Handover.from_json(json.loads(kv.value))
+            records[handover.partition] = Stored(handover, kv.mod_revision)
+        self.records, self.revision = records, revision
+        self._release()
+
+    def apply_event(self, event: WatchEvent) -> bool:
+        """A watch event of the cluster's prefix: True if it was a handover record's (applied)."""
+        key = event.kv.key
+        prefix = self.store._partitions
+        if key == self.maps.layout.map and event.kind == "put":
+            self._map_kv = (event.kv.value, event.kv.mod_revision)  # the newest map, for ``_switch``
+            return False
+        if not key.startswith(prefix) or event.kv.mod_revision <= self.revision:
+            return False
+        partition = int(key[len(prefix):])
+        if event.kind == "delete":
+            self.records.pop(partition, None)
+            self._release()
+        else:
+            stored = Stored(Handover.from_json(json.loads(event.kv.value)), event.kv.mod_revision)
+            self.records[partition] = stored
+            # a new record naming this node its source: the fence starts now, not after the
+            # node's next full read of the cluster
+            self._maybe_fence(stored)
+        self.revision = event.kv.mod_revision
+        moved = self._ack_moved.get(partition)
+        if moved is not None:
+            moved.set()  # a fence task waiting for catch-up re-checks that its record still stands
+        return True
 
     def takes_over(self, partition: int) -> bool:
         """Whether this node's copy of ``partition``, which the map now makes active, is a
@@ -160,54 +253,200 @@ class HandoverParticipant:
             await self.store.update(stored, None)
 
     async def follow(self, current: PartitionMap) -> None:
-        """Stop writes where a record makes this node a source (and say at which seqno); take
-        them again where a paused partition has no record any more and the map still names
-        this node active (the handover was called off); delete the records of takeovers done."""
+        """Start fencing where a record makes this node a source; take writes again where a
+        paused partition has no record any more and the map still names this node active (the
+        handover was called off); delete the records of takeovers done; release the writes
+        waiting on pauses that ended."""
         engine = self.engine
-        fencing: dict[int, tuple[Stored, int]] = {}
+        self._current = current
         for p, stored in sorted(self.records.items()):
             h = stored.handover
             if h.target == self.node and current.active_of(p) == self.node and engine.state(p) is PartitionState.ACTIVE:
                 await self.taken_over(p)  # taken over earlier, but deleting the record failed then
                 continue
-            if h.source != self.node or h.fenced_at is not None or current.active_of(p) != self.node:
-                continue
-            if engine.state(p) is not PartitionState.ACTIVE:
-                continue
-            fencing[p] = (stored, await asyncio.to_thread(engine.stop_writes, p))
-        # the target streams from here: wait (briefly, all at once) for it to acknowledge the
-        # last items, so the record says so and the switch need not wait for its progress report
-        acked = await self._acks(fencing)
-        for p, (stored, seqno) in sorted(fencing.items()):
-            h = stored.handover
-            if await self.store.update(stored, h.fenced(seqno, acked.get(p))):
-                log.warning("node %s: partition %d stopped taking writes at seqno %d for its handover to node %s%s",
-                            self.node, p, seqno, h.target, " (acknowledged by it)" if p in acked else "")
-            else:
-                await asyncio.to_thread(engine.resume_writes, p)  # called off meanwhile
+            self._maybe_fence(stored)
         for p in range(engine.num_partitions):
             stored = self.records.get(p)
-            if (engine.writes_stopped(p) and current.active_of(p) == self.node
+            if (engine.writes_stopped(p) and current.active_of(p) == self.node and p not in self._fencing
                     and (stored is None or stored.handover.source != self.node)):
                 await asyncio.to_thread(engine.resume_writes, p)
                 log.warning("node %s: partition %d takes writes again (its handover was called off)", self.node, p)
+        self._release()
 
-    async def _acks(self, fencing: dict[int, tuple[Stored, int]]) -> dict[int, int]:
-        """Partition -> the target's acknowledged seqno, for those whose target acknowledged the
-        fenced seqno within ``ack_wait_s`` (polled: acks arrive on the stream's own task)."""
-        if self.acked is None or not fencing:
-            return {}
+    def _maybe_fence(self, stored: Stored) -> None:
+        """Start the fence task of a record that makes this node a source, if not started yet."""
+        h, current = stored.handover, self._current
+        p = h.partition
+        if (h.source != self.node or h.fenced_at is not None or current is None or current.active_of(p) != self.node
+                or self.engine.state(p) is not PartitionState.ACTIVE or p in self._fencing):
+            return
+        task = asyncio.create_task(self._fence(p, stored), name=f"fence partition {p}")
+        self._fencing[p] = task
+        task.add_done_callback(lambda _t: self._fencing.pop(p, None))
+
+    async def fenced(self) -> None:
+        """Wait for the fence tasks started so far (tests, shutdown)."""
+        await asyncio.gather(*list(self._fencing.values()), return_exceptions=True)
+
+    async def aclose(self) -> None:
+        if self._unsubscribe is not None:
+            self._unsubscribe()
+        for task in list(self._fencing.values()):
+            task.cancel()
+        await self.fenced()
+
+    # ------------------------------------------------------------------ writes during the pause
+    def in_handover(self, partition: int) -> bool:
+        """Whether this node is the source of ``partition``'s handover in flight (its record
+        is still there: the target deletes it once it has taken over)."""
+        stored = self.records.get(partition)
+        return stored is not None and stored.handover.source == self.node
+
+    async def until_settled(self, partition: int, timeout_s: float) -> bool:
+        """A write to ``partition`` was refused here during its handover (paused, or the map
+        just moved it): wait until the handover settles, at most ``timeout_s``; True if it did.
+        Settled: the target took over (it deleted the record), or the handover was called off.
+        Waiting for the takeover rather than the switch alone sends the write on to a target
+        that serves it, not one still following the map (which would send it back).  At most
+        ``max_parked`` writes wait at once; the others get their answer at once."""
+        if not self.in_handover(partition) or self._parked >= self.max_parked:
+            return False
+        event = self._pause_over.setdefault(partition, asyncio.Event())
+        self._parked += 1
+        try:
+            await asyncio.wait_for(event.wait(), timeout_s)
+            return True
+        except asyncio.TimeoutError:
+            return False
+        finally:
+            self._parked -= 1
+
+    def _release(self) -> None:
+        for p, event in list(self._pause_over.items()):
+            if not self.in_handover(p) or (not self.engine.writes_stopped(p) and self._current is not None
+                                           and self._current.active_of(p) == self.node):
+                event.set()
+                del self._pause_over[p]
+
+    # ------------------------------------------------------------------ the source's fence
+    async def _switch(self, stored: Stored, fenced: Handover) -> bool:
+        """Record the fence and publish the switched map in one transaction, guarded by the map's
+        and the record's etcd revisions (``switch_by_source``); False when the map does not allow
+        it or either changed meanwhile: the fence is then recorded alone and the orchestrator
+        switches (or calls the handover off)."""
+        # the newest map the watch brought saves a read; if another map came meanwhile the
+        # transaction fails and the map is read once
+        seen = self._map_kv
+        for _ in range(2):
+            if seen is not None:
+                current, mod_revision = PartitionMap.from_json(json.loads(seen[0])), seen[1]
+            else:
+                current, mod_revision = await self.maps.load(self.engine.num_partitions)
+            new = switch_by_source(current, fenced, self.node)
+            if new is None:
+                return False
+            key = self.store.record_key(fenced.partition)
+            done = await self.store.etcd.txn(
+                [Compare(key, "mod", stored.mod_revision), Compare(self.maps.layout.map, "mod", mod_revision)],
+                [Put(key, _dumps(fenced.to_json())),
+                 Put(self.maps.layout.map, _dumps(new.to_json()))])
+            if done.succeeded:
+                log.warning("node %s: partition %d stopped taking writes at seqno %d and, acknowledged by node %s, "
+                            "is active there from map revision %d (switched by its source)", self.node,
+                            fenced.partition, fenced.fenced_at, fenced.target, new.revision)
+                return True
+            if seen is None:
+                return False
+            seen = None
+        return False
+
+    def _on_ack(self, partition: int) -> None:
+        event = self._ack_moved.get(partition)
+        if event is not None:
+            event.set()
+
+    def _still(self, stored: Stored) -> bool:
+        """The record is as it was when fencing started, and the map still names this node."""
+        now = self.records.get(stored.handover.partition)
+        current = self._current
+        return (now is not None and now.mod_revision == stored.mod_revision and current is not None
+                and current.active_of(stored.handover.partition) == self.node)
+
+    async def _until(self, partition: int, done: Callable[[], bool], timeout_s: float) -> bool:
+        """Wait until ``done()``, re-checked on each acknowledgement (or record change) of
+        ``partition``, at most ``timeout_s``."""
         loop = asyncio.get_running_loop()
-        deadline = loop.time() + self.ack_wait_s
-        out: dict[int, int] = {}
-        while True:
-            for p, (stored, seqno) in fencing.items():
-                got = self.acked(stored.handover.target, p)
-                if got is not None and got >= seqno:
-                    out[p] = got
-            if len(out) == len(fencing) or loop.time() >= deadline:
-                return out
-            await asyncio.sleep(0.002)
+        deadline = loop.time() + timeout_s
+        event = self._ack_moved.setdefault(partition, asyncio.Event())
+        while not done():
+            left = deadline - loop.time()
+            if left <= 0:
+                return False
+            event.clear()
+            if done():
+                return True
+            try:
+                await asyncio.wait_for(event.wait(), left)
+            except asyncio.TimeoutError:
+                return done()
+        return True
+
+    def _target_ack(self, h: Handover) -> int | None:
+        return self.acked(h.target, h.partition) if self.acked is not None else None
+
+    async def _fence(self, p: int, stored: Stored) -> None:
+        h = stored.handover
+        engine = self.engine
+        try:
+            if self.acked is not None:
+                def caught_up() -> bool:
+                    got = self._target_ack(h)
+                    # no acknowledgement on this connection yet (an idle copy acks only what it
+                    # applies): nothing says it lags, so no reason to hold the fence back
+                    return not self._still(stored) or got is None or engine.high_seqno(p) - got <= self.catch_up_items
+                if not await self._until(p, caught_up, self.catch_up_wait_s):
+                    got = self._target_ack(h)
+                    log.warning("node %s: partition %d: target node %s still %s behind after %.0f s; fencing anyway",
+                                self.node, p, h.target,
+                                f"{engine.high_seqno(p) - got} item(s)" if got is not None else "unacknowledged",
+                                self.catch_up_wait_s)
+            if not self._still(stored) or engine.state(p) is not PartitionState.ACTIVE:
+                return
+            try:
+                seqno = await asyncio.to_thread(engine.stop_writes, p)
+            except PartitionNotActive:
+                return
+            # the target streams from here: wait for it to acknowledge the last items, so the
+            # record says so and the switch need not wait for its progress report
+            def acknowledged() -> bool:
+                got = self._target_ack(h)
+                return got is not None and got >= seqno
+            acked = self.acked is not None and await self._until(p, acknowledged, self.ack_wait_s)
+            fenced = h.fenced(seqno, self._target_ack(h) if acked else None)
+            if acked and await self._switch(stored, fenced):
+                return
+            if not await self.store.update(stored, fenced):
+                await asyncio.to_thread(engine.resume_writes, p)  # called off meanwhile
+                self._pause_over.pop(p, asyncio.Event()).set()
+                return
+            log.warning("node %s: partition %d stopped taking writes at seqno %d for its handover to node %s%s",
+                        self.node, p, seqno, h.target, " (acknowledged by it)" if acked else "")
+            if acked or self.acked is None:
+                return
+            # not acknowledged in time: add it once it comes, so the switch need not wait for
+            # the target's progress report (published every few hundred ms)
+            kv = await self.store.etcd.get(self.store.record_key(p))
+            if kv is None:
+                return
+            later = Stored(Handover.from_json(json.loads(kv.value)), kv.mod_revision)
+            if later.handover != fenced:
+                return
+            if await self._until(p, acknowledged, self.late_ack_wait_s):
+                await self.store.update(later, fenced.fenced(seqno, self._target_ack(h)))
+        except EtcdError as exc:
+            # the record stays as it was: the next map following starts a new fence task, and a
+            # partition paused without a record saying so takes writes again there
+            log.warning("node %s: fencing partition %d for its handover failed: %s", self.node, p, exc)
 
 
 def _dumps(obj: object) -> bytes:

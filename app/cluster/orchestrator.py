@@ -79,12 +79,15 @@ class Orchestrator:
         outage = Outage(f"orchestrator {self.election.name}")
         try:
             while True:
+                # cleared before the cycle reads, not after: a change written while the cycle
+                # runs (a source recording its fence) wakes the next cycle at once instead of
+                # waiting out the tick, which every handover's write pause would pay
+                changed.clear()
                 try:
                     await self.cycle()
                     outage.ok()
                 except EtcdError as exc:
                     outage.failed(exc)
-                changed.clear()
                 try:
                     await asyncio.wait_for(changed.wait(), self.tick_s)
                 except asyncio.TimeoutError:
@@ -114,7 +117,9 @@ class Orchestrator:
         return view, mod_revision
 
     async def cycle(self) -> Decision:
-        view, mod_revision = await self.observe()
+        # the moves' keys are read beside the cluster's, not after: one round of etcd reads per
+        # cycle, which a handover waiting for its switch pays
+        (view, mod_revision), _, _ = await asyncio.gather(self.observe(), self.rebalance.read(), self.handover.read())
         return await self.act(view, mod_revision)
 
     async def act(self, view: ClusterView, mod_revision: int) -> Decision:
@@ -148,11 +153,20 @@ class Orchestrator:
         return decision
 
     async def _watch(self, changed: asyncio.Event) -> None:
-        prefix = self.layout.prefix.rstrip("/").encode() + b"/"
+        root = self.layout.prefix.rstrip("/").encode()
+        prefix = root + b"/"
+        moves = (root + b"/rebalance/", root + b"/handover/")
         while True:
             try:
                 _, revision = await self.etcd.get_prefix(prefix)
-                async for _event in self.etcd.watch_prefix(prefix, revision + 1):
+                # whatever changed while no watch ran is read again
+                self.rebalance.dirty = self.handover.dirty = True
+                self.rebalance.watched = self.handover.watched = True
+                changed.set()
+                async for event in self.etcd.watch_prefix(prefix, revision + 1):
+                    if event.kv.key.startswith(moves):
+                        self.rebalance.dirty = self.handover.dirty = True
                     changed.set()
             except EtcdError:
+                self.rebalance.watched = self.handover.watched = False
                 await asyncio.sleep(self.tick_s)

@@ -135,9 +135,29 @@ class RebalanceDriver:
         self.etcd, self.maps, self.guard, self.max_parallel = etcd, maps, guard, max_parallel
         #: the node's event log (the console's timeline): what an operator watches a rebalance by
         self.note: Note = note or (lambda message, **fields: None)
+        #: set by the orchestrator's watch when a key under ``rebalance/`` or ``handover/`` changed
+        self.dirty = True
+        #: whether such a watch runs (set by the orchestrator); without one every cycle reads
+        self.watched = False
+        self._observed: Observed | None = None
+        self._read_ahead = False
+
+    async def read(self) -> None:
+        """Read the rebalance's keys for the next ``observe``, if they may have changed: only
+        when the orchestrator's watch saw one change (``dirty``) or this driver wrote one, so an
+        idle cluster's cycles cost no read of them.  The orchestrator calls it beside its own
+        reads, so a cycle costs one round of them rather than two in a row."""
+        if self.dirty or not self.watched or self._observed is None:
+            self.dirty = False  # before the read: a change made while it runs marks it again
+            self._observed = await self.store.observe()
+        self._read_ahead = True
 
     async def observe(self, view: ClusterView) -> tuple[RebalanceStep, Observed]:
-        observed = await self.store.observe()
+        if not self._read_ahead:
+            await self.read()
+        self._read_ahead = False
+        observed = self._observed
+        assert observed is not None
         if observed.request is None and not observed.records:
             return RebalanceStep(based_on=view.map.revision), observed
         step = advance(RebalanceView(view.map, view.live_nodes, view.replicas, view.progress, observed.request,
@@ -149,12 +169,17 @@ class RebalanceDriver:
         if observed.request is not None or observed.records:
             return
         joined = unplaced_nodes(view.map, view.live_nodes, observed.ejected)
+        if joined:
+            self.dirty = True
         if joined and await self.store.ask(RebalanceRequest(eject=tuple(sorted(observed.ejected & view.map.nodes())),
                                                             id=f"auto-{view.map.revision}")):
             log.warning("auto-rebalance: node %s joined holding nothing; rebalancing", ", ".join(joined))
 
     async def carry_out(self, step: RebalanceStep, observed: Observed, view: ClusterView, map_mod_revision: int) -> None:
         request = observed.request
+        if (step.store is not None or step.start or step.cancel or step.forget or step.new_map is not None
+                or step.finished):
+            self.dirty = True  # what this step writes is read back next cycle, not awaited from the watch
         guard = [Compare(self.store.request_key, "mod", observed.mod_revision), self.guard()]
         if step.store is not None:
             if (await self.etcd.txn(guard, [Put(self.store.request_key, _dumps(step.store.to_json()))])).succeeded:

@@ -20,9 +20,13 @@ created, not fenced    orchestrator (start)    the source node stops writes
                                                seqno it stopped at (``fenced_at``)
 fenced at S            source node             once the target reports a whole snapshot up
                                                to S, the orchestrator publishes a map with
-                                               the target active and the source a replica
-map names the target   orchestrator (switch)   the target follows the map with ``take_over``
-                                               (not a promotion) and deletes the record
+                                               the target active and the source a replica;
+                                               when the target's stream acknowledged S
+                                               already, the source publishes that map in the
+                                               transaction that records S
+map names the target   orchestrator (switch),  the target follows the map with ``take_over``
+                       or the source itself    (not a promotion) and deletes the record
+                       (``switch_by_source``)
 =====================  ======================  =============================================
 
 Before the switch a handover is called off (the record deleted; the source takes writes again)
@@ -48,8 +52,8 @@ from typing import Any
 from engine.cluster.partition_map import PartitionMap, Placement
 from engine.cluster.promotion import Promote, ReplicaProgress, choose_successor
 
-__all__ = ["HandoverRequest", "Handover", "HandoverView", "Step", "advance", "switched_placement",
-           "takes_over"]
+__all__ = ["HandoverRequest", "Handover", "HandoverView", "Step", "advance", "switch_by_source",
+           "switched_placement", "takes_over"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -214,6 +218,25 @@ def switched_placement(placement: Placement, handover: Handover) -> Placement:
     """The target active, the source first among the replicas (it holds the same history)."""
     others = tuple(r for r in placement.replicas if r not in (handover.target, handover.source))
     return Placement(handover.target, (handover.source, *others))
+
+
+def switch_by_source(current: PartitionMap, handover: Handover, node: str) -> PartitionMap | None:
+    """The map a handover's source may publish itself, in the same transaction that records its
+    fence (guarded by the map's and the record's etcd revisions), once the target acknowledged
+    every item up to ``fenced_at``: the orchestrator would publish the very same switch, one
+    watch wake-up and one cycle of reads later, and the write pause pays for each.  None when
+    the map no longer has ``node`` active with the target among its replicas (the record is
+    then the orchestrator's to settle)."""
+    p = handover.partition
+    if (handover.source != node or handover.fenced_at is None or handover.acked is None
+            or handover.acked < handover.fenced_at or not 0 <= p < current.num_partitions):
+        return None
+    placement = current.placements[p]
+    if placement.active != node or handover.target not in placement.replicas:
+        return None
+    placements = list(current.placements)
+    placements[p] = switched_placement(placement, handover)
+    return current.succeeded_by(placements)
 
 
 def takes_over(handover: Handover | None, node: str, complete_seqno: int) -> bool:

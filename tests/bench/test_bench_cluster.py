@@ -168,3 +168,17 @@ def test_the_apply_bench_feeds_whole_snapshots_in_order() -> None:
         assert marker.start == high[marker.partition] + 1
         assert [i.seqno for i in batch.items] == list(range(marker.start, marker.end + 1))
         high[marker.partition] = marker.end
+
+
+def test_handover_phases_and_gaps_are_computed_from_their_marks() -> None:
+    from bench.cluster_gap import longest_gap
+    from bench.cluster_phases import HandoverMarks, phase_rows
+
+    assert longest_gap([], 1.0, 3.0) == 2.0
+    assert longest_gap([1.5, 1.6, 2.9], 1.0, 3.0) == pytest.approx(1.3)
+    marks = {0: HandoverMarks("a", "b", created=1.0, fenced=1.1, switched=1.1, taken_over=1.2,
+                              first_refused=1.05, first_misdirected=1.25, accepted=1.3)}
+    rows = dict(phase_rows(marks, [0, 1]))
+    assert rows["fence recorded -> map switched"].startswith("p50 0 ms")
+    assert rows["first refused write sent -> accepted"].startswith("p50 250 ms")
+    assert rows["map switched -> target took over"].endswith("over 1")

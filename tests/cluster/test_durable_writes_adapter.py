@@ -238,6 +238,22 @@ async def test_majority_advances_are_reported_per_partition(engine: Engine) -> N
     assert advanced == [P]
 
 
+async def test_several_listeners_hear_each_advance_and_a_removed_one_no_more(engine: Engine) -> None:
+    durable = DurableWrites(engine, "n1")
+    first: list[int] = []
+    second: list[int] = []
+    durable.on_advance = first.append
+    remove = durable.add_advance_listener(second.append)
+    durable.follow_map(map_of((P, "n1", ("n2",))))
+    assert first == second == [P]
+    conn = Harness()
+    conn.hello(name=REPLICATION_PREFIX + "n2")
+    conn.open(P)
+    remove()
+    ack(durable, conn, write(engine, P), 0)
+    assert first == [P, P] and second == [P]
+
+
 async def test_a_batch_refused_for_one_partition_parks_nothing_for_the_others(engine: Engine) -> None:
     durable = DurableWrites(engine, "n1")
     durable.follow_map(map_of((P, "n1", ("n2",))))

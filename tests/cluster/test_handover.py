@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from engine.cluster.handover import Handover, HandoverRequest, HandoverView, Step, advance, takes_over
+from engine.cluster.handover import Handover, HandoverRequest, HandoverView, Step, advance, switch_by_source, takes_over
 from engine.cluster.partition_map import PartitionMap, Placement
 from engine.cluster.promotion import ReplicaProgress
 
@@ -144,3 +144,23 @@ def test_the_switch_needs_the_fenced_seqno_reported_or_acknowledged(record, repo
         {k: v for k, v in IN_SYNC.items() if k != (0, "b")}
     step = advance(view([A], handovers=[record], progress=progress))
     assert (step.switched == (record,)) is switches
+
+
+@pytest.mark.parametrize("record, node, switches", [
+    (Handover(0, "a", "b", 10, acked=10), "a", True),
+    (Handover(0, "a", "b", 10, acked=12), "a", True),
+    (Handover(0, "a", "b", 10, acked=9), "a", False),     # the target lacks the last items
+    (Handover(0, "a", "b", 10), "a", False),              # no acknowledgement: the orchestrator waits for the report
+    (Handover(0, "a", "b", None, acked=10), "a", False),  # not fenced
+    (Handover(0, "a", "b", 10, acked=10), "b", False),    # only the source switches
+    (Handover(0, "a", "c", 10, acked=10), "a", False),    # the target is no replica of the partition
+    (Handover(1, "a", "b", 10, acked=10), "a", False),    # the map has another node active
+])
+def test_the_source_switches_only_its_own_acknowledged_handover(record: Handover, node: str, switches: bool) -> None:
+    current = PartitionMap(4, (Placement("a", ("b",)), Placement("b", ("a",))))
+    new = switch_by_source(current, record, node)
+    if not switches:
+        assert new is None
+        return
+    assert new is not None and new.revision == 5
+    assert new.placements[0] == Placement("b", ("a",)) and new.placements[1] == current.placements[1]

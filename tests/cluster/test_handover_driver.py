@@ -4,6 +4,7 @@ was withdrawn; a source node stops writes for its records and takes them again w
 goes.  The data plane (streams, takeover) is covered end to end in test_graceful_failover_e2e."""
 from __future__ import annotations
 
+import asyncio
 import json
 import uuid
 from pathlib import Path
@@ -98,6 +99,7 @@ async def test_a_source_stops_writes_for_its_records_and_takes_them_again_when_c
         await client.put(store.record_key(0), json.dumps(Handover(0, "a", "b").to_json()).encode())
         await node.load()
         await node.follow(MAP)
+        await node.fenced()
         assert engine.writes_stopped(0) and not engine.writes_stopped(2)
         assert (await store.records())[0].handover.fenced_at == seqno
         with pytest.raises(PartitionNotActive):
@@ -107,3 +109,58 @@ async def test_a_source_stops_writes_for_its_records_and_takes_them_again_when_c
         await node.follow(MAP)
         assert not engine.writes_stopped(0)
         assert engine.write(WriteOp(Op.MUTATION, key, b"again")).seqno == seqno + 1
+
+
+async def test_a_source_whose_target_acknowledged_the_fence_switches_the_map_in_the_same_write(
+        client: EtcdClient, tmp_path: Path) -> None:
+    layout = Layout(f"/upr/{uuid.uuid4().hex[:8]}")
+    store, maps = HandoverStore(client, layout), MapStore(client, layout)
+    assert await maps.publish(MAP, 0)
+    with Engine.open(EngineConfig(data_dir=tmp_path, partitions=3)) as engine:
+        for p in range(3):
+            engine.set_state(p, PartitionState.ACTIVE if MAP.active_of(p) == "a" else PartitionState.REPLICA)
+        key = next(f"k{i}" for i in range(1000) if engine.partition_of(f"k{i}") == 0)
+        for i in range(3):
+            engine.write(WriteOp(Op.MUTATION, key, b"v%d" % i))
+        held = {"b": 2}  # the target acknowledged all but the last item so far
+        listeners = []
+        node = HandoverParticipant(client, layout, engine, "a", acked=lambda n, p: held.get(n) if p == 0 else None,
+                                   on_ack=lambda fn: listeners.append(fn) or (lambda: None), catch_up_items=0,
+                                   ack_wait_s=5.0)
+        await client.put(store.record_key(0), json.dumps(Handover(0, "a", "b", kind="rebalance").to_json()).encode())
+        await node.load()
+        await node.follow(MAP)
+        await asyncio.sleep(0.1)
+        assert not engine.writes_stopped(0)  # held back: the target is one item behind
+        held["b"] = 3
+        for fn in listeners:
+            fn(0)  # the ack arrives: the fence goes on, and the target holds the fenced seqno at once
+        await node.fenced()
+        record = (await store.records())[0].handover
+        assert (record.fenced_at, record.acked) == (3, 3)
+        switched, _ = await maps.load(3)
+        assert switched.revision == 2 and switched.placements[0] == Placement("b", ("a",))
+        assert switched.placements[1:] == MAP.placements[1:]
+
+
+async def test_a_write_refused_during_its_handover_waits_until_the_target_took_over(
+        client: EtcdClient, tmp_path: Path) -> None:
+    layout = Layout(f"/upr/{uuid.uuid4().hex[:8]}")
+    store = HandoverStore(client, layout)
+    with Engine.open(EngineConfig(data_dir=tmp_path, partitions=3)) as engine:
+        for p in range(3):
+            engine.set_state(p, PartitionState.ACTIVE if MAP.active_of(p) == "a" else PartitionState.REPLICA)
+        node = HandoverParticipant(client, layout, engine, "a")
+        assert not await node.until_settled(0, 5.0)  # no handover: answered at once
+        await client.put(store.record_key(0), json.dumps(Handover(0, "a", "b").to_json()).encode())
+        await node.load()
+        await node.follow(MAP)
+        await node.fenced()
+        assert engine.writes_stopped(0)
+        assert not await node.until_settled(0, 0.05)  # still in flight after the wait
+        waiting = asyncio.create_task(node.until_settled(0, 10.0))
+        await asyncio.sleep(0.05)
+        assert not waiting.done()
+        await client.delete(store.record_key(0))  # the target took over and deleted the record
+        await node.load()
+        assert await asyncio.wait_for(waiting, 5.0)

@@ -108,3 +108,28 @@ async def test_auto_rebalance_starts_a_run_for_a_node_that_joined_holding_nothin
     await driver.start_for_joined(view, await driver.store.observe())
     request = (await driver.store.observe()).request
     assert request is not None and request.id.startswith("auto-") and not request.eject
+
+
+async def test_with_a_watch_the_drivers_read_the_moves_only_once_marked_changed(client: EtcdClient) -> None:
+    layout = Layout(f"/upr/{uuid.uuid4().hex[:8]}")
+    lease, _ttl = await client.grant(30)
+    election = Election(client, layout, "a", lease)
+    await election.campaign()
+    maps = MapStore(client, layout)
+    assert await maps.publish(MAP, 0)
+    driver = RebalanceDriver(client, layout, maps, election.guard)
+    store = RebalanceStore(client, layout)
+    view = ClusterView(MAP, LIVE, 1, synced(MAP))
+    driver.watched = True  # the orchestrator's watch marks ``dirty`` from here on
+    _step, observed = await driver.observe(view)
+    assert observed.request is None
+    assert await store.ask(RebalanceRequest(id="r1"))
+    _step, observed = await driver.observe(view)
+    assert observed.request is None  # unmarked: the idle cycle read nothing
+    driver.dirty = True
+    _step, observed = await driver.observe(view)
+    assert observed.request is not None and observed.request.id == "r1"
+    driver.watched = False  # no watch: every cycle reads
+    await store.stop()
+    _step, observed = await driver.observe(view)
+    assert observed.request is not None and observed.request.stopped
