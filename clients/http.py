@@ -9,8 +9,9 @@ problem's status and detail, so callers never parse text.
 
 In a cluster, ``server`` may name several nodes (``URL[,URL...]``): a call goes to the first that
 accepts a connection, and a document call (``get``/``put``/``delete``) follows ``421
-misdirected-request`` answers to the active node they name, a bounded number of hops
-(``clients.redirects``).
+misdirected-request`` answers to the active node they name and asks again after a ``503
+partition-not-active`` (the partition is changing hands), a bounded number of hops
+(``clients.redirects.DocumentRoute``).
 """
 from __future__ import annotations
 
@@ -27,7 +28,7 @@ import orjson
 from engine.core.types import Document
 
 from .errors import AuthFailed, ConnectionFailed, HttpError
-from .redirects import MAX_HOPS, parse_servers, redirect_target, revisit_delay
+from .redirects import MAX_HOPS, DocumentRoute, parse_servers
 
 __all__ = ["DEFAULT_SERVER", "HttpApi", "AsyncHttpApi", "bulk_body", "default_server", "default_token", "doc_path"]
 
@@ -73,10 +74,6 @@ def _problem_body(resp: httpx.Response) -> Any:
         return resp.json()
     except ValueError:
         return None
-
-
-def _exhausted(what: str, hops: int) -> str:
-    return f"{what} (after following {hops} misdirections)" if hops else what
 
 
 def _unreachable(what: str, servers: tuple[str, ...], exc: Exception) -> ConnectionFailed:
@@ -144,19 +141,17 @@ class HttpApi:
         raise AssertionError("unreachable: parse_servers never returns an empty tuple")
 
     def _routed(self, method: str, path: str, what: str, **kw: Any) -> tuple[httpx.Response, str]:
-        """``_call``, then follow 421s to the node they name, at most ``max_hops`` times."""
-        resp, server, hops = self._call(method, path, what, **kw), self.server, 0
-        visited = {server}
-        while hops < self.max_hops and (target := redirect_target(resp.status_code, _problem_body(resp), server)):
-            if target in visited:  # two nodes disagree while a map change spreads: give it a moment
-                time.sleep(revisit_delay(hops))
-            visited.add(target)
+        """``_call``, then the hops ``DocumentRoute`` asks for (421s followed, 503
+        partition-not-active retried), at most ``max_hops`` of them."""
+        resp = self._call(method, path, what, **kw)
+        route = DocumentRoute(self.server, self.max_hops)
+        while hop := route.next(resp.status_code, _problem_body(resp)):
+            time.sleep(hop.delay)
             try:
-                resp = self._client.request(method, target + path, **kw)
+                resp = self._client.request(method, hop.url + path, **kw)
             except httpx.TransportError as exc:
-                raise _unreachable(f"{what} (misdirected to {target})", (target,), exc) from None
-            server, hops = target, hops + 1
-        return resp, _exhausted(what, hops)
+                raise _unreachable(f"{what} (sent on to {hop.url})", (hop.url,), exc) from None
+        return resp, route.describe(what)
 
     def _json(self, method: str, path: str, **kw: Any) -> Any:
         resp = self._call(method, path, f"{method} {path}", **kw)
@@ -263,18 +258,15 @@ class AsyncHttpApi:
 
     async def _routed(self, method: str, path: str, what: str, **kw: Any) -> tuple[httpx.Response, str]:
         """See ``HttpApi._routed``."""
-        resp, server, hops = await self._call(method, path, what, **kw), self.server, 0
-        visited = {server}
-        while hops < self.max_hops and (target := redirect_target(resp.status_code, _problem_body(resp), server)):
-            if target in visited:
-                await asyncio.sleep(revisit_delay(hops))
-            visited.add(target)
+        resp = await self._call(method, path, what, **kw)
+        route = DocumentRoute(self.server, self.max_hops)
+        while hop := route.next(resp.status_code, _problem_body(resp)):
+            await asyncio.sleep(hop.delay)
             try:
-                resp = await self._client.request(method, target + path, **kw)
+                resp = await self._client.request(method, hop.url + path, **kw)
             except httpx.TransportError as exc:
-                raise _unreachable(f"{what} (misdirected to {target})", (target,), exc) from None
-            server, hops = target, hops + 1
-        return resp, _exhausted(what, hops)
+                raise _unreachable(f"{what} (sent on to {hop.url})", (hop.url,), exc) from None
+        return resp, route.describe(what)
 
     async def _json(self, method: str, path: str, **kw: Any) -> Any:
         resp = await self._call(method, path, f"{method} {path}", **kw)

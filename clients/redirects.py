@@ -11,6 +11,12 @@ not yet); a client sent back to a node it already asked waits a moment first
 (``revisit_delay``), so the hops usually outlast the disagreement instead of spending themselves
 in a few milliseconds.
 
+A write that reaches a node while its partition changes hands (the new owner before it took over,
+the old one after it let go) is answered ``503 partition-not-active``: nothing was applied, so a
+client asks the same node again after a short wait, as Couchbase SDKs retry ``NOT_MY_VBUCKET`` and
+Kafka producers retry ``NOT_LEADER_OR_FOLLOWER``, a bounded number of times
+(``DocumentRoute``).
+
 ``--server`` may name several nodes (``URL[,URL...]``): any node will do for the first hop, so a
 client tries them in order and moves on only when a connection could not be made (nothing was
 sent, so a write is never applied twice).
@@ -20,15 +26,21 @@ Pure: no sockets; ``clients.http`` does the requests.
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from engine.protocol.client.servers import parse_servers
 
-__all__ = ["MAX_HOPS", "MISDIRECTED_STATUS", "parse_servers", "redirect_target", "revisit_delay"]
+__all__ = ["MAX_HOPS", "MAX_RETRIES", "MISDIRECTED_STATUS", "DocumentRoute", "Hop", "is_moving", "parse_servers",
+           "redirect_target", "revisit_delay"]
 
 #: 421s followed for one request before giving up.
 MAX_HOPS = 3
+#: 503 partition-not-active answers asked again for one request: with ``revisit_delay``'s waits
+#: 1.5 s in all, past the write pause of a handover (bench/cluster_rebalance.py).
+MAX_RETRIES = 4
 MISDIRECTED_STATUS = 421
+UNAVAILABLE_STATUS = 503
 
 
 def redirect_target(status: int, body: Any, current: str) -> str | None:
@@ -41,6 +53,58 @@ def redirect_target(status: int, body: Any, current: str) -> str | None:
         return None
     url = url.rstrip("/")
     return None if url == current.rstrip("/") else url
+
+
+def is_moving(status: int, body: Any) -> bool:
+    """A ``503 partition-not-active`` answer: the partition is not served here right now (it is
+    being handed over or promoted), and the write was not applied."""
+    if status != UNAVAILABLE_STATUS or not isinstance(body, Mapping):
+        return False
+    kind = body.get("type")
+    return isinstance(kind, str) and kind.rsplit("/", 1)[-1] == "partition-not-active"
+
+
+@dataclass(frozen=True)
+class Hop:
+    """Ask ``url`` next, after waiting ``delay`` seconds."""
+
+    url: str
+    delay: float
+
+
+class DocumentRoute:
+    """The hops of one document request, fed with each answer: where to ask next, or None when the
+    answer is the one to give the caller.  The adapters (``clients.http``) only send and sleep."""
+
+    def __init__(self, first: str, max_hops: int = MAX_HOPS, max_retries: int = MAX_RETRIES) -> None:
+        self.server = first
+        self.max_hops = max_hops
+        self.max_retries = max_retries
+        self.redirects = 0
+        self.retries = 0
+        self._visited = {first}
+
+    def next(self, status: int, body: Any) -> Hop | None:
+        """The hop that follows an answer of ``status`` with problem ``body`` from ``self.server``."""
+        target = redirect_target(status, body, self.server)
+        if target is not None and self.redirects < self.max_hops:
+            # two nodes disagree while a map change spreads: give it a moment
+            delay = revisit_delay(self.redirects) if target in self._visited else 0.0
+            self.redirects += 1
+        elif target is None and is_moving(status, body) and self.retries < self.max_retries:
+            target, delay = self.server, revisit_delay(self.retries)
+            self.retries += 1
+        else:
+            return None
+        self._visited.add(target)
+        self.server = target
+        return Hop(target, delay)
+
+    def describe(self, what: str) -> str:
+        """``what``, saying how many redirects and retries it took, for an error message."""
+        parts = ([f"following {self.redirects} misdirections"] if self.redirects else []) + \
+                ([f"asking {self.retries} more times while the partition moved"] if self.retries else [])
+        return f"{what} (after {' and '.join(parts)})" if parts else what
 
 
 def revisit_delay(hops: int) -> float:

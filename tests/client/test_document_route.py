@@ -1,0 +1,63 @@
+"""``clients.redirects.DocumentRoute``: the hops of one document request, fed with answers.
+
+421s go to the node they name (waiting only before a node already asked), ``503
+partition-not-active`` is asked again on the same node after a growing wait, anything else ends
+the route; each kind has its own bound, so a redirect loop and a long move both end."""
+from __future__ import annotations
+
+import pytest
+
+from clients.redirects import MAX_HOPS, MAX_RETRIES, DocumentRoute, Hop, is_moving, revisit_delay
+
+A, B = "http://a:1", "http://b:2"
+MOVING = {"type": "https://upr.dev/problems/partition-not-active", "status": 503}
+IMPOSSIBLE = {"type": "https://upr.dev/problems/durability-impossible", "status": 503}
+
+
+def misdirected(url: str) -> dict[str, object]:
+    return {"type": "https://upr.dev/problems/misdirected-request", "status": 421, "url": url}
+
+
+@pytest.mark.parametrize(
+    ("status", "body", "moving"),
+    [(503, MOVING, True), (503, IMPOSSIBLE, False), (503, None, False), (421, MOVING, False),
+     (503, {"type": 7}, False), (200, MOVING, False)],
+)
+def test_which_answers_mean_the_partition_is_moving(status: int, body: object, moving: bool) -> None:
+    assert is_moving(status, body) is moving
+
+
+@pytest.mark.parametrize(
+    ("answers", "hops"),
+    [
+        ([(200, {})], []),
+        ([(404, None)], []),
+        ([(503, IMPOSSIBLE)], []),
+        ([(421, misdirected(B)), (200, {})], [Hop(B, 0.0)]),
+        # back to a node already asked: a moment for the map to spread
+        ([(421, misdirected(B)), (421, misdirected(A)), (200, {})], [Hop(B, 0.0), Hop(A, revisit_delay(1))]),
+        ([(503, MOVING), (200, {})], [Hop(A, revisit_delay(0))]),
+        # moved while retried: the redirect that follows counts as one, the retry as the other
+        ([(503, MOVING), (421, misdirected(B)), (503, MOVING), (200, {})],
+         [Hop(A, revisit_delay(0)), Hop(B, 0.0), Hop(B, revisit_delay(1))]),
+    ],
+)
+def test_routes(answers: list[tuple[int, object]], hops: list[Hop]) -> None:
+    route, taken = DocumentRoute(A), []
+    for status, body in answers:
+        hop = route.next(status, body)
+        if hop is None:
+            break
+        taken.append(hop)
+    assert taken == hops
+
+
+def test_a_redirect_loop_and_a_long_move_each_end() -> None:
+    loop = DocumentRoute(A)
+    urls = [B, A] * MAX_HOPS
+    assert [loop.next(421, misdirected(u)) is not None for u in urls][:MAX_HOPS + 1] == [True] * MAX_HOPS + [False]
+    assert loop.describe("PUT 'k'") == f"PUT 'k' (after following {MAX_HOPS} misdirections)"
+    move = DocumentRoute(A)
+    assert [move.next(503, MOVING) is not None for _ in range(MAX_RETRIES + 1)] == [True] * MAX_RETRIES + [False]
+    assert "asking 4 more times while the partition moved" in move.describe("PUT 'k'")
+    assert sum(revisit_delay(i) for i in range(MAX_RETRIES)) < 2.0
