@@ -11,7 +11,9 @@ What runs, all on the server's event loop, from the app's lifespan (``app.main``
   follow the newest map (``engine.cluster.roles``: promote, activate, become replica, retire)
   and starts or stops the replication streams (``app.cluster.replication``).  A map is only ever
   replaced by a newer revision: a watcher that reads an old one late does not go back.  The
-  orchestrator on this node is woken by the same watch and reads the progress from the same view;
+  orchestrator on this node is woken by the same watch and reads the progress from the same view:
+  by every change but a progress report that moved only a seqno while no partition is moving
+  (nothing it decides on then depends on a seqno; a failover reads the latest one in the view);
 * **fencing**: when the lease is found gone, every active partition becomes dead *first*, so
   no write is accepted for a partition the orchestrator may already have given to another
   copy; then the node joins again under a new lease and follows the map like a new node.  A
@@ -126,6 +128,10 @@ class ClusterNode:
         self.progress_view = ProgressView(self.layout)
         #: a change other than progress was watched: the next refresh reads the cluster again
         self._stale = True
+        root = self.layout.prefix.rstrip("/")
+        #: keys that exist while partitions move (graceful failover, rebalance): their handovers
+        #: wait for a replica's seqno, so every progress report matters to the orchestrator then
+        self._moving_prefixes = (f"{root}/handover/".encode(), f"{root}/rebalance/request".encode())
         self.orchestrator: str | None = None
         self.fenced = False
         #: partitions fenced while active, and the map revision they were fenced at
@@ -264,13 +270,24 @@ class ClusterNode:
                 kvs, revision = await self.etcd.get_prefix(prefix)
                 outage.ok()
                 view.reset([kv for kv in kvs if view.covers(kv.key)], revision)
+                moving = {kv.key for kv in kvs if kv.key.startswith(self._moving_prefixes)}
                 self._refresh_soon()
                 view.notify()
                 async for event in self.etcd.watch_prefix(prefix, revision + 1):
-                    if view.covers(event.kv.key):
-                        view.apply(event)  # no refresh: nothing this node follows depends on it
-                    else:
-                        self._refresh_soon()
+                    key = event.kv.key
+                    if view.covers(key):
+                        # no refresh: nothing this node follows depends on progress; the
+                        # orchestrator is woken when a decision may depend on it: a copy came,
+                        # went or changed its in-sync status, or a handover waits for a seqno
+                        if view.apply(event) or moving:
+                            view.notify()
+                        continue
+                    if key.startswith(self._moving_prefixes):
+                        if event.kind == "delete":
+                            moving.discard(key)
+                        else:
+                            moving.add(key)
+                    self._refresh_soon()
                     view.notify()
             except EtcdError as exc:
                 outage.failed(exc)
