@@ -17,9 +17,9 @@ What each figure measures (every process on one host, so one monotonic clock):
    cluster, so that each victim holds its third of the partitions.
 2. **Replication lag**: two nodes, one replica each way.  A paced writer sends ``memory`` bulk
    writes at ``--lag-rate`` items/s (one bulk per node per ``--lag-tick-ms``) and records when
-   each (partition, seqno) was acknowledged; a poller process reads both nodes'
-   ``GET /partitions`` every ``--lag-poll-ms`` and notes when each replica's high seqno covers it (see
-   ``bench.cluster_figures.replica_lags`` for the resolution).  The same at
+   each (partition, seqno) was acknowledged; an observer process tails both nodes' replica
+   partitions (``--lag-observe poll``: reads their ``GET /partitions`` every ``--lag-poll-ms``) and
+   notes when each replica's high seqno covers it (``bench.cluster_figures.replica_lags``).  The same at
    ``--lag-baseline-rate`` (500/s) shows what the machine's scheduling alone costs.
 3. **Majority write cost**: the same two nodes, bulk ingest (``--clients`` load generator
    processes, ``--concurrency`` requests in flight per node each) with ``durability=majority``
@@ -146,6 +146,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--lag-seconds", type=float, default=20.0)
     p.add_argument("--lag-drain", type=float, default=30.0,
                    help="seconds the replicas get after the writes to hold them all (later: an infinite lag)")
+    p.add_argument("--lag-observe", choices=("stream", "poll"), default="stream",
+                   help="how the replicas are watched: a tail of their replica partitions (pushed by the node) "
+                        "or GET /partitions polls every --lag-poll-ms")
     p.add_argument("--lag-poll-ms", type=float, default=2.0,
                    help="pause between two polls of a replica node's high seqnos (each poll costs the node CPU)")
     p.add_argument("--ingest-seconds", type=float, default=5.0, help="measured seconds per ingest phase")

@@ -2,9 +2,9 @@
 write in memory, at a paced ``memory`` write rate.
 
 Two nodes, one replica each way.  A paced writer (this process) sends ``memory`` bulk writes,
-one bulk per node per tick, and records when each (partition, seqno) was acknowledged; a poller
-process (``bench.cluster_poll``) reads both nodes' ``GET /partitions`` and notes when each
-replica's high seqno covers it.  Both use the host's monotonic clock; the matching and its
+one bulk per node per tick, and records when each (partition, seqno) was acknowledged; an observer
+process (``bench.cluster_poll``) tails both nodes' replica partitions (or, ``--lag-observe poll``,
+polls their ``GET /partitions``) and notes when each replica's high seqno covers it.  Both use the host's monotonic clock; the matching and its
 resolution are ``bench.cluster_figures.replica_lags``'s.
 """
 from __future__ import annotations
@@ -162,6 +162,8 @@ class LagResult:
     #: CPU use of each node and of the poller over the window (1.0 = one core)
     node_cpu: list[float]
     poller_cpu: float
+    #: how the replicas were observed: "stream" (tailed) or "poll" (GET /partitions)
+    observe: str = "stream"
 
 
 def measure_lag(group: ProcessGroup, cluster: BenchCluster, rate: float, args: argparse.Namespace) -> LagResult:
@@ -173,7 +175,7 @@ def measure_lag(group: ProcessGroup, cluster: BenchCluster, rate: float, args: a
     actives = cluster.actives()
     urls = sorted({n.url for n in cluster.live()})
     poller = group.spawn([sys.executable, "-m", "bench.cluster_poll", *urls, "--interval-ms", str(args.lag_poll_ms),
-                          "--max-seconds", str(args.lag_drain + 5)],
+                          "--max-seconds", str(args.lag_drain + 5), "--observe", args.lag_observe],
                          name="poller", cwd=ROOT, env=server_env(), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                          log=cluster.workdir / "poller.log")
     watched = [psutil.Process(n.proc.pid) for n in cluster.live() if n.proc is not None] + [psutil.Process(poller.pid)]
@@ -204,7 +206,7 @@ def measure_lag(group: ProcessGroup, cluster: BenchCluster, rate: float, args: a
     used = cpu.used()
     return LagResult(rate, lags, unseen, sent, errors, args.lag_seconds,
                      statistics.median(periods) * 1000 if periods else float("nan"),
-                     sum(polled[u]["count"] for u in urls), used[:-1], used[-1])
+                     sum(polled[u]["count"] for u in urls), used[:-1], used[-1], args.lag_observe)
 
 
 def wait_until_held(replica_of: dict[int, str], acks: list[Ack], deadline: float) -> bool:
@@ -251,11 +253,15 @@ def lag_figure(res: LagResult, args: argparse.Namespace, baseline: bool = False)
                  if res.unseen else "") + (f"; {res.errors} errors" if res.errors else "") + ")")
     method = (f"paced memory bulk writes, {res.rate:,.0f}/s offered in bulks every {args.lag_tick_ms:g} ms per "
               f"node, 2 nodes x 1 replica, {args.partitions} partitions, {args.lag_seconds:g} s from in-sync "
-              f"replicas; ack time at the "
-              f"writer vs the midpoint of the first GET /partitions poll of the replica's node whose high seqno "
-              f"covers it (same-host monotonic clock); resolution: one poll period, median {res.period_ms:.1f} ms "
-              f"({res.polls:,} polls); CPU (1 core = 100%) nodes {'+'.join(f'{c:.0%}' for c in res.node_cpu)}, "
-              f"poller {res.poller_cpu:.0%}; both nodes' CPU per write {cpu_per_write_us(res):.0f} µs (each write "
-              f"is taken over HTTP by its active, streamed and applied on its replica, polled: what the two cores "
-              f"can carry is about 2 s / that)")
+              f"replicas; ack time at the writer vs "
+              + (f"the arrival of the first message that carries it on a tail of the replica node's replica "
+                 f"partitions (a stream with expected_state replica, pushed by the node as its copy takes each "
+                 f"batch; {res.polls:,} messages, median {res.period_ms:.1f} ms apart)"
+                 if res.observe == "stream" else
+                 f"the midpoint of the first GET /partitions poll of the replica's node whose high seqno covers it; "
+                 f"resolution: one poll period, median {res.period_ms:.1f} ms ({res.polls:,} polls)")
+              + f" (same-host monotonic clock); CPU (1 core = 100%) nodes "
+              f"{'+'.join(f'{c:.0%}' for c in res.node_cpu)}, observer {res.poller_cpu:.0%}; both nodes' CPU per "
+              f"write {cpu_per_write_us(res):.0f} µs (each write is taken over HTTP by its active, streamed and "
+              f"applied on its replica, observed: what the two cores can carry is about 2 s / that)")
     return Figure(name, result, goal, "—" if baseline else verdict(s["p99"], 20.0, False), method)

@@ -1,8 +1,18 @@
-"""A replica poller process for ``bench.bench_cluster``'s replication lag (``python -m bench.cluster_poll``).
+"""A replica observer process for ``bench.bench_cluster``'s replication lag (``python -m bench.cluster_poll``).
 
-It reads ``GET /partitions`` of each given node (one request in flight per node, a pause of
-``--interval-ms`` between two; its own process so that the writer's event loop does not delay
-it) and keeps the high seqnos of the partitions the node holds as a replica.  It says ``ready``,
+Two ways to see when a replica holds a write, both in a process of its own (so that the
+writer's event loop does not delay it), both giving the high seqnos of the partitions each node
+holds as a replica, as ``Poll`` records:
+
+* ``--observe stream`` (default): one stream connection per node, the ordinary stream protocol
+  on the node's *replica* partitions (``expected_state: replica``) from their high seqnos: the
+  node pushes each batch as its replica copy takes it, and each WebSocket message received is a
+  record (sent = received = its arrival).  WHY: polling costs the observed node a full
+  ``GET /partitions`` (a thread hop, every partition's stats, a 64-entry JSON answer) every
+  poll period whether anything changed or not; a tail costs it one pass per change, and sees
+  the change without waiting for the next poll.
+* ``--observe poll``: ``GET /partitions`` (one request in flight per node, a pause of
+  ``--interval-ms`` between two).  It says ``ready``,
 is released with a window (``bench.cluster_procs.release_together``), polls from the window's
 start until a ``stop`` line on stdin (the benchmark sends it once the replicas hold every
 acknowledged write, or gives up) or ``--max-seconds`` past the window's end.  Only polls that
@@ -21,9 +31,17 @@ import time
 from typing import Any
 
 import orjson
+from websockets.asyncio.client import connect
 
 from bench.bench_http import RawConnection
 from bench.cluster_procs import wait_for_start
+from engine.core.types import PartitionState
+from engine.protocol import messages as M
+from engine.protocol.bundle import decode_bundle, is_bundle
+from engine.protocol.frames import decode_binary
+
+#: flow control: acknowledge what was read once this much is pending (the window is larger)
+ACK_BYTES = 64 * 1024
 
 
 async def poll_node(url: str, start_at: float, stopped: threading.Event, deadline: float,
@@ -55,12 +73,69 @@ async def poll_node(url: str, start_at: float, stopped: threading.Event, deadlin
     finally:
         conn.close()
     gaps = [b - a for a, b in zip(received, received[1:])]
-    return {"polls": changed, "count": len(received), "period": statistics.median(gaps) if gaps else None}
+    return {"polls": changed, "count": len(received), "period": statistics.median(gaps) if gaps else None,
+            "method": "poll"}
+
+
+async def watch_node(url: str, start_at: float, stopped: threading.Event, deadline: float) -> dict[str, Any]:
+    """Tail the node's replica partitions from their high seqnos; a record per message that
+    moved a high seqno."""
+    ws_url = "ws" + url.removeprefix("http") + "/stream"
+    changed: list[tuple[float, float, dict[int, int]]] = []
+    received: list[float] = []
+    async with connect(ws_url, max_size=64 << 20, ping_interval=None) as ws:
+        await ws.send(M.encode(M.Hello(name="lag-observer", codec=M.Codec.BINARY, bundle=True)))
+        logs = M.decode_server_message(await ws.recv())
+        if not isinstance(logs, M.FailoverLogs):
+            raise RuntimeError(f"{url}: hello answered with {logs!r}")
+        highs = {p: info.high_seqno for p, info in logs.partitions.items()
+                 if info.state is PartitionState.REPLICA and info.log}
+        for p, info in logs.partitions.items():
+            if p in highs:
+                await ws.send(M.encode(M.StreamRequest(p, info.log[0].uuid, info.high_seqno, info.high_seqno,
+                                                       info.high_seqno, expected_state=PartitionState.REPLICA)))
+        pending = 0
+        started = False
+        while not stopped.is_set() and time.monotonic() < deadline:
+            if not started and time.monotonic() >= start_at:  # what is held when the window opens
+                started = True
+                changed.append((time.monotonic(), time.monotonic(), dict(highs)))
+            try:
+                frame = await asyncio.wait_for(ws.recv(), 0.2)
+            except asyncio.TimeoutError:
+                continue
+            at = time.monotonic()
+            if at >= start_at:
+                received.append(at)
+            moved = False
+            parts = decode_bundle(frame) if isinstance(frame, bytes) and is_bundle(frame) else [frame]
+            for part in parts:
+                if isinstance(part, bytes):
+                    batch = decode_binary(part)
+                    if len(batch) and batch.seqnos[-1] > highs.get(batch.partition, 0):
+                        highs[batch.partition] = batch.seqnos[-1]
+                        moved = True
+                else:
+                    msg = M.decode_server_message(part)
+                    if isinstance(msg, M.StreamResponse) and msg.status is not M.StreamStatus.OK:
+                        raise RuntimeError(f"{url}: partition {msg.partition} refused: {msg}")
+            if moved and at >= start_at:
+                changed.append((at, at, dict(highs)))
+            pending += len(frame)
+            if pending >= ACK_BYTES:
+                await ws.send(M.encode(M.Ack(pending)))
+                pending = 0
+    gaps = [b - a for a, b in zip(received, received[1:])]
+    return {"polls": changed, "count": len(received), "period": statistics.median(gaps) if gaps else None,
+            "method": "stream"}
 
 
 async def run(urls: list[str], start_at: float, stopped: threading.Event, deadline: float,
-              interval: float) -> dict[str, Any]:
-    results = await asyncio.gather(*(poll_node(u, start_at, stopped, deadline, interval) for u in urls))
+              interval: float, observe: str = "stream") -> dict[str, Any]:
+    if observe == "stream":
+        results = await asyncio.gather(*(watch_node(u, start_at, stopped, deadline) for u in urls))
+    else:
+        results = await asyncio.gather(*(poll_node(u, start_at, stopped, deadline, interval) for u in urls))
     return dict(zip(urls, results))
 
 
@@ -69,6 +144,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("urls", nargs="+", help="node URLs to poll")
     p.add_argument("--interval-ms", type=float, default=0.0,
                    help="at least this long between the end of one poll and the next (0: back to back)")
+    p.add_argument("--observe", choices=("stream", "poll"), default="stream",
+                   help="tail the replica partitions (pushed by the node) or poll GET /partitions")
     p.add_argument("--max-seconds", type=float, default=60.0,
                    help="stop this long after the window's end even without a stop line")
     args = p.parse_args(argv)
@@ -80,7 +157,8 @@ def main(argv: list[str] | None = None) -> int:
         stopped.set()
 
     threading.Thread(target=wait_for_stop, daemon=True).start()
-    out = asyncio.run(run(args.urls, start_at, stopped, stop_at + args.max_seconds, args.interval_ms / 1000))
+    out = asyncio.run(run(args.urls, start_at, stopped, stop_at + args.max_seconds, args.interval_ms / 1000,
+                         args.observe))
     sys.stdout.buffer.write(orjson.dumps(out, option=orjson.OPT_NON_STR_KEYS) + b"\n")
     sys.stdout.flush()
     return 0

@@ -14,6 +14,7 @@ from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidStatus
 
 from engine.protocol import messages as M
+from engine.protocol.bundle import encode_bundle
 from engine.protocol.client.incoming import decode_frame, frame_bytes, is_bundle, split_bundle
 
 from .errors import AuthFailed, ConnectionFailed, ProtocolViolation, UsageError
@@ -106,6 +107,15 @@ class StreamConnection:
 
     async def send(self, msg: Any) -> None:
         await self.ws.send(M.encode(msg))
+
+    async def send_bundled(self, msgs: list[Any]) -> None:
+        """Send ``msgs`` in order as one bundle (one WebSocket message), or the only one as
+        itself.  Only after hello ``bundle: true``, which a server answers by taking client
+        bundles of text messages too (``ServerSession.receive_binary``)."""
+        if len(msgs) == 1:
+            await self.ws.send(M.encode(msgs[0]))
+        elif msgs:
+            await self.ws.send(encode_bundle([M.encode(m) for m in msgs]))
 
     async def send_quiet(self, msg: Any) -> None:
         """Send, ignoring a closed connection: the next receive notices it and reconnects."""

@@ -4,12 +4,16 @@ What runs, all on the server's event loop, from the app's lifespan (``app.main``
 
 * **membership** (``app.cluster.membership``): the node's key under a kept-alive lease;
 * **the orchestrator** (``app.cluster.orchestrator``): every node campaigns, one acts;
-* **the map watcher**: every change under the cluster's prefix triggers a refresh (coalesced,
-  so a burst of progress reports costs one) that reads the live nodes, the map, the replicas'
-  progress and the orchestrator, then makes the engine follow the newest map
-  (``engine.cluster.roles``: promote, activate, become replica, retire) and starts or stops the
-  replication streams (``app.cluster.replication``).  A map is only ever replaced by a newer
-  revision: a watcher that reads an old one late does not go back;
+* **the map watcher**: one watch of the cluster's prefix.  The replicas' progress reports, the
+  most frequent change by far, are applied from the watch's events (``ProgressView``: read in
+  full only when the watch starts); any other change triggers a refresh (coalesced, so a burst
+  costs one) that reads the live nodes, the map and the orchestrator, then makes the engine
+  follow the newest map (``engine.cluster.roles``: promote, activate, become replica, retire)
+  and starts or stops the replication streams (``app.cluster.replication``).  A map is only ever
+  replaced by a newer revision: a watcher that reads an old one late does not go back.  The
+  orchestrator on this node is woken by the same watch and reads the progress from the same view:
+  by every change but a progress report that moved only a seqno while no partition is moving
+  (nothing it decides on then depends on a seqno; a failover reads the latest one in the view);
 * **fencing**: when the lease is found gone, every active partition becomes dead *first*, so
   no write is accepted for a partition the orchestrator may already have given to another
   copy; then the node joins again under a new lease and follows the map like a new node.  A
@@ -47,6 +51,7 @@ from app.cluster.mapstore import MapStore
 from app.cluster.membership import ClusterSettings, Membership, join_settings
 from app.cluster.orchestrator import Orchestrator
 from app.cluster.outage import Outage
+from app.cluster.progress_view import ProgressView
 from app.cluster.rebalance import RebalanceStore
 from app.cluster.replication import ReplicationStreams
 from engine.cluster.partition_map import PartitionMap
@@ -119,7 +124,14 @@ class ClusterNode:
         self.nodes: dict[str, str] = {}
         #: every node's URL as last seen live (a dead active's too: see ``replica_sources``)
         self._urls: dict[str, str] = {}
-        self.progress: dict[tuple[int, str], ReplicaProgress] = {}
+        #: the replicas' progress, applied from the watch's events (``_watch``)
+        self.progress_view = ProgressView(self.layout)
+        #: a change other than progress was watched: the next refresh reads the cluster again
+        self._stale = True
+        root = self.layout.prefix.rstrip("/")
+        #: keys that exist while partitions move (graceful failover, rebalance): their handovers
+        #: wait for a replica's seqno, so every progress report matters to the orchestrator then
+        self._moving_prefixes = (f"{root}/handover/".encode(), f"{root}/rebalance/request".encode())
         self.orchestrator: str | None = None
         self.fenced = False
         #: partitions fenced while active, and the map revision they were fenced at
@@ -184,7 +196,8 @@ class ClusterNode:
                                     initial_nodes=self.config.initial_nodes,
                                     replace_after_s=self.config.replica_replace_after_s,
                                     auto_rebalance=self.config.auto_rebalance,
-                                    note=functools.partial(events.rebalance, self.engine))
+                                    note=functools.partial(events.rebalance, self.engine),
+                                    progress=self.progress_view)
         self._orchestrator_task = asyncio.create_task(orchestrator.run(), name="orchestrator")
 
     # ------------------------------------------------------------------ fencing
@@ -202,7 +215,7 @@ class ClusterNode:
 
     def _held(self) -> None:
         self.fenced = False
-        self._changed.set()  # follow the map again: what it still gives this node becomes active
+        self._refresh_soon()  # follow the map again: what it still gives this node becomes active
 
     async def _fence_and_rejoin(self) -> None:
         async with self._apply_lock:  # after a map being followed right now, before anything else
@@ -223,7 +236,7 @@ class ClusterNode:
                 log.warning("node %s: rejoining the cluster failed (retrying): %s", self.name, exc)
                 await asyncio.sleep(0.5)
         self.fenced = False
-        self._changed.set()
+        self._refresh_soon()
 
     def _actives(self) -> list[int]:
         return [p for p in range(self.engine.num_partitions) if self.engine.state(p) is PartitionState.ACTIVE]
@@ -243,23 +256,47 @@ class ClusterNode:
         return len(active)
 
     # ------------------------------------------------------------------ following the map
+    @property
+    def progress(self) -> dict[tuple[int, str], ReplicaProgress]:
+        """The replicas' progress as last watched: (partition, node) -> what it holds."""
+        return self.progress_view.progress
+
     async def _watch(self) -> None:
         prefix = self.layout.prefix.rstrip("/").encode() + b"/"
+        view = self.progress_view
         outage = Outage(f"node {self.name}: watching the cluster")
         while True:
             try:
-                # a new watch starts after the revision just read, and a refresh reads everything
-                # at once, so a change made while the watch was down is never missed
-                _, revision = await self.etcd.get_prefix(prefix)
+                # a new watch starts after the revision just read, and everything is taken from
+                # that reading, so a change made while the watch was down is never missed
+                kvs, revision = await self.etcd.get_prefix(prefix)
                 outage.ok()
-                self._changed.set()
+                view.reset([kv for kv in kvs if view.covers(kv.key)], revision)
+                moving = {kv.key for kv in kvs if kv.key.startswith(self._moving_prefixes)}
+                self._refresh_soon()
+                view.notify()
                 async for event in self.etcd.watch_prefix(prefix, revision + 1):
+                    key = event.kv.key
+                    if view.covers(key):
+                        # no refresh: nothing this node follows depends on progress; the
+                        # orchestrator is woken when a decision may depend on it: a copy came,
+                        # went or changed its in-sync status, or a handover waits for a seqno
+                        if view.apply(event) or moving:
+                            view.notify()
+                        continue
                     self.handover.apply_event(event)
-                    if event.kind == "put" and event.kv.key == self.layout.map:
+                    if event.kind == "put" and key == self.layout.map:
                         self._map_event(event.kv.value)
-                    self._changed.set()
+                    if key.startswith(self._moving_prefixes):
+                        if event.kind == "delete":
+                            moving.discard(key)
+                        else:
+                            moving.add(key)
+                    self._refresh_soon()
+                    view.notify()
             except EtcdError as exc:
                 outage.failed(exc)
+            view.lost()  # until the next watch's reading, whoever needs progress reads it
             await asyncio.sleep(0.25)
 
     def _map_event(self, raw: bytes) -> None:
@@ -284,37 +321,45 @@ class ClusterNode:
         except Exception:  # the refresh that follows the same event retries and logs it
             log.debug("node %s: following a map event failed; the refresh retries", self.name, exc_info=True)
 
+    def _refresh_soon(self) -> None:
+        self._stale = True
+        self._changed.set()
+
     async def _refresher(self) -> None:
         outage = Outage(f"node {self.name}: reading the cluster")
         while True:
             await self._changed.wait()
             self._changed.clear()
+            if not self._stale:
+                continue
+            self._stale = False
             try:
                 await self.refresh()
                 outage.ok()
             except EtcdError as exc:
                 outage.failed(exc)
                 await asyncio.sleep(0.25)
-                self._changed.set()
+                self._refresh_soon()
             except Exception:
                 log.exception("node %s: following the map failed (retrying)", self.name)
                 await asyncio.sleep(0.25)
-                self._changed.set()
-            await asyncio.sleep(0.02)  # coalesce bursts (progress reports) into one refresh
+                self._refresh_soon()
+            await asyncio.sleep(0.02)  # coalesce bursts into one refresh
 
     async def refresh(self) -> None:
-        """Read the cluster's state from etcd and make this node follow the newest map."""
+        """Read the cluster's state from etcd and make this node follow the newest map.  The
+        replicas' progress is read here only until the watch has taken its first reading."""
+        view = self.progress_view
+        reads = [self.etcd.get_prefix(self.layout.nodes), self.maps.load(self.config.partitions),
+                 self.etcd.get(self.layout.orchestrator), self.handover.load()]
+        if not view.ready:
+            reads.append(self.etcd.get_prefix(self.layout.progress))
         # independent reads, at once: a takeover's write pause pays for every round trip here
-        (node_kvs, _), (progress_kvs, _), (current, _mod), holder, _ = await asyncio.gather(
-            self.etcd.get_prefix(self.layout.nodes), self.etcd.get_prefix(self.layout.progress),
-            self.maps.load(self.config.partitions), self.etcd.get(self.layout.orchestrator), self.handover.load())
+        (node_kvs, _), (current, _mod), holder, _, *progress = await asyncio.gather(*reads)
         self.nodes = {self.layout.node_name(kv.key): json.loads(kv.value)["url"] for kv in node_kvs}
         self._urls.update(self.nodes)
-        progress = {}
-        for kv in progress_kvs:
-            data = json.loads(kv.value)
-            progress[self.layout.progress_owner(kv.key)] = ReplicaProgress(int(data["seqno"]), bool(data["in_sync"]))
-        self.progress = progress
+        if progress and not view.ready:
+            view.show(progress[0][0])
         self.orchestrator = holder.value.decode() if holder is not None else None
         if current.revision >= self.map.revision:
             self.map = current

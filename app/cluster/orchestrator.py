@@ -18,7 +18,6 @@ replica slots are filled elsewhere).
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import time
 from collections.abc import Callable
@@ -30,10 +29,10 @@ from app.cluster.handover import HandoverDriver
 from app.cluster.layout import Layout
 from app.cluster.mapstore import MapStore
 from app.cluster.outage import Outage
+from app.cluster.progress_view import ProgressView, parse_progress
 from app.cluster.membership import ClusterSettings
 from app.cluster.rebalance import RebalanceDriver
 from engine.cluster.orchestration import ClusterView, Decision, step
-from engine.cluster.promotion import ReplicaProgress
 
 log = logging.getLogger("upr.cluster")
 
@@ -44,8 +43,11 @@ class Orchestrator:
                  replace_after_s: float = 60.0, clock: Callable[[], float] = time.monotonic,
                  auto_rebalance: bool = False,
                  on_decision: Callable[[Decision], None] | None = None,
-                 note: Callable[..., None] | None = None) -> None:
+                 note: Callable[..., None] | None = None, progress: ProgressView | None = None) -> None:
         self.etcd, self.layout, self.settings, self.election = etcd, layout, settings, election
+        #: the node's watched view of the replicas' progress, which also wakes the cycles (None:
+        #: this orchestrator watches and reads the progress itself)
+        self.progress_view = progress
         self.maps = MapStore(etcd, layout)
         self.auto_failover = auto_failover
         self.initial_nodes = initial_nodes
@@ -75,7 +77,12 @@ class Orchestrator:
                 outage.failed(exc)
                 await asyncio.sleep(self.tick_s)
         changed = asyncio.Event()
-        watcher = asyncio.create_task(self._watch(changed))
+        view = self.progress_view
+        if view is not None:
+            view.subscribe(changed)
+            watcher = None
+        else:
+            watcher = asyncio.create_task(self._watch(changed))
         outage = Outage(f"orchestrator {self.election.name}")
         try:
             while True:
@@ -93,17 +100,24 @@ class Orchestrator:
                 except asyncio.TimeoutError:
                     pass
         finally:
-            watcher.cancel()
+            if watcher is not None:
+                watcher.cancel()
+            if view is not None:
+                view.unsubscribe(changed)
 
     async def observe(self) -> tuple[ClusterView, int]:
+        view = self.progress_view
+        watched = view is not None and view.ready
         # independent reads, at once: each round trip is paid by every handover's write pause
-        (nodes, _), (progress_kvs, _), (current, mod_revision) = await asyncio.gather(
-            self.etcd.get_prefix(self.layout.nodes), self.etcd.get_prefix(self.layout.progress),
-            self.maps.load(self.settings.partitions))
-        progress = {}
-        for kv in progress_kvs:
-            data = json.loads(kv.value)
-            progress[self.layout.progress_owner(kv.key)] = ReplicaProgress(int(data["seqno"]), bool(data["in_sync"]))
+        reads = [self.etcd.get_prefix(self.layout.nodes), self.maps.load(self.settings.partitions)]
+        if not watched:
+            reads.append(self.etcd.get_prefix(self.layout.progress))
+        (nodes, _), (current, mod_revision), *read = await asyncio.gather(*reads)
+        if watched:
+            assert view is not None
+            progress = view.snapshot()
+        else:
+            progress = {self.layout.progress_owner(kv.key): parse_progress(kv.value) for kv in read[0][0]}
         live = frozenset(self.layout.node_name(kv.key) for kv in nodes)
         now = self.clock()
         gone = current.nodes() - live

@@ -32,7 +32,7 @@ What the copy holds goes back to the active as ``seqno_ack {partition, received,
 (``ReplicaAcker``): the ends of the last whole snapshots held in memory and on disk
 (``Engine.replica_held``), which durable writes and ``GET /cluster`` lag on the active count.
 Acks are coalesced: one per partition whose figures moved since the last one, sent after the
-batches applied so far; while something held is not yet persisted the acker looks again every
+batches applied so far, all of them in one bundle; while something held is not yet persisted the acker looks again every
 flush interval, so the flusher's progress reaches the active without an ack per item.  Progress (last whole snapshot end,
 in sync) goes to etcd under the node's lease, at most every ``publish_interval_s`` per copy.
 """
@@ -73,6 +73,9 @@ log = logging.getLogger("upr.cluster")
 #: operations per progress transaction (etcd refuses more than ``--max-txn-ops``, 128 by default)
 PUBLISH_OPS = 64
 
+
+#: ``seqno_ack``s per WebSocket message at most (a bundle of them: well under any frame limit)
+ACKS_PER_MESSAGE = 256
 
 #: items applied per engine call (one writer lock hold) at most, give or take one batch
 RUN_ITEMS = 1024
@@ -469,7 +472,8 @@ class ReplicaAcker:
         self._wake = asyncio.Event()
         self._streamed: set[int] = set()  # partitions the active streams on this connection
         self._sent: dict[int, tuple[int, int]] = {}
-        self.sent = 0
+        self.sent = 0  # acks sent
+        self.messages = 0  # WebSocket messages they took
 
     def applied(self, partition: int) -> None:
         self._streamed.add(partition)
@@ -487,13 +491,18 @@ class ReplicaAcker:
                 await self._wake.wait()
             self._wake.clear()
             pending = False
+            acks: list[M.SeqnoAck] = []
             for p in sorted(self._streamed):
                 held = self.engine.replica_held(p)
                 if held != self._sent.get(p):
-                    await conn.send(M.SeqnoAck(p, held[0], held[1]))
+                    acks.append(M.SeqnoAck(p, held[0], held[1]))
                     self._sent[p] = held
-                    self.sent += 1
                 pending = pending or held[1] < held[0]
+            for i in range(0, len(acks), ACKS_PER_MESSAGE):
+                # one WebSocket message for many partitions' acks (the hello said bundle: true)
+                await conn.send_bundled(acks[i:i + ACKS_PER_MESSAGE])
+                self.messages += 1
+            self.sent += len(acks)
 
 
 def _ranges(partitions: frozenset[int]) -> str:

@@ -75,7 +75,7 @@ whole snapshot, so its position is (uuid, start_seqno = end, snap_start = start,
 mid-snapshot it is (uuid, last seqno processed, start, end).
 
 Close codes: 1000 normal, 1001 server shutting down, 1003 unsupported data (binary frame from a
-client, unsupported protocol version), 1008 protocol error (preceded by an `error` message naming
+client, unless a bundle of text messages after hello `bundle: true`; unsupported protocol version), 1008 protocol error (preceded by an `error` message naming
 the code and field), 1009 message too big.  Keep-alive: WebSocket ping/pong.
 """
 

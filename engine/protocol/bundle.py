@@ -12,7 +12,9 @@ Nothing else changes: the parts are exactly those messages (same bytes), in the 
 snapshot marker still precedes its batches and a cookie (sent as its own message, after the
 bundle carrying the items it covers) still follows them.  Flow control counts the bundle's
 WebSocket message size, as for any other frame; the client acknowledges that size once it has
-processed every part.
+processed every part.  The other way, a client that said ``bundle: true`` may send a bundle of
+text messages (a replica's ``seqno_ack``s for many partitions): the server handles its parts in
+order as if each had come alone (``ServerSession.receive_binary``).
 
 Layout, all integers little-endian::
 

@@ -102,6 +102,7 @@ from typing import Any
 
 from engine.core.errors import SeqnoRangeError
 from engine.protocol.barrier import BarrierTracker
+from engine.protocol.bundle import decode_bundle, is_bundle
 from engine.protocol.errors import CloseCode, ErrorCode, ProtocolError
 from engine.protocol.flow import FlowControl
 from engine.protocol.messages import (
@@ -270,12 +271,36 @@ class ServerSession:
         return self.receive_message(msg)
 
     def receive_binary(self, data: bytes) -> list[Output]:
+        """A client sends text messages; one that said ``bundle: true`` in hello may also send a
+        bundle (``engine.protocol.bundle``) of text messages, taken in order as if each had been
+        sent alone.  WHY: a replica acknowledges many partitions at once (``seqno_ack`` per
+        partition), and a WebSocket message per ack cost both nodes more than the acks' content."""
         if self.state is SessionState.CLOSED:
             return []
+        if self.hello is not None and self.hello.bundle and is_bundle(data):
+            try:
+                parts = decode_bundle(data)
+            except ProtocolError as exc:
+                return self._fail(exc)
+            outs: list[Output] = []
+            for part in parts:
+                if type(part) is not str:
+                    return outs + self._fail(
+                        ProtocolError(
+                            ErrorCode.UNSUPPORTED_DATA,
+                            "binary part in a client bundle: clients send JSON text messages only",
+                            close_code=CloseCode.UNSUPPORTED_DATA,
+                        )
+                    )
+                outs += self.receive_text(part)
+                if self.state is SessionState.CLOSED:
+                    break
+            return outs
         return self._fail(
             ProtocolError(
                 ErrorCode.UNSUPPORTED_DATA,
-                f"binary frame of {len(data)} bytes: clients send JSON text frames only",
+                f"binary frame of {len(data)} bytes: clients send JSON text frames (or, after hello "
+                "bundle: true, bundles of them) only",
                 close_code=CloseCode.UNSUPPORTED_DATA,
             )
         )

@@ -5,7 +5,8 @@ from typing import Any
 
 import pytest
 
-from engine.protocol.messages import SeqnoAck
+from engine.protocol.bundle import encode_bundle
+from engine.protocol.messages import SeqnoAck, encode
 from engine.protocol.session import REPLICATION_PREFIX, SessionState
 from tests.protocol.test_session import Harness, error
 
@@ -54,3 +55,30 @@ def test_a_caller_without_the_admin_role_cannot_open_a_replication_connection() 
     consumer = Harness()
     consumer.session.may_replicate = False
     assert consumer.hello(name="indexer")[-1]["type"] == "failover_logs"
+
+
+def _bundled(h: Harness, *parts: str | bytes) -> list[dict[str, Any]]:
+    return h.feed(h.session.receive_binary(encode_bundle(list(parts))))
+
+
+def test_a_client_that_accepts_bundles_may_send_its_acks_in_one() -> None:
+    h = Harness()
+    h.hello(name=REPLICATION_PREFIX + "n2", bundle=True)
+    h.open(3, start=10, snap=(10, 10))
+    h.open(4, start=10, snap=(10, 10))
+    acks = [encode(SeqnoAck(3, 12, 10)), encode(SeqnoAck(4, 11, 11)), encode(SeqnoAck(3, 13, 12))]
+    assert _bundled(h, *acks) == []
+    assert h.session.replica_acks == {3: SeqnoAck(3, 13, 12), 4: SeqnoAck(4, 11, 11)}
+    # a refused part gets its error; the parts around it are taken as if sent alone
+    out = _bundled(h, encode(SeqnoAck(5, 1, 1)), encode(SeqnoAck(4, 14, 12)))
+    assert out == [error("stream_not_open", "partition", 5)] and h.session.replica_acks[4] == SeqnoAck(4, 14, 12)
+
+
+@pytest.mark.parametrize("bundle", [False, True])
+def test_client_bundles_hold_text_messages_and_need_hello_bundle(bundle: bool) -> None:
+    h = Harness()
+    h.hello(name=REPLICATION_PREFIX + "n2", bundle=bundle)
+    h.open(3, start=10, snap=(10, 10))
+    part = encode(SeqnoAck(3, 12, 10)) if not bundle else b"UPRB binary"
+    assert _bundled(h, part, encode(SeqnoAck(3, 13, 10))) == [error("unsupported_data"), {"close": 1003}]
+    assert h.session.state is SessionState.CLOSED and h.session.replica_acks == {}
