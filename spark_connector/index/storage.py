@@ -114,6 +114,41 @@ class Location:
             return pq.ParquetFile(path)
         return pq.ParquetFile(self.fs.open_input_file(path))
 
+    def make_dir(self, rel: str) -> None:
+        if self.is_local:
+            os.makedirs(self.path(rel), exist_ok=True)
+        else:
+            self.fs.create_dir(self.path(rel), recursive=True)
+
+    def remove_dir(self, rel: str) -> None:
+        """Remove a directory and everything in it; nothing to do when it is not there."""
+        if self.is_local:
+            import shutil
+            shutil.rmtree(self.path(rel), ignore_errors=True)
+            return
+        try:
+            self.fs.delete_dir(self.path(rel))
+        except FileNotFoundError:
+            pass
+
+    def remove_file(self, path: str) -> None:
+        """Remove one file named by its full path (as ``parquet_files`` gives it)."""
+        if self.is_local:
+            os.unlink(path)
+        else:
+            self.fs.delete_file(path)
+
+    def write_parquet(self, rel: str, table: Any) -> None:
+        """Write ``table`` as the Parquet file ``rel`` (creating its directory)."""
+        import pyarrow.parquet as pq
+        parent = os.path.dirname(rel)
+        self.make_dir(parent)
+        if self.is_local:
+            pq.write_table(table, self.path(rel))
+            return
+        with self.fs.open_output_stream(self.path(rel)) as out:
+            pq.write_table(table, out)
+
     def write_atomic(self, rel: str, text: str) -> None:
         """Replace ``rel`` with ``text`` so a reader sees the old or the new file, never a mix."""
         if self.is_local:
