@@ -239,6 +239,9 @@ def _cmd_run(args: argparse.Namespace) -> int:
           f"{report.rows_read} change(s) read in {report.seconds:.1f}s"
           + (f", reset partitions {sorted(set(report.resets))}" if report.resets else "")
           + (f", rolled back {report.rollbacks} ({report.refetched} keys refetched)" if report.rollbacks else "")
+          + (f", partitions {sorted(report.unavailable)} left behind: no live active node "
+             f"({report.unavailable[min(report.unavailable)]}; the next run takes them up)"
+             if report.unavailable else "")
           + (" (stopped by signal)" if stop.requested() else ""), flush=True)
     return stop.exit_code() if stop.requested() else 0
 

@@ -61,6 +61,9 @@ class RunReport:
     refetched: int = 0
     seconds: float = 0.0
     generation: int = 0
+    #: partitions that had no live active node at the last trigger (a cluster mid-failover, or a
+    #: partition with no copy left): left where they were, taken up by the next run or trigger
+    unavailable: dict[int, str] = field(default_factory=dict)
     #: seconds: query start (to the first batch: Spark's source process, offset log, planning),
     #: read+write (the batch's Spark job), refetch, compact, commit (manifest), query end (after the
     #: last batch: commit log, the final "nothing new" check)
@@ -85,6 +88,9 @@ class BatchProgress:
     resets: tuple[int, ...] = ()
 
 
+#: The keyspace id an index of a cluster records (``clients.backup`` binds archives the same way).
+CLUSTER_KEYSPACE = "cluster"
+
 #: Batches spanning at most this many seqnos have their index rows written by the driver.
 LOCAL_BATCH_ROWS = 50_000
 
@@ -103,6 +109,17 @@ def _newest_per_key(entries):  # type: ignore[no-untyped-def]
     from pyspark.sql import functions as F
     newest = F.max("seqno").over(Window.partitionBy("key"))
     return entries.withColumn("_m", newest).filter(F.col("seqno") == F.col("_m")).drop("_m")
+
+
+def _unavailable(progress: Any) -> dict[int, str]:
+    """``unavailablePartitions`` of the source's last reported latest offset, by partition."""
+    try:
+        latest = progress["sources"][0]["latestOffset"]
+        if isinstance(latest, str):
+            latest = json.loads(latest)
+        return {int(p): str(why) for p, why in (latest or {}).get("unavailablePartitions", {}).items()}
+    except (KeyError, IndexError, TypeError, ValueError, AttributeError):
+        return {}
 
 
 def _same_seqnos(a: dict[str, Any] | None, b: dict[str, Any] | None) -> bool:
@@ -183,11 +200,14 @@ class IndexJob:
         try:
             query = writer.start()
             deadline = None if timeout_s is None else time.monotonic() + timeout_s
+            stopped = False
             try:
                 while not query.awaitTermination(0.5):
-                    if (stop is not None and stop()) or (deadline is not None and time.monotonic() >= deadline):
+                    stopped = stop is not None and stop()
+                    if stopped or (deadline is not None and time.monotonic() >= deadline):
                         break
             finally:
+                self.report.unavailable = _unavailable(query.lastProgress)
                 if query.isActive:
                     query.stop()
         finally:
@@ -196,8 +216,13 @@ class IndexJob:
         if self._t_applied is not None:
             self.report._add("query end", self._t_applied)
         exc = query.exception()
-        if exc is not None:
+        if exc is not None and not stopped:
             raise exc
+        if exc is not None:
+            # Ctrl-C reaches Spark's Python workers too (they restore Python's SIGINT handler), so
+            # a task running at that moment fails; the stop was asked for, and the manifest names
+            # the last batch applied whole.
+            log.info("query ended by the requested stop: %s", exc)
         final = load(self.where)
         self.report.generation = final.generation if final else 0
         self.report.seconds = time.monotonic() - started
@@ -223,18 +248,33 @@ class IndexJob:
             raise IndexError_(f"{name} was built with {manifest.spec}, not {self.spec}; "
                               "use another directory for another index")
         node_id = self._node_id()
-        if manifest.node_id and node_id != manifest.node_id:
+        if manifest.node_id and node_id != manifest.node_id and CLUSTER_KEYSPACE not in (node_id, manifest.node_id):
             raise IndexError_(f"{name} follows the keyspace of node {manifest.node_id} "
                               f"({manifest.server}); {self.server} serves node {node_id}")
-        if manifest.server != self.server:      # same keyspace at a new address
-            manifest = replace(manifest, server=self.server)
+        if manifest.server != self.server or manifest.node_id != node_id:
+            # same keyspace at a new address, or a server that joined a cluster (or left one):
+            # the failover logs decide per partition whether its history is still the index's
+            manifest = replace(manifest, server=self.server, node_id=node_id)
             commit(self.where, manifest)
         return manifest
 
     def _node_id(self) -> str:
-        from clients.http import HttpApi
-        with HttpApi(self.server, self.token) as api:
-            return str(api.status().get("node_id", ""))
+        """The keyspace the index follows: a single server's data-dir id, or ``CLUSTER_KEYSPACE``
+        for a cluster, whichever of the named nodes answers (a cluster has no id of its own and
+        each node's store has its own; a foreign or recreated history is met per partition by
+        the rollback rules instead, as the backup client does)."""
+        from ..meta import get_json, read_map
+        from ..options import OptionError, parse_options
+        from ..retry import Retryable, call_with_retries
+        opts = parse_options({"server": self.server, **({"token": self.token} if self.token else {})})
+        server, view = call_with_retries(f"GET /cluster from {self.server}",
+                                         lambda: read_map(opts.seeds, opts.token, opts.timeout), opts.retry)
+        if view is not None:
+            return CLUSTER_KEYSPACE
+        try:
+            return str(get_json(server, "/status", opts.token, opts.timeout).get("node_id", ""))
+        except (OptionError, Retryable) as exc:
+            raise IndexError_(f"{self.server}: cannot read the server's status: {exc}") from None
 
     def _batch_offset(self, batch_id: int) -> dict[str, Any] | None:
         """The end offset of Spark batch ``batch_id`` from the checkpoint (-1: the query's start
@@ -391,17 +431,19 @@ class IndexJob:
         return replace(manifest, runs=(Run(path, (), rows),), rows=rows)
 
     def _purge_seqnos(self) -> dict[int, int]:
-        """Partitions whose purge seqno is above 0 (``GET /partitions``); {} if the server is away
-        (compaction then keeps every marker, as before)."""
-        from ..meta import get_json
-        from ..options import OptionError
+        """Partitions whose purge seqno is above 0, each read from its active node (any of the
+        named servers gives the map); a partition without a live active, or a server that cannot
+        be reached, has none here, and compaction keeps all its markers (always correct)."""
+        from ..meta import fetch_routed
+        from ..options import OptionError, parse_options
+        from ..retry import SourceUnavailable
+        opts = parse_options({"server": self.server, **({"token": self.token} if self.token else {})})
         try:
-            body = get_json(self.server, "/partitions", self.token, 30.0)
-        except OptionError as exc:
+            meta, _ = fetch_routed(opts, partial=True)
+        except (OptionError, SourceUnavailable) as exc:
             log.warning("index compaction keeps every marker: %s", exc)
             return {}
-        return {int(p["partition"]): int(p.get("purge_seqno", 0)) for p in body["partitions"]
-                if int(p.get("purge_seqno", 0)) > 0}
+        return {p: sp.purge_seqno for p, sp in meta.partitions.items() if sp.purge_seqno > 0}
 
     def compact(self) -> Manifest:
         """Merge every run into one now (a major compaction; e.g. after a full build with several
