@@ -65,6 +65,11 @@ def main() -> None:
     spark.stop()
     out = {"generation": report.generation, "rows": seen["rows"], "executors": sorted(seen["executors"])}
     if archive:
+        # client mode: the driver's own Python processes run ./upr_env/bin/python too, so the
+        # archive is unpacked here as well (docs/architecture.md, Spark on a cluster)
+        import tarfile
+        with tarfile.open(archive) as tar:
+            tar.extractall("upr_env", filter="tar")
         args = build_parser().parse_args(
             ["index", "run", "--server", server, "--index", index_dir, "--field", "city", "--spark-master", master,
              "--executor-env", archive, "--executor-memory", "512m", "--executor-cores", "2",

@@ -130,7 +130,7 @@ def test_ctrl_c_stops_follow_cleanly_with_exit_130(upr_server, tmp_path):
                             text=True, start_new_session=True)
     try:
         lines = _lines(proc.stdout)
-        _next_line(lines, proc, "batch 0:", 240)
+        _next_line(lines, proc, "batch 0:", 600)        # a JVM start: minutes on a loaded machine
         os.killpg(proc.pid, signal.SIGINT)
         assert proc.wait(timeout=120) == 130
         stderr = proc.stderr.read()
