@@ -220,6 +220,9 @@ def _cmd_run(args: argparse.Namespace) -> int:
     try:
         spark = local_session(args.spark_master, app_name="upr-index", extra=spark_confs(args),
                               executor_env=args.executor_env)
+        # SparkContext installs its own SIGINT handler (cancel every job, raise KeyboardInterrupt
+        # in whatever py4j call is running: the gateway's tracebacks); the stop request wins
+        signal.signal(signal.SIGINT, stop)
         if not args.debug:      # failures are reported in one line below, not by Spark's logger
             spark.sparkContext.setLogLevel("OFF")
 

@@ -137,7 +137,7 @@ def test_ctrl_c_stops_follow_cleanly_with_exit_130(upr_server, tmp_path):
         rest = _drain(lines)
     finally:
         _stop(proc)
-    assert any(line.endswith("(stopped by signal)") for line in rest), rest
+    assert any(line.endswith("(stopped by signal)") for line in rest), (rest, stderr[-3000:])
     ours = [line for line in stderr.splitlines() if line.startswith("upr index:")]
     assert ours == ["upr index: stopping the query ..."], stderr[-3000:]
     assert "Traceback" not in stderr and "py4j" not in stderr and "KeyboardInterrupt" not in stderr, stderr[-3000:]
