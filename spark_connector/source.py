@@ -17,7 +17,7 @@ from pyspark.sql.datasource import DataSource, DataSourceReader, DataSourceStrea
 from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadLimit, ReadMaxRows, SupportsTriggerAvailableNow
 from pyspark.sql.types import StructType
 
-from .meta import fetch_meta, fetch_routed, local_check
+from .meta import fetch_routed, local_check
 from .offsets import SourceOffset
 from .options import Position, SourceOptions, parse_options
 from .planning import WorkItem, plan_tasks
