@@ -20,10 +20,13 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from pydantic import ValidationError
-
 #: Modules that contribute subcommands, each with ``register(subparsers)``.
 PLUGIN_MODULES = ("clients.cli", "clients.cluster_cli", "spark_connector.cli")
+
+#: Groups whose module is known before parsing: ``upr index ...`` builds only that group's
+#: parser, so a JVM-free ``upr index query`` does not import the server's settings nor the
+#: client stack of the other groups (most of its start-up, docs/benchmarks.md, index lookups).
+MODULE_OF_GROUP = {"index": "spark_connector.cli"}
 
 #: Top-level modules that come from an optional extra of the ``upr`` distribution, not its core.
 EXTRA_OF_MODULE = {"pyspark": "spark", "py4j": "spark", "pandas": "spark", "pyarrow": "spark"}
@@ -53,6 +56,7 @@ def _cmd_server(args: argparse.Namespace) -> int:
     from app.auth import TokenConfigError
     from app.server import EXIT_CONFIG, serve
     from app.settings import ConfigFileError, Settings
+    from pydantic import ValidationError
 
     overrides = {k: v for k, v in vars(args).items() if k in Settings.model_fields}
     try:
@@ -93,9 +97,15 @@ def _cmd_openapi(args: argparse.Namespace) -> int:
     return 0
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
+    """The whole command tree, or only the group ``argv`` names when ``MODULE_OF_GROUP`` knows
+    its module (the same parser for that group, without importing the others)."""
     parser = argparse.ArgumentParser(prog="upr", description="upr: change-data-capture streaming service")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    group = argv[0] if argv else None
+    if group in MODULE_OF_GROUP:
+        importlib.import_module(MODULE_OF_GROUP[group]).register(sub)
+        return parser
     _server_parser(sub)
     _openapi_parser(sub)
     for name in PLUGIN_MODULES:
@@ -119,7 +129,8 @@ def missing_extra(exc: ModuleNotFoundError) -> str | None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    argv = sys.argv[1:] if argv is None else list(argv)
+    args = build_parser(argv).parse_args(argv)
     try:
         return int(args.func(args) or 0)
     except ModuleNotFoundError as exc:

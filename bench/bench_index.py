@@ -8,9 +8,9 @@ incremental runs (one base run of ``--docs`` entries, then ``--deltas`` runs of 
 some deletions as markers, one run resetting a partition) with pyarrow, commits its manifest, and
 prints, for ``--queries`` lookups of random cities:
 * in-process ``lookup()`` latency p50/p95 and CPU p50 (what a service holding the module pays);
-* ``upr index query`` as a new process (``python -m spark_connector.cli index query``) p50/p95
-  wall and CPU p50: interpreter start, imports and the lookup, as a shell user sees it (CPU is
-  the figure that survives a loaded machine);
+* ``upr index query`` as a new process (``python -m app.cli index query``, what the ``upr``
+  script runs) ``--procs`` times: p50/p95/p99 wall and p50/p99 CPU: interpreter start, imports
+  and the lookup, as a shell user sees it (CPU is the figure that survives a loaded machine);
 * the load average at the start and the end (the machine is shared).
 """
 from __future__ import annotations
@@ -72,6 +72,7 @@ def main() -> None:
     ap.add_argument("--deltas", type=int, default=3)
     ap.add_argument("--cities", type=int, default=200)
     ap.add_argument("--queries", type=int, default=30)
+    ap.add_argument("--procs", type=int, default=30, help="new-process runs of `upr index query`")
     args = ap.parse_args()
     print(f"load average at start: {os.getloadavg()[0]:.2f}")
     with tempfile.TemporaryDirectory(prefix="bench-index-") as tmp:
@@ -95,18 +96,29 @@ def main() -> None:
               f"{args.queries} queries)")
         env = {**os.environ, "PYTHONPATH": str(ROOT)}
         procs, proc_cpu = [], []
-        for _ in range(max(5, args.queries // 3)):
+        for _ in range(args.procs):
             city = f"city-{rng.randrange(args.cities):03d}"
             before = resource.getrusage(resource.RUSAGE_CHILDREN)
             t = time.perf_counter()
-            subprocess.run([sys.executable, "-m", "spark_connector.cli", "index", "query", "--index", str(root),
+            subprocess.run([sys.executable, "-m", "app.cli", "index", "query", "--index", str(root),
                             "--value", city], env=env, check=True, stdout=subprocess.DEVNULL)
             procs.append(time.perf_counter() - t)
             after = resource.getrusage(resource.RUSAGE_CHILDREN)
             proc_cpu.append(after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime)
         print(f"upr index query (new process): p50 {pct(procs, 0.5) * 1e3:.0f} ms, "
-              f"p95 {pct(procs, 0.95) * 1e3:.0f} ms wall; CPU p50 {pct(proc_cpu, 0.5) * 1e3:.0f} ms "
+              f"p95 {pct(procs, 0.95) * 1e3:.0f} ms, p99 {pct(procs, 0.99) * 1e3:.0f} ms wall; "
+              f"CPU p50 {pct(proc_cpu, 0.5) * 1e3:.0f} ms, p99 {pct(proc_cpu, 0.99) * 1e3:.0f} ms "
               f"({len(procs)} runs)")
+        before = resource.getrusage(resource.RUSAGE_CHILDREN)
+        bare = []
+        for _ in range(max(5, args.procs // 3)):
+            t = time.perf_counter()
+            subprocess.run([sys.executable, "-c", "pass"], env=env, check=True)
+            bare.append(time.perf_counter() - t)
+        after = resource.getrusage(resource.RUSAGE_CHILDREN)
+        cpu_bare = (after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime) / len(bare)
+        print(f"reference, an empty interpreter (python -c pass): p50 {pct(bare, 0.5) * 1e3:.0f} ms wall, "
+              f"CPU mean {cpu_bare * 1e3:.0f} ms")
     print(f"load average at end: {os.getloadavg()[0]:.2f}")
 
 

@@ -14,6 +14,12 @@ Prints, from one run against one server process (127.0.0.1, ephemeral port):
   median (the fourth run includes a compaction); then the same size of change picked up by a
   running ``--follow`` query (time from the writes' return to the manifest commit);
 * the load average at the start and the end (the machine is shared: figures move with it).
+
+    .venv/bin/python -m bench.bench_spark --standalone --docs 200000
+
+runs the source part only (raw client, task reader, ``format("upr")`` reads) on a standalone
+master and one worker started on 127.0.0.1 (``--worker-cores``), the executors running this
+interpreter with this checkout on their ``PYTHONPATH``, beside the raw client in the same run.
 """
 from __future__ import annotations
 
@@ -100,6 +106,9 @@ def main() -> None:
     ap.add_argument("--docs", type=int, default=None)
     ap.add_argument("--partitions", type=int, default=16)
     ap.add_argument("--master", default="local[*,4]")
+    ap.add_argument("--standalone", action="store_true",
+                    help="source figures only, on a standalone master + worker on 127.0.0.1")
+    ap.add_argument("--worker-cores", type=int, default=2)
     args = ap.parse_args()
     docs = args.docs or (1_000_000 if args.full else 50_000)
     rng = random.Random(1)
@@ -118,10 +127,22 @@ def main() -> None:
         n, s = task_reader_rate(url)
         print(f"connector task reader, no Spark (Arrow batches):   {n} rows in {s:.2f}s = {n / s:,.0f} rows/s")
 
+        from contextlib import ExitStack
+
         from spark_connector.session import local_session
+        stack = ExitStack()
+        extra: dict[str, str] = {}
+        if args.standalone:
+            from bench.spark_standalone import standalone_cluster
+            t = time.perf_counter()
+            args.master = stack.enter_context(standalone_cluster(work / "spark", cores=args.worker_cores))
+            print(f"standalone master + worker ({args.worker_cores} cores) at {args.master} "
+                  f"up in {time.perf_counter() - t:.1f}s")
+            # the executors import the connector from this checkout, as the driver does
+            extra = {"spark.executorEnv.PYTHONPATH": str(ROOT), "spark.executor.cores": str(args.worker_cores)}
         t = time.perf_counter()
-        spark = local_session(args.master, app_name="bench-spark")
-        print(f"SparkSession start: {time.perf_counter() - t:.1f}s")
+        spark = local_session(args.master, app_name="bench-spark", extra=extra)
+        print(f"SparkSession start ({args.master}): {time.perf_counter() - t:.1f}s")
         warm: list[float] = []
         for label in ("cold", "warm", "warm", "warm"):  # the JVM keeps warming up over the first reads
             n, s = source_rate(spark, url)
@@ -130,7 +151,12 @@ def main() -> None:
             if label == "warm":
                 warm.append(n / s)
         print(f"source warm, median of {len(warm)}: {statistics.median(warm):,.0f} rows/s = "
-              f"{statistics.median(warm) / raw:.0%} of the raw client rate (goal >= 50%)")
+              f"{statistics.median(warm) / raw:.0%} of the raw client rate (goal >= 55%)")
+        if args.standalone:
+            print(f"load average at the end: {' '.join(f'{x:.1f}' for x in os.getloadavg())}")
+            spark.stop()
+            stack.close()
+            return
 
         from spark_connector.index.functions import FieldIndex
         from spark_connector.index.job import IndexJob

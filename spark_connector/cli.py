@@ -6,10 +6,11 @@ alone: ``python -m spark_connector.cli index run ...``.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 
@@ -105,14 +106,9 @@ def _guard(fn):  # type: ignore[no-untyped-def]
     raised inside a Spark query arrives wrapped by py4j and the JVM, and ``failures.one_line``
     digs out its cause."""
     def run(args: argparse.Namespace) -> int:
-        from engine.core.errors import UprError
-
-        from .executor_env import EnvError
-        from .failures import one_line
-        from .index.manifest import IndexError_
         try:
             return fn(args)
-        except (UprError, IndexError_, EnvError, FileNotFoundError, ValueError) as exc:
+        except _expected_errors() as exc:
             if getattr(args, "debug", False):
                 import traceback
                 traceback.print_exc()
@@ -127,9 +123,21 @@ def _guard(fn):  # type: ignore[no-untyped-def]
             if getattr(args, "debug", False):
                 import traceback
                 traceback.print_exc()
+            from .failures import one_line
             print(f"upr index: {one_line(exc)}", file=sys.stderr)
             return EXIT_ERROR
     return run
+
+
+def _expected_errors() -> tuple[type[BaseException], ...]:
+    """The typed failures ``_guard`` reports as they are.  Imported only once something failed
+    (an ``except`` clause evaluates its types then): a lookup should not pay for the modules
+    that define them."""
+    from engine.core.errors import UprError
+
+    from .executor_env import EnvError
+    from .index.manifest import IndexError_
+    return (UprError, IndexError_, EnvError, FileNotFoundError, ValueError)
 
 
 class _StopRequest:
@@ -212,6 +220,9 @@ def _cmd_run(args: argparse.Namespace) -> int:
     try:
         spark = local_session(args.spark_master, app_name="upr-index", extra=spark_confs(args),
                               executor_env=args.executor_env)
+        # SparkContext installs its own SIGINT handler (cancel every job, raise KeyboardInterrupt
+        # in whatever py4j call is running: the gateway's tracebacks); the stop request wins
+        signal.signal(signal.SIGINT, stop)
         if not args.debug:      # failures are reported in one line below, not by Spark's logger
             spark.sparkContext.setLogLevel("OFF")
 
@@ -231,6 +242,9 @@ def _cmd_run(args: argparse.Namespace) -> int:
           f"{report.rows_read} change(s) read in {report.seconds:.1f}s"
           + (f", reset partitions {sorted(set(report.resets))}" if report.resets else "")
           + (f", rolled back {report.rollbacks} ({report.refetched} keys refetched)" if report.rollbacks else "")
+          + (f", partitions {sorted(report.unavailable)} left behind: no live active node "
+             f"({report.unavailable[min(report.unavailable)]}; the next run takes them up)"
+             if report.unavailable else "")
           + (" (stopped by signal)" if stop.requested() else ""), flush=True)
     return stop.exit_code() if stop.requested() else 0
 
@@ -264,6 +278,26 @@ def query(spark, index_dir: str, value: str) -> list[Any]:  # type: ignore[no-un
             .select("key", "partition", "seqno").orderBy("key").collect())
 
 
+@contextlib.contextmanager
+def _pyarrow_without_numpy() -> Iterator[None]:
+    """Load pyarrow without NumPy for a one-shot lookup, when neither is loaded yet.
+
+    pyarrow runs without NumPy (an optional dependency of it since 16.0) and a lookup converts
+    only strings and integers; importing NumPy is a third of a new ``upr index query``
+    process's CPU (docs/benchmarks.md, index point lookups).  The block is lifted afterwards,
+    but pyarrow stays loaded without NumPy in this process: a longer-lived caller of ``main``
+    that needs pyarrow's NumPy conversions imports NumPy first (then nothing is blocked)."""
+    if "pyarrow" in sys.modules or "numpy" in sys.modules:
+        yield
+        return
+    sys.modules["numpy"] = None  # type: ignore[assignment]   # makes "import numpy" fail fast
+    try:
+        yield
+    finally:
+        if sys.modules.get("numpy", 0) is None:
+            del sys.modules["numpy"]
+
+
 def _cmd_query(args: argparse.Namespace) -> int:
     if args.spark:
         from .session import local_session
@@ -274,8 +308,9 @@ def _cmd_query(args: argparse.Namespace) -> int:
         finally:
             spark.stop()
     else:
-        from .index.lookup import lookup
-        rows = lookup(args.index, args.value)
+        with _pyarrow_without_numpy():
+            from .index.lookup import lookup
+            rows = lookup(args.index, args.value)
     for row in rows:
         print(json.dumps(row) if args.json else row["key"])
     return 0

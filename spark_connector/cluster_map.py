@@ -26,8 +26,8 @@ from engine.protocol.client.routing import MapFormatError, MapView
 from .planning import WorkItem
 from .retry import Retryable
 
-__all__ = ["Fault", "Progress", "NoActiveNode", "routes_from_map", "fault_of_end", "fault_of_refusal",
-           "resume_item", "reachable_end", "parse_map"]
+__all__ = ["Fault", "Progress", "NoActiveNode", "routes_from_map", "split_routes", "fault_of_end",
+           "fault_of_refusal", "resume_item", "reachable_end", "parse_map"]
 
 
 class NoActiveNode(Retryable):
@@ -51,21 +51,33 @@ def parse_map(body: Any) -> MapView:
         raise Retryable(str(exc)) from None
 
 
+def split_routes(view: MapView, partitions: Iterable[int]) -> tuple[dict[int, str], dict[int, str]]:
+    """(partition -> base URL of its active node, partition -> why it has none) over the wanted
+    partitions: no active, its node down or without a URL, or not in the map at all."""
+    routes: dict[int, str] = {}
+    unserved: dict[int, str] = {}
+    for p in sorted(partitions):
+        if p not in view.actives:
+            unserved[p] = (f"partition {p} is not in the cluster map (revision {view.revision}, "
+                           f"{view.num_partitions} partitions)")
+            continue
+        node, url = view.url_of(p)
+        if url is None:
+            what = "no active node" if node is None else f"its active node {node} is down"
+            unserved[p] = f"partition {p} has {what} in map revision {view.revision}"
+            continue
+        routes[p] = url
+    return routes, unserved
+
+
 def routes_from_map(view: MapView, partitions: Iterable[int]) -> dict[int, str]:
     """Partition -> base URL of its active node, for every wanted partition.
 
     ``NoActiveNode`` names the first partition without one (no active, or its node is down or
     has no URL): a failover is under way and the caller retries with a fresh map."""
-    routes: dict[int, str] = {}
-    for p in sorted(partitions):
-        if p not in view.actives:
-            raise NoActiveNode(f"partition {p} is not in the cluster map (revision {view.revision}, "
-                               f"{view.num_partitions} partitions)")
-        node, url = view.url_of(p)
-        if url is None:
-            what = "no active node" if node is None else f"its active node {node} is down"
-            raise NoActiveNode(f"partition {p} has {what} in map revision {view.revision}")
-        routes[p] = url
+    routes, unserved = split_routes(view, partitions)
+    if unserved:
+        raise NoActiveNode(unserved[min(unserved)])
     return routes
 
 

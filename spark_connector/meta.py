@@ -14,6 +14,7 @@ docs/benchmarks.md, Spark: the per-run cost notes).
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import Mapping
 from typing import Any
 
@@ -23,12 +24,14 @@ from engine.core.types import FailoverEntry
 
 from engine.protocol.client.routing import MapView
 
-from .cluster_map import parse_map, routes_from_map
+from .cluster_map import NoActiveNode, parse_map, split_routes
 from .cuts import resume_position
 from .offsets import PartitionOffset
 from .options import OptionError, SourceOptions
 from .progress import RollbackNeeded, ServerMeta, ServerPartition
 from .retry import Retryable, call_with_retries
+
+log = logging.getLogger(__name__)
 
 
 def fetch_meta(opts: SourceOptions) -> ServerMeta:
@@ -37,15 +40,19 @@ def fetch_meta(opts: SourceOptions) -> ServerMeta:
     return fetch_routed(opts)[0]
 
 
-def fetch_routed(opts: SourceOptions) -> tuple[ServerMeta, dict[int, str] | None]:
+def fetch_routed(opts: SourceOptions, *, partial: bool = False) -> tuple[ServerMeta, dict[int, str] | None]:
     """The metadata and, on a cluster, each partition's active node URL (None: a single server).
 
     A single server is one round trip (``GET /partitions``) after ``GET /cluster`` answered 404.
     On a cluster each partition's entry comes from its active node (a replica's high seqno lags,
-    and a dead copy's history may have branched off); a map that names no live active, or a node
-    that does not hold the partition active yet (it has not read the new map), is retried."""
+    and a dead copy's history may have branched off).  A partition whose map names no live
+    active, whose active cannot be reached, or whose node does not hold it active yet (it has not
+    read the new map) is retried; with ``partial`` (a streaming query's trigger) only while no
+    partition at all can be read: otherwise it goes into ``ServerMeta.unavailable``, so the
+    others keep flowing and the next trigger tries it again, as a consumer does."""
     seeds = opts.seeds
-    return call_with_retries(f"GET /partitions from {','.join(seeds)}", lambda: routed_once(opts), opts.retry)
+    return call_with_retries(f"GET /partitions from {','.join(seeds)}", lambda: routed_once(opts, partial),
+                             opts.retry)
 
 
 def read_map(servers: tuple[str, ...], token: str | None, timeout: float) -> tuple[str, MapView | None]:
@@ -66,24 +73,35 @@ def read_map(servers: tuple[str, ...], token: str | None, timeout: float) -> tup
     raise Retryable("no node answered GET /cluster: " + "; ".join(causes))
 
 
-def routed_once(opts: SourceOptions) -> tuple[ServerMeta, dict[int, str] | None]:
+def routed_once(opts: SourceOptions, partial: bool = False) -> tuple[ServerMeta, dict[int, str] | None]:
     """One attempt of ``fetch_routed``."""
     server, view = read_map(opts.seeds, opts.token, opts.timeout)
     if view is None:
         return parse_meta(get_once(server, "/partitions", opts.token, opts.timeout)), None
-    routes = routes_from_map(view, view.actives)
+    routes, unserved = split_routes(view, view.actives)
     parts: dict[int, ServerPartition] = {}
     for url in sorted(set(routes.values())):
-        answer = parse_meta(get_once(url, "/partitions", opts.token, opts.timeout))
-        for p, node_url in routes.items():
-            if node_url != url:
-                continue
+        mine = [p for p, node_url in routes.items() if node_url == url]
+        try:
+            answer = parse_meta(get_once(url, "/partitions", opts.token, opts.timeout))
+        except Retryable as exc:
+            unserved.update({p: f"partition {p}: its active node {url} cannot be read ({exc})" for p in mine})
+            continue
+        for p in mine:
             sp = answer.partitions.get(p)
             if sp is None or sp.state != "active":
-                raise Retryable(f"partition {p}: node {url} is not active for it yet "
-                                f"(map revision {view.revision}, state {sp.state if sp else 'unknown'})")
-            parts[p] = sp
-    return ServerMeta(len(parts), parts), routes
+                unserved[p] = (f"partition {p}: node {url} is not active for it yet "
+                               f"(map revision {view.revision}, state {sp.state if sp else 'unknown'})")
+            else:
+                parts[p] = sp
+    if unserved and (not partial or not parts):
+        raise NoActiveNode(unserved[min(unserved)] + (f" (and {len(unserved) - 1} more partitions)"
+                                                      if len(unserved) > 1 else ""))
+    if unserved:
+        log.warning("partitions without a live active node, left where they are until the next "
+                    "trigger: %s", "; ".join(unserved[p] for p in sorted(unserved)))
+    routes = {p: u for p, u in routes.items() if p in parts}
+    return ServerMeta(view.num_partitions, parts, dict(unserved)), routes
 
 
 def get_json(server: str, path: str, token: str | None, timeout: float) -> Any:

@@ -7,7 +7,7 @@ position is no longer on the server's history is handled by the policy before an
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 from engine.core.errors import UprError
 
@@ -35,8 +35,13 @@ class ServerPartition:
 
 @dataclass(frozen=True, slots=True)
 class ServerMeta:
+    """``partitions``: those whose metadata was read; ``unavailable``: partitions of the server
+    (a cluster) that have no live active node now, with the reason.  Planning leaves those where
+    they are and the next trigger tries again, as a consumer does (``Unserved``)."""
+
     num_partitions: int
     partitions: Mapping[int, ServerPartition]
+    unavailable: Mapping[int, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,8 +76,8 @@ class PartitionCountChanged(UprError):
 def select_partitions(meta: ServerMeta, wanted: tuple[int, ...] | None) -> list[int]:
     from .options import OptionError
     if wanted is None:
-        return sorted(meta.partitions)
-    missing = [p for p in wanted if p not in meta.partitions]
+        return sorted({*meta.partitions, *meta.unavailable})
+    missing = [p for p in wanted if p not in meta.partitions and p not in meta.unavailable]
     if missing:
         raise OptionError("partitions", f"server has partitions 0-{meta.num_partitions - 1}; "
                                         f"not there: {missing[:10]}")
@@ -135,6 +140,9 @@ def resolve_positions(spec: Position | Mapping[int, Start], meta: ServerMeta, se
         if isinstance(given, PartitionOffset):
             out[pid] = given
         elif given is Position.LATEST:
+            if pid in meta.unavailable:
+                from .cluster_map import NoActiveNode
+                raise NoActiveNode(meta.unavailable[pid])
             sp = meta.partitions[pid]
             out[pid] = PartitionOffset(sp.uuid, sp.high_seqno, sp.high_seqno, sp.high_seqno)
         else:
@@ -164,8 +172,12 @@ def next_offset(
             f"server now has {meta.num_partitions} partitions, the checkpoint {start.num_partitions}; "
             "restart with a new checkpoint")
     restart: dict[int, PartitionOffset] = {}   # partition -> position the stream resumes from
+    held: dict[int, PartitionOffset] = {}      # partitions without a live active: where they are
     for pid, pos in start.partitions.items():
         sp = meta.partitions.get(pid)
+        if sp is None and pid in meta.unavailable:
+            held[pid] = pos
+            continue
         if sp is None:
             raise PartitionCountChanged(f"partition {pid} no longer exists on the server")
         verdict = check(pos, sp)
@@ -194,4 +206,5 @@ def next_offset(
         # an exact range: the batch delivers up to s and no further, so s may sit inside a
         # snapshot the server draws only when the batch is read (spark_connector.cuts)
         out[pid] = end_position(replace(pos, uuid=sp.uuid), pos.seqno + step, sp.uuid, sp.persisted_seqno)
-    return SourceOffset(out, meta.num_partitions)
+    out.update(held)
+    return SourceOffset(dict(sorted(out.items())), meta.num_partitions)

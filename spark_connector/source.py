@@ -17,7 +17,7 @@ from pyspark.sql.datasource import DataSource, DataSourceReader, DataSourceStrea
 from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadLimit, ReadMaxRows, SupportsTriggerAvailableNow
 from pyspark.sql.types import StructType
 
-from .meta import fetch_meta, fetch_routed, local_check
+from .meta import fetch_routed, local_check
 from .offsets import SourceOffset
 from .options import Position, SourceOptions, parse_options
 from .planning import WorkItem, plan_tasks
@@ -120,7 +120,7 @@ class UprStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     # ---------------------------------------------------------------- offsets (driver)
     def initialOffset(self) -> dict[str, Any]:
-        meta = fetch_meta(self.opts)
+        meta, _ = fetch_routed(self.opts, partial=True)     # the partitions, not their seqnos
         return initial_offset(self.opts.starting, meta, select_partitions(meta, self.opts.partitions)).to_json()
 
     def getDefaultReadLimit(self) -> ReadLimit:
@@ -128,12 +128,13 @@ class UprStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return ReadMaxRows(n) if n else ReadAllAvailable()
 
     def _fetch(self) -> ServerMeta:
-        meta, self._routes = fetch_routed(self.opts)
+        meta, self._routes = fetch_routed(self.opts, partial=True)
         return meta
 
     def prepareForTriggerAvailableNow(self) -> None:
         meta = self._fetch()
-        self._target = {p: meta.partitions[p].high_seqno for p in select_partitions(meta, self.opts.partitions)}
+        self._target = {p: meta.partitions[p].high_seqno for p in select_partitions(meta, self.opts.partitions)
+                        if p in meta.partitions}
         self._fresh = meta    # Spark calls latestOffset right after this: one round trip instead of two
 
     def latestOffset(self, start: dict[str, Any] | None = None, limit: ReadLimit | None = None) -> dict[str, Any]:
@@ -147,6 +148,8 @@ class UprStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         if begin.latest_sentinel:
             # Batch 0 of startingOffsets=latest: sentinel -> "now", planned as an empty batch, so a
             # replay of it is identical however late it runs.
+            if any(p in meta.unavailable for p in selected):
+                return start          # "now" needs every partition's high seqno: next trigger
             end = resolve_positions(self.opts.starting, meta, selected)
         else:
             check_same_partitions(begin, selected)
@@ -160,9 +163,12 @@ class UprStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         """Shown as ``latestOffset`` in the query's progress, with Kafka's lag figures beside the
         offset (``min/avg/maxOffsetsBehindLatest``: seqnos between the batch just planned and the
         high seqnos now), since Spark has no metrics hook for Python sources."""
-        meta = fetch_meta(self.opts)
-        latest = resolve_positions(Position.LATEST, meta, select_partitions(meta, self.opts.partitions))
-        return {**latest.to_json(), **lag_metrics(self._planned, latest)}
+        meta, _ = fetch_routed(self.opts, partial=True)
+        readable = [p for p in select_partitions(meta, self.opts.partitions) if p in meta.partitions]
+        latest = resolve_positions(Position.LATEST, meta, readable)
+        unavailable = {str(p): why for p, why in sorted(meta.unavailable.items())}
+        return {**latest.to_json(), **lag_metrics(self._planned, latest),
+                **({"unavailablePartitions": unavailable} if unavailable else {})}
 
     def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> list[UprInputPartition]:
         return _input_partitions(self.opts, SourceOffset.from_json(start), SourceOffset.from_json(end), self._routes)

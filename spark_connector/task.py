@@ -51,7 +51,7 @@ from engine.protocol.client.offset import StreamOffset
 from engine.protocol.client.session import ClientSession
 from engine.protocol.frames import HEADER, ITEM_BATCH, PER_ITEM_BYTES, ItemBatch, decode_binary
 
-from .cluster_map import Fault, Progress, fault_of_end, fault_of_refusal, reachable_end, resume_item, routes_from_map
+from .cluster_map import Fault, Progress, fault_of_end, fault_of_refusal, reachable_end, resume_item, split_routes
 from .cuts import items_through
 from .retry import Retryable, SourceUnavailable
 from .planning import WorkItem
@@ -204,19 +204,22 @@ def _follow(partition: Any, items: tuple[WorkItem, ...]) -> Iterator[pa.RecordBa
         for key, w in left:
             by_node.setdefault((routes or {}).get(w.partition, partition.server), []).append((key, w))
         attempts += 1
-        try:
-            for url, node_items in by_node.items():
+        faults: list[_NodeFault] = []
+        for url, node_items in by_node.items():
+            try:
                 yield from _stream(partition, url, node_items, progress)
+            except _NodeFault as fault:        # the other nodes' partitions go on meanwhile
+                faults.append(fault)
+        if not faults:
             return
-        except _NodeFault as exc:
-            delay = next(delays, None)
-            if delay is None:
-                raise SourceUnavailable(
-                    f"partitions {sorted({w.partition for _, w in left})}: {exc}; gave up after {attempts} attempt"
-                    f"{'s' if attempts > 1 else ''} in {time.monotonic() - started:.1f} s "
-                    f"({partition.retry.describe()})") from None
-            time.sleep(delay)
-            routes = _read_routes(partition, servers, routes)
+        delay = next(delays, None)
+        if delay is None:
+            raise SourceUnavailable(
+                f"partitions {sorted({w.partition for _, w in left})}: {faults[0]}; gave up after {attempts} "
+                f"attempt{'s' if attempts > 1 else ''} in {time.monotonic() - started:.1f} s "
+                f"({partition.retry.describe()})") from None
+        time.sleep(delay)
+        routes = _read_routes(partition, servers, routes)
 
 
 def _read_routes(partition: Any, servers: tuple[str, ...], old: dict[int, str] | None) -> dict[int, str] | None:
@@ -225,11 +228,13 @@ def _read_routes(partition: Any, servers: tuple[str, ...], old: dict[int, str] |
     from .meta import read_map
     try:
         _, view = read_map(servers, partition.token, partition.timeout)
-        if view is None:
-            return None
-        return routes_from_map(view, {w.partition for w in partition.items})
     except Retryable:
         return old
+    if view is None:
+        return None
+    # a partition without a live active keeps its old route: its connect fails and is retried
+    routes, _ = split_routes(view, {w.partition for w in partition.items})
+    return {**(old or {}), **routes}
 
 
 def _stream(partition: Any, url_base: str, items: list[Keyed],

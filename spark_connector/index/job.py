@@ -17,12 +17,21 @@ changed since.  Each micro-batch becomes one run of Parquet rows in ``foreachBat
 4. compact when there are too many runs (merging the runs since the last major compaction,
    or everything once they have grown to a quarter of the index), and replace the manifest
    atomically.
+
+An index at a remote URI (``s3://bucket/idx``, ``hdfs://``, any pyarrow/fsspec filesystem) is
+written and read through that filesystem (``storage.Location``, ``sparkio``).  Its Spark
+checkpoint is a local scratch directory for the run: the manifest holds the end offset of the
+last batch it applied, and every run starts a new checkpoint from there (``startingOffsets`` =
+that offset, batch ids counted on from the manifest's).  So the manifest stays the only commit
+point, any host can run the next update, and Spark never needs a Hadoop connector for the scheme.
 """
 from __future__ import annotations
 
 import json
 import logging
 import os
+import shutil
+import tempfile
 import time
 import uuid as uuidlib
 from collections.abc import Callable
@@ -35,6 +44,8 @@ from .functions import IndexFunction, spec_of
 from .manifest import IndexError_, Manifest, Run, collect_garbage, commit, load
 from .refetch import refetch
 from .runfiles import merge_runs_locally, parquet_rows, write_entries
+from .sparkio import write_frame
+from .storage import Location, open_location
 from .view import runs_frame
 
 log = logging.getLogger(__name__)
@@ -50,6 +61,9 @@ class RunReport:
     refetched: int = 0
     seconds: float = 0.0
     generation: int = 0
+    #: partitions that had no live active node at the last trigger (a cluster mid-failover, or a
+    #: partition with no copy left): left where they were, taken up by the next run or trigger
+    unavailable: dict[int, str] = field(default_factory=dict)
     #: seconds: query start (to the first batch: Spark's source process, offset log, planning),
     #: read+write (the batch's Spark job), refetch, compact, commit (manifest), query end (after the
     #: last batch: commit log, the final "nothing new" check)
@@ -74,6 +88,9 @@ class BatchProgress:
     resets: tuple[int, ...] = ()
 
 
+#: The keyspace id an index of a cluster records (``clients.backup`` binds archives the same way).
+CLUSTER_KEYSPACE = "cluster"
+
 #: Batches spanning at most this many seqnos have their index rows written by the driver.
 LOCAL_BATCH_ROWS = 50_000
 
@@ -94,24 +111,29 @@ def _newest_per_key(entries):  # type: ignore[no-untyped-def]
     return entries.withColumn("_m", newest).filter(F.col("seqno") == F.col("_m")).drop("_m")
 
 
-def _local_root(index_dir: str | os.PathLike[str]) -> Path:
-    """Builds write through local paths (a shared mount on a cluster); a URI is refused rather
-    than taken for a relative directory named ``hdfs:``."""
-    from urllib.parse import urlparse
+def _unavailable(progress: Any) -> dict[int, str]:
+    """``unavailablePartitions`` of the source's last reported latest offset, by partition."""
+    try:
+        latest = progress["sources"][0]["latestOffset"]
+        if isinstance(latest, str):
+            latest = json.loads(latest)
+        return {int(p): str(why) for p, why in (latest or {}).get("unavailablePartitions", {}).items()}
+    except (KeyError, IndexError, TypeError, ValueError, AttributeError):
+        return {}
 
-    from .storage import scheme_of
-    text = os.fspath(index_dir)
-    scheme = scheme_of(text)
-    if scheme == "file":
-        return Path(urlparse(text).path)
-    if scheme:
-        raise IndexError_(f"{text}: index builds write to a local or shared-mount path, not {scheme}:// "
-                          "(upr index query and info read URIs)")
-    return Path(text)
+
+def _same_seqnos(a: dict[str, Any] | None, b: dict[str, Any] | None) -> bool:
+    """Whether two source offsets hold the same partitions at the same seqnos and generations."""
+    def seqnos(offset: dict[str, Any] | None) -> dict[str, tuple[Any, Any]] | None:
+        if not offset or offset.get("latest"):
+            return None
+        return {p: (o.get("s"), o.get("g")) for p, o in offset.get("p", {}).items()}
+    return seqnos(a) is not None and seqnos(a) == seqnos(b)
 
 
 class IndexJob:
-    """Build and maintain one index at ``index_dir`` from the server at ``server``.
+    """Build and maintain one index at ``index_dir`` (a path, a ``file://`` URI, a remote URI
+    such as ``s3://bucket/idx``, or a ``storage.Location``) from the server at ``server``.
 
     ``function`` maps ``(key, value bytes)`` to index values; ``FieldIndex("a.b")`` indexes a JSON
     field.  ``source_options`` are passed to the ``upr`` source (e.g. ``maxOffsetsPerTrigger``,
@@ -123,7 +145,9 @@ class IndexJob:
                  source_options: dict[str, str] | None = None, local_batch_rows: int = LOCAL_BATCH_ROWS,
                  on_batch: Callable[[BatchProgress], None] | None = None) -> None:
         self.spark = spark
-        self.root = _local_root(index_dir)
+        self.where = index_dir if isinstance(index_dir, Location) else open_location(index_dir)
+        #: the index directory when it is local (None for a remote URI)
+        self.root = Path(self.where.base) if self.where.is_local else None
         self.server = server.rstrip("/")
         self.token = token
         self.function = function
@@ -131,7 +155,10 @@ class IndexJob:
         self.max_runs = max_runs
         self.local_batch_rows = local_batch_rows
         self.source_options = dict(source_options or {})
-        self.checkpoint = self.root / "checkpoint"
+        #: a local index keeps its checkpoint inside; a remote one gets a scratch one per run
+        self.checkpoint: Path | None = self.root / "checkpoint" if self.root is not None else None
+        self._batch_base = 0          # manifest batch id of Spark's batch 0 (remote: counted on)
+        self._start_offset: dict[str, Any] | None = None
         self.report = RunReport()
         self.on_batch = on_batch
 
@@ -148,8 +175,16 @@ class IndexJob:
         started = time.monotonic()
         self.report = RunReport()
         manifest = self._open()
-        collect_garbage(self.root, manifest)
+        collect_garbage(self.where, manifest)
         opts = {"server": self.server, "startingOffsets": "earliest", **self.source_options}
+        scratch = None
+        if self.root is None:
+            scratch = Path(tempfile.mkdtemp(prefix="upr-index-checkpoint-"))
+            self.checkpoint = scratch / "checkpoint"
+            self._batch_base = manifest.batch_id + 1
+            self._start_offset = manifest.offset if manifest.offset and not manifest.offset.get("latest") else None
+            if self._start_offset is not None:
+                opts["startingOffsets"] = json.dumps(self._start_offset)
         if self.token:
             opts["token"] = self.token
         from ..options import parse_options
@@ -158,63 +193,95 @@ class IndexJob:
         df = self.spark.readStream.format("upr").options(**opts).schema(SCHEMA_DDL).load()
         writer = (df.writeStream.foreachBatch(self._apply)
                   .option("checkpointLocation", str(self.checkpoint))
-                  .queryName(f"upr-index-{self.root.name}"))
+                  .queryName(f"upr-index-{os.path.basename(self.where.base.rstrip('/')) or 'index'}"))
         writer = writer.trigger(processingTime=f"{interval_s} seconds") if follow else writer.trigger(availableNow=True)
         self._t_started = time.monotonic()
         self._t_applied: float | None = None
-        query = writer.start()
-        deadline = None if timeout_s is None else time.monotonic() + timeout_s
         try:
-            while not query.awaitTermination(0.5):
-                if (stop is not None and stop()) or (deadline is not None and time.monotonic() >= deadline):
-                    break
+            query = writer.start()
+            deadline = None if timeout_s is None else time.monotonic() + timeout_s
+            stopped = False
+            try:
+                while not query.awaitTermination(0.5):
+                    stopped = stop is not None and stop()
+                    if stopped or (deadline is not None and time.monotonic() >= deadline):
+                        break
+            finally:
+                self.report.unavailable = _unavailable(query.lastProgress)
+                if query.isActive:
+                    query.stop()
         finally:
-            if query.isActive:
-                query.stop()
+            if scratch is not None:
+                shutil.rmtree(scratch, ignore_errors=True)
         if self._t_applied is not None:
             self.report._add("query end", self._t_applied)
         exc = query.exception()
-        if exc is not None:
+        if exc is not None and not stopped:
             raise exc
-        final = load(self.root)
+        if exc is not None:
+            # Ctrl-C reaches Spark's Python workers too (they restore Python's SIGINT handler), so
+            # a task running at that moment fails; the stop was asked for, and the manifest names
+            # the last batch applied whole.
+            log.info("query ended by the requested stop: %s", exc)
+        final = load(self.where)
         self.report.generation = final.generation if final else 0
         self.report.seconds = time.monotonic() - started
         return self.report
 
     def manifest(self) -> Manifest | None:
-        return load(self.root)
+        return load(self.where)
 
     # ------------------------------------------------------------------ internals
     def _open(self) -> Manifest:
-        self.root.mkdir(parents=True, exist_ok=True)
-        manifest = load(self.root)
+        self.where.make_dir("")
+        manifest = load(self.where)
+        name = self.where.spark_path()
         if manifest is None:
             # No committed generation: whatever checkpoint exists belongs to a build that never
             # committed, so start the full build from scratch.
-            if self.checkpoint.exists():
-                import shutil
+            if self.checkpoint is not None and self.checkpoint.exists():
                 shutil.rmtree(self.checkpoint)
             manifest = Manifest(0, -1, self.spec, self.server, node_id=self._node_id())
-            commit(self.root, manifest)
+            commit(self.where, manifest)
             return manifest
         if manifest.spec != self.spec:
-            raise IndexError_(f"{self.root} was built with {manifest.spec}, not {self.spec}; "
+            raise IndexError_(f"{name} was built with {manifest.spec}, not {self.spec}; "
                               "use another directory for another index")
         node_id = self._node_id()
-        if manifest.node_id and node_id != manifest.node_id:
-            raise IndexError_(f"{self.root} follows the keyspace of node {manifest.node_id} "
+        if manifest.node_id and node_id != manifest.node_id and CLUSTER_KEYSPACE not in (node_id, manifest.node_id):
+            raise IndexError_(f"{name} follows the keyspace of node {manifest.node_id} "
                               f"({manifest.server}); {self.server} serves node {node_id}")
-        if manifest.server != self.server:      # same keyspace at a new address
-            manifest = replace(manifest, server=self.server)
-            commit(self.root, manifest)
+        if manifest.server != self.server or manifest.node_id != node_id:
+            # same keyspace at a new address, or a server that joined a cluster (or left one):
+            # the failover logs decide per partition whether its history is still the index's
+            manifest = replace(manifest, server=self.server, node_id=node_id)
+            commit(self.where, manifest)
         return manifest
 
     def _node_id(self) -> str:
-        from clients.http import HttpApi
-        with HttpApi(self.server, self.token) as api:
-            return str(api.status().get("node_id", ""))
+        """The keyspace the index follows: a single server's data-dir id, or ``CLUSTER_KEYSPACE``
+        for a cluster, whichever of the named nodes answers (a cluster has no id of its own and
+        each node's store has its own; a foreign or recreated history is met per partition by
+        the rollback rules instead, as the backup client does)."""
+        from ..meta import get_json, read_map
+        from ..options import OptionError, parse_options
+        from ..retry import Retryable, call_with_retries
+        opts = parse_options({"server": self.server, **({"token": self.token} if self.token else {})})
+        server, view = call_with_retries(f"GET /cluster from {self.server}",
+                                         lambda: read_map(opts.seeds, opts.token, opts.timeout), opts.retry)
+        if view is not None:
+            return CLUSTER_KEYSPACE
+        try:
+            return str(get_json(server, "/status", opts.token, opts.timeout).get("node_id", ""))
+        except (OptionError, Retryable) as exc:
+            raise IndexError_(f"{self.server}: cannot read the server's status: {exc}") from None
 
     def _batch_offset(self, batch_id: int) -> dict[str, Any] | None:
+        """The end offset of Spark batch ``batch_id`` from the checkpoint (-1: the query's start
+        offset when it began from a manifest's, else None)."""
+        if batch_id < 0:
+            return self._start_offset
+        assert self.checkpoint is not None
         path = self.checkpoint / "offsets" / str(batch_id)
         try:
             lines = path.read_text().splitlines()
@@ -245,15 +312,16 @@ class IndexJob:
         finally:
             self._t_applied = time.monotonic()
 
-    def _apply_(self, df, batch_id: int) -> None:  # type: ignore[no-untyped-def]
-        manifest = load(self.root)
+    def _apply_(self, df, spark_batch: int) -> None:  # type: ignore[no-untyped-def]
+        manifest = load(self.where)
         assert manifest is not None
+        batch_id = self._batch_base + spark_batch
         if batch_id <= manifest.batch_id:
             self.report.skipped += 1
             return
         t = started = time.monotonic()
         run_path = f"runs/r-{manifest.generation + 1:06d}-{batch_id}-{uuidlib.uuid4().hex[:8]}"
-        planned = self._planned_seqnos(batch_id)
+        planned = self._planned_seqnos(spark_batch)
         small = planned is not None and planned <= self.local_batch_rows
         in_task = "minpartitions" not in {k.lower() for k in self.source_options}
         sc = self.spark.sparkContext
@@ -266,9 +334,9 @@ class IndexJob:
         if small:
             # A small batch's index rows (never its document values) come to the driver and are
             # written there: no Spark write job (its planning and commit protocol are fixed costs).
-            write_entries(self.root / run_path, entries.toArrow().to_batches())
+            write_entries(self.where, run_path, entries.toArrow().to_batches())
         else:
-            entries.write.mode("errorifexists").parquet(str(self.root / run_path))
+            write_frame(entries, self.where, run_path)
         t = self.report._add("read+write", t)
         self.report.rows_read += changes.value
         controls = set(controls_acc.value)
@@ -277,22 +345,27 @@ class IndexJob:
         for p, op, seqno in controls:
             if op == "rollback":
                 rollbacks[p] = min(seqno, rollbacks.get(p, seqno))
-        runs = manifest.runs + (Run(run_path, tuple(resets), parquet_rows(self.root / run_path)),)
+        end_offset = self._batch_offset(spark_batch)
+        if not changes.value and not controls and _same_seqnos(end_offset, manifest.offset):
+            # Nothing read and no position moved (a query started from the manifest's offset
+            # may restate it with its snapshot closed): no generation for an empty run.
+            self.where.remove_dir(run_path)
+            return
+        runs = manifest.runs + (Run(run_path, tuple(resets), parquet_rows(self.where, run_path)),)
         if rollbacks:
             # The keys whose rows came from the lost history, re-read by GET: a later run, so the
             # current versions win over whatever the stream delivered in this batch.
             fixes = _newest_per_key(self._corrections(manifest, rollbacks).mapInArrow(
                 entries_fn(self.function), STAGED_SCHEMA))
             fix_path = run_path.replace("/r-", "/f-")
-            fixes.select("value", "key", "partition", "seqno").write.mode("errorifexists").parquet(
-                str(self.root / fix_path))
-            runs += (Run(fix_path, (), parquet_rows(self.root / fix_path)),)
+            write_frame(fixes.select("value", "key", "partition", "seqno"), self.where, fix_path)
+            runs += (Run(fix_path, (), parquet_rows(self.where, fix_path)),)
             t = self.report._add("refetch", t)
-        nxt = manifest.next(batch_id=batch_id, runs=runs, offset=self._batch_offset(batch_id))
+        nxt = manifest.next(batch_id=batch_id, runs=runs, offset=end_offset)
         if len(runs) > self.max_runs:
             nxt = self._compact(nxt)
             t = self.report._add("compact", t)
-        commit(self.root, nxt)
+        commit(self.where, nxt)
         t = self.report._add("commit", t)
         if self.on_batch is not None:
             from ..offsets import SourceOffset
@@ -310,7 +383,7 @@ class IndexJob:
         for p, r in rollbacks.items():
             c = (F.col("partition") == p) & (F.col("seqno") > r)
             cond = c if cond is None else cond | c
-        suspects = (runs_frame(self.spark, self.root, manifest, markers=True).filter(cond)
+        suspects = (runs_frame(self.spark, self.where, manifest, markers=True).filter(cond)
                     .select("key", "partition").distinct().collect())
         rows = refetch(self.server, self.token, [(s.key, s.partition, rollbacks[s.partition]) for s in suspects])
         self.report.refetched += len(rows)
@@ -339,36 +412,38 @@ class IndexJob:
         if not major and len(deltas) > 1 and sum(r.rows for r in deltas) < MINOR_FRACTION * base.rows:
             path = f"runs/m-{manifest.generation:06d}-{uuidlib.uuid4().hex[:8]}"
             if sum(r.rows for r in deltas) <= MERGE_IN_DRIVER_ROWS:
-                merge_runs_locally(self.root, deltas, self.root / path)
+                merge_runs_locally(self.where, deltas, path)
             else:
-                frame = runs_frame(self.spark, self.root, replace(manifest, runs=deltas), markers=True)
-                frame.write.mode("errorifexists").parquet(str(self.root / path))
+                write_frame(runs_frame(self.spark, self.where, replace(manifest, runs=deltas), markers=True),
+                            self.where, path)
             resets = tuple(sorted({p for r in deltas for p in r.resets}))
-            return replace(manifest, runs=(base, Run(path, resets, parquet_rows(self.root / path))))
+            return replace(manifest, runs=(base, Run(path, resets, parquet_rows(self.where, path))))
         path = f"runs/c-{manifest.generation:06d}-{uuidlib.uuid4().hex[:8]}"
-        frame = runs_frame(self.spark, self.root, manifest, markers=True)
+        frame = runs_frame(self.spark, self.where, manifest, markers=True)
         purged = self._purge_seqnos()
         if purged:
             from pyspark.sql import functions as F
             floor = F.create_map(*[F.lit(x) for p, s in sorted(purged.items()) for x in (p, s)])
             frame = frame.filter(F.col("value").isNotNull()
                                  | (F.col("seqno") > F.coalesce(floor[F.col("partition")], F.lit(0))))
-        frame.write.mode("errorifexists").parquet(str(self.root / path))
-        rows = parquet_rows(self.root / path)
+        write_frame(frame, self.where, path)
+        rows = parquet_rows(self.where, path)
         return replace(manifest, runs=(Run(path, (), rows),), rows=rows)
 
     def _purge_seqnos(self) -> dict[int, int]:
-        """Partitions whose purge seqno is above 0 (``GET /partitions``); {} if the server is away
-        (compaction then keeps every marker, as before)."""
-        from ..meta import get_json
-        from ..options import OptionError
+        """Partitions whose purge seqno is above 0, each read from its active node (any of the
+        named servers gives the map); a partition without a live active, or a server that cannot
+        be reached, has none here, and compaction keeps all its markers (always correct)."""
+        from ..meta import fetch_routed
+        from ..options import OptionError, parse_options
+        from ..retry import SourceUnavailable
+        opts = parse_options({"server": self.server, **({"token": self.token} if self.token else {})})
         try:
-            body = get_json(self.server, "/partitions", self.token, 30.0)
-        except OptionError as exc:
+            meta, _ = fetch_routed(opts, partial=True)
+        except (OptionError, SourceUnavailable) as exc:
             log.warning("index compaction keeps every marker: %s", exc)
             return {}
-        return {int(p["partition"]): int(p.get("purge_seqno", 0)) for p in body["partitions"]
-                if int(p.get("purge_seqno", 0)) > 0}
+        return {p: sp.purge_seqno for p, sp in meta.partitions.items() if sp.purge_seqno > 0}
 
     def compact(self) -> Manifest:
         """Merge every run into one now (a major compaction; e.g. after a full build with several
@@ -377,6 +452,6 @@ class IndexJob:
         if len(manifest.runs) <= 1:
             return manifest
         nxt = self._compact(manifest.next(), major=True)
-        commit(self.root, nxt)
-        collect_garbage(self.root, nxt)
+        commit(self.where, nxt)
+        collect_garbage(self.where, nxt)
         return nxt

@@ -19,35 +19,65 @@ from .storage import Location, open_location
 __all__ = ["lookup"]
 
 
+def strings(values: list[str]) -> Any:
+    """A pyarrow string array of ``values``, built from its buffers.
+
+    ``pa.array(list)`` and a Python scalar handed to a compute function go through pyarrow's
+    Python-object conversion, which imports pandas to recognise its NA values: more CPU than
+    the whole lookup of a command-line query (docs/benchmarks.md, index point lookups)."""
+    import pyarrow as pa
+    from array import array
+
+    data = [v.encode() for v in values]
+    offsets = array("i", [0])
+    end = 0
+    for d in data:
+        end += len(d)
+        offsets.append(end)
+    if offsets.itemsize != 4 or end >= 2**31:
+        raise ValueError("index lookup: too many candidate keys for one string array")
+    return pa.Array.from_buffers(pa.string(), len(data),
+                                 [None, pa.py_buffer(offsets.tobytes()), pa.py_buffer(b"".join(data))])
+
+
+def _compute() -> tuple[Callable[..., Any], Any]:
+    """pyarrow's ``call_function`` and ``SetLookupOptions`` from its compute core: the public
+    ``pyarrow.compute`` module generates a wrapper and a docstring per kernel when imported,
+    about as much CPU as a whole lookup; the kernels are the same."""
+    try:
+        from pyarrow._compute import SetLookupOptions, call_function
+    except ImportError:                 # the core moved: the public module has both too
+        from pyarrow.compute import SetLookupOptions, call_function
+    return call_function, SetLookupOptions
+
+
 def _read(where: Location, run_path: str, columns: list[str], keep: Callable[[Any], Any] | None = None) -> Any:
     """The run's ``columns`` (rows where ``keep(table)`` is true), or None for an empty run.
-    ``pyarrow.parquet`` and ``pyarrow.compute`` only: ``pyarrow.dataset`` imports pandas, which
-    costs a command-line lookup more CPU than the lookup itself."""
+    ``ParquetFile`` and compute kernels only: ``pyarrow.dataset`` (and so ``pq.read_table``)
+    imports pandas, which costs a command-line lookup more CPU than the lookup itself."""
     import pyarrow as pa
-    import pyarrow.compute as pc
-    import pyarrow.parquet as pq
 
+    call, _ = _compute()
     tables = []
     for path in where.parquet_files(run_path):
-        with where.fs.open_input_file(path) as fh:
-            pf = pq.ParquetFile(fh)
+        pf = where.open_parquet(path)
+        with pf:
             if keep is None:
                 tables.append(pf.read(columns=columns))
                 continue
             probe = pf.read(columns=[c for c in ("value", "key") if c in columns][:1])
             mask = keep(probe)
-            if pc.any(mask).as_py():            # only then read the other columns
-                tables.append(pf.read(columns=columns).filter(mask))
+            if call("any", [mask]).as_py():             # only then read the other columns
+                tables.append(call("filter", [pf.read(columns=columns), mask]))
     tables = [t for t in tables if t.num_rows]
     return pa.concat_tables(tables) if tables else None
 
 
 def lookup(index: str | os.PathLike[str] | Location, value: str, manifest: Manifest | None = None) -> list[dict[str, Any]]:
     """Entries ``{"key", "partition", "seqno"}`` whose indexed value equals ``value``, by key."""
-    import pyarrow as pa
-    import pyarrow.compute as pc
-
+    call, set_lookup = _compute()
     where = index if isinstance(index, Location) else open_location(index)
+    wanted = strings([value])[0]
     manifest = manifest or load(where)
     if manifest is None:
         raise FileNotFoundError(f"{where.spark_path()}: no index here (manifest.json missing)")
@@ -59,7 +89,7 @@ def lookup(index: str | os.PathLike[str] | Location, value: str, manifest: Manif
 
     candidates: dict[str, tuple[int, int, int]] = {}       # key -> (run, partition, seqno)
     for i, run in enumerate(runs):
-        t = _read(where, run.path, ["value", "key", "partition", "seqno"], lambda t: pc.equal(t["value"], value))
+        t = _read(where, run.path, ["value", "key", "partition", "seqno"], lambda t: call("equal", [t["value"], wanted]))
         if t is None:
             continue
         for key, p, s in zip(t["key"].to_pylist(), t["partition"].to_pylist(), t["seqno"].to_pylist()):
@@ -69,9 +99,9 @@ def lookup(index: str | os.PathLike[str] | Location, value: str, manifest: Manif
         return []
     newest = {key: run for key, (run, _, _) in candidates.items()}
     first = min(newest.values())
-    keys = pa.array(list(candidates), pa.string())
+    in_keys = set_lookup(strings(list(candidates)))
     for j in range(first + 1, len(runs)):
-        t = _read(where, runs[j].path, ["key", "partition"], lambda t: pc.is_in(t["key"], value_set=keys))
+        t = _read(where, runs[j].path, ["key", "partition"], lambda t: call("is_in", [t["key"]], in_keys))
         if t is None:
             continue
         for key, p in zip(t["key"].to_pylist(), t["partition"].to_pylist()):

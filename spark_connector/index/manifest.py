@@ -18,10 +18,8 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import time
 from dataclasses import asdict, dataclass, field, replace
-from pathlib import Path
 from typing import Any
 
 FORMAT = 1
@@ -95,23 +93,23 @@ def commit(index_dir: str | os.PathLike[str] | Any, manifest: Manifest) -> None:
     where.write_atomic(MANIFEST, text)
 
 
-def collect_garbage(index_dir: str | os.PathLike[str], manifest: Manifest | None, keep_previous: int = 1) -> list[str]:
+def collect_garbage(index_dir: str | os.PathLike[str] | Any, manifest: Manifest | None,
+                    keep_previous: int = 1) -> list[str]:
     """Remove run directories no recent generation references (uncommitted runs of a killed job,
     runs merged away by compaction).  Runs of the previous ``keep_previous`` generations stay, so
     a reader that loaded the manifest just before a commit can still finish."""
-    root = Path(index_dir)
+    from .storage import Location, open_location
+    where = index_dir if isinstance(index_dir, Location) else open_location(index_dir)
     keep = {r.path for r in manifest.runs} if manifest else set()
     if manifest:
         for gen in range(max(0, manifest.generation - keep_previous), manifest.generation):
-            old = root / "history" / f"gen-{gen:06d}.json"
-            if old.exists():
-                keep |= {r["path"] for r in json.loads(old.read_text())["runs"]}
+            old = where.read_text(f"history/gen-{gen:06d}.json")
+            if old is not None:
+                keep |= {r["path"] for r in json.loads(old)["runs"]}
     removed = []
-    runs = root / "runs"
-    if runs.is_dir():
-        for child in runs.iterdir():
-            rel = f"runs/{child.name}"
-            if rel not in keep:
-                shutil.rmtree(child, ignore_errors=True)
-                removed.append(rel)
+    for name in where.list_dir("runs"):
+        rel = f"runs/{name}"
+        if rel not in keep:
+            where.remove_dir(rel)
+            removed.append(rel)
     return removed

@@ -43,12 +43,23 @@ def scheme_of(location: str) -> str:
 @dataclass(frozen=True)
 class Location:
     """An index directory: ``fs`` (a ``pyarrow.fs.FileSystem``), ``base`` (the path in it) and
-    ``uri`` (what Spark's readers and writers are given)."""
+    ``uri`` (what Spark's readers and writers are given).
 
-    fs: Any
+    A local directory makes its ``LocalFileSystem`` only when asked: reading a local index
+    (``upr index query``) goes through ``os`` and plain paths, so a one-shot lookup does not pay
+    for importing ``pyarrow.fs``.  Picklable: executors write remote runs through it."""
+
+    filesystem: Any
     base: str
     uri: str
     scheme: str = ""
+
+    @property
+    def fs(self) -> Any:
+        if self.filesystem is None:
+            from pyarrow import fs as pafs
+            object.__setattr__(self, "filesystem", pafs.LocalFileSystem())
+        return self.filesystem
 
     @property
     def is_local(self) -> bool:
@@ -61,11 +72,19 @@ class Location:
         return self.path(rel) if self.is_local else f"{self.uri.rstrip('/')}/{rel}" if rel else self.uri
 
     def exists(self, rel: str) -> bool:
+        if self.is_local:
+            return os.path.exists(self.path(rel))
         from pyarrow import fs as pafs
         return self.fs.get_file_info(self.path(rel)).type != pafs.FileType.NotFound
 
     def read_text(self, rel: str) -> str | None:
         """The file's text, or None when it does not exist."""
+        if self.is_local:
+            try:
+                with open(self.path(rel), encoding="utf-8") as fh:
+                    return fh.read()
+            except (FileNotFoundError, NotADirectoryError, IsADirectoryError):
+                return None
         from pyarrow import fs as pafs
         if self.fs.get_file_info(self.path(rel)).type != pafs.FileType.File:
             return None
@@ -74,6 +93,11 @@ class Location:
 
     def list_dir(self, rel: str) -> list[str]:
         """Names in a directory (empty when it does not exist)."""
+        if self.is_local:
+            try:
+                return sorted(os.listdir(self.path(rel)))
+            except (FileNotFoundError, NotADirectoryError):
+                return []
         from pyarrow import fs as pafs
         if self.fs.get_file_info(self.path(rel)).type != pafs.FileType.Directory:
             return []
@@ -82,6 +106,48 @@ class Location:
 
     def parquet_files(self, rel: str) -> list[str]:
         return [self.path(f"{rel}/{n}") for n in self.list_dir(rel) if n.endswith(".parquet")]
+
+    def open_parquet(self, path: str) -> Any:
+        """A ``pyarrow.parquet.ParquetFile`` of ``path`` (from ``parquet_files``); close it after use."""
+        import pyarrow.parquet as pq
+        if self.is_local:
+            return pq.ParquetFile(path)
+        return pq.ParquetFile(self.fs.open_input_file(path))
+
+    def make_dir(self, rel: str) -> None:
+        if self.is_local:
+            os.makedirs(self.path(rel), exist_ok=True)
+        else:
+            self.fs.create_dir(self.path(rel), recursive=True)
+
+    def remove_dir(self, rel: str) -> None:
+        """Remove a directory and everything in it; nothing to do when it is not there."""
+        if self.is_local:
+            import shutil
+            shutil.rmtree(self.path(rel), ignore_errors=True)
+            return
+        try:
+            self.fs.delete_dir(self.path(rel))
+        except FileNotFoundError:
+            pass
+
+    def remove_file(self, path: str) -> None:
+        """Remove one file named by its full path (as ``parquet_files`` gives it)."""
+        if self.is_local:
+            os.unlink(path)
+        else:
+            self.fs.delete_file(path)
+
+    def write_parquet(self, rel: str, table: Any) -> None:
+        """Write ``table`` as the Parquet file ``rel`` (creating its directory)."""
+        import pyarrow.parquet as pq
+        parent = os.path.dirname(rel)
+        self.make_dir(parent)
+        if self.is_local:
+            pq.write_table(table, self.path(rel))
+            return
+        with self.fs.open_output_stream(self.path(rel)) as out:
+            pq.write_table(table, out)
 
     def write_atomic(self, rel: str, text: str) -> None:
         """Replace ``rel`` with ``text`` so a reader sees the old or the new file, never a mix."""
@@ -118,8 +184,6 @@ def _write_atomic_local(path: str, text: str) -> None:
 def open_location(location: str | os.PathLike[str], filesystem: Any = None) -> Location:
     """A ``Location`` for a local path or a URI; ``filesystem`` (any ``pyarrow.fs.FileSystem``)
     serves ``location`` as a path inside it instead (tests, SubTreeFileSystem, custom clients)."""
-    from pyarrow import fs as pafs
-
     text = os.fspath(location)
     if filesystem is not None:
         return Location(filesystem, text, text, scheme=getattr(filesystem, "type_name", "custom"))
@@ -127,7 +191,8 @@ def open_location(location: str | os.PathLike[str], filesystem: Any = None) -> L
     if scheme in ("", "file"):
         path = urlparse(text).path if scheme == "file" else text
         path = os.path.abspath(path)
-        return Location(pafs.LocalFileSystem(), path, path, scheme="")
+        return Location(None, path, path, scheme="")
+    from pyarrow import fs as pafs
     try:
         fs, base = pafs.FileSystem.from_uri(text)
         return Location(fs, base, text, scheme)

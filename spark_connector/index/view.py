@@ -9,27 +9,27 @@ from the public view.
 from __future__ import annotations
 
 import os
-from pathlib import Path
 from typing import Any
 
 from .manifest import Manifest, load
+from .sparkio import ENTRY_SCHEMA, read_runs
+from .storage import Location, open_location
 
-ENTRY_SCHEMA = "value STRING, key STRING, partition INT, seqno BIGINT"
 
-
-def runs_frame(spark: Any, index_dir: str | os.PathLike[str], manifest: Manifest, markers: bool = False) -> Any:
+def runs_frame(spark: Any, index_dir: str | os.PathLike[str] | Location, manifest: Manifest,
+               markers: bool = False) -> Any:
     from pyspark.sql import Window
     from pyspark.sql import functions as F
 
-    root = Path(index_dir)
+    where = index_dir if isinstance(index_dir, Location) else open_location(index_dir)
     runs = [r for r in manifest.runs]
+    frames = read_runs(spark, where, [r.path for r in runs])
     if not runs:
         df = spark.createDataFrame([], ENTRY_SCHEMA)
     elif len(runs) == 1:
-        df = spark.read.schema(ENTRY_SCHEMA).parquet(str(root / runs[0].path))
+        df = frames[0]
     else:
-        parts = [spark.read.schema(ENTRY_SCHEMA).parquet(str(root / r.path)).withColumn("_run", F.lit(i))
-                 for i, r in enumerate(runs)]
+        parts = [frame.withColumn("_run", F.lit(i)) for i, frame in enumerate(frames)]
         df = parts[0]
         for p in parts[1:]:
             df = df.unionByName(p)
@@ -50,10 +50,11 @@ def runs_frame(spark: Any, index_dir: str | os.PathLike[str], manifest: Manifest
     return df
 
 
-def load_index(spark, index_dir: str | os.PathLike[str], markers: bool = False):  # type: ignore[no-untyped-def]
-    """The current generation of the index at ``index_dir`` as a DataFrame
+def load_index(spark, index_dir: str | os.PathLike[str] | Location, markers: bool = False):  # type: ignore[no-untyped-def]
+    """The current generation of the index at ``index_dir`` (a path or URI) as a DataFrame
     (``value, key, partition, seqno``); register it with ``createOrReplaceTempView`` to use SQL."""
-    manifest = load(index_dir)
+    where = index_dir if isinstance(index_dir, Location) else open_location(index_dir)
+    manifest = load(where)
     if manifest is None:
-        raise FileNotFoundError(f"{index_dir}: no index here (manifest.json missing)")
-    return runs_frame(spark, index_dir, manifest, markers)
+        raise FileNotFoundError(f"{where.spark_path()}: no index here (manifest.json missing)")
+    return runs_frame(spark, where, manifest, markers)

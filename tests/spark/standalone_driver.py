@@ -6,9 +6,13 @@ the cluster's fixed cost is paid once), then:
 
 1. an index build (``IndexJob``, what ``upr index run`` runs) against the standalone master;
 2. a streaming query with the ``upr`` source (AvailableNow) whose batches also report, from the
-   executors, which interpreter ran the tasks and where they imported the connector from.
+   executors, which interpreter ran the tasks and where they imported the connector from;
+3. with an ARCHIVE argument (``upr index env --pack``): a second application in the same JVM
+   whose executors get the environment through ``spark.archives`` (``--executor-env FILE``),
+   reads the source once and reports the same probe.
 
-Prints one JSON line: {"generation", "rows", "executors": [[sys.executable, spark_connector file], ...]}.
+Prints one JSON line: {"generation", "rows", "executors": [[sys.executable, spark_connector file], ...],
+"archive_rows", "archive_executors"}.
 """
 from __future__ import annotations
 
@@ -29,6 +33,7 @@ def probe(batches):  # type: ignore[no-untyped-def]
 
 def main() -> None:
     master, env, server, index_dir, checkpoint = sys.argv[1:6]
+    archive = sys.argv[6] if len(sys.argv) > 6 else None
     from spark_connector.cli import build_parser, spark_confs
     from spark_connector.index.functions import FieldIndex
     from spark_connector.index.job import IndexJob
@@ -58,7 +63,25 @@ def main() -> None:
         .trigger(availableNow=True).start()
     query.awaitTermination(180)
     spark.stop()
-    print(json.dumps({"generation": report.generation, "rows": seen["rows"], "executors": sorted(seen["executors"])}))
+    out = {"generation": report.generation, "rows": seen["rows"], "executors": sorted(seen["executors"])}
+    if archive:
+        # client mode: the driver's own Python processes run ./upr_env/bin/python too, so the
+        # archive is unpacked here as well (docs/architecture.md, Spark on a cluster)
+        import tarfile
+        with tarfile.open(archive) as tar:
+            tar.extractall("upr_env", filter="tar")
+        args = build_parser().parse_args(
+            ["index", "run", "--server", server, "--index", index_dir, "--field", "city", "--spark-master", master,
+             "--executor-env", archive, "--executor-memory", "512m", "--executor-cores", "2",
+             "--conf", "spark.cores.max=2"])
+        spark = local_session(args.spark_master, app_name="upr-standalone-archive", shuffle_partitions=2,
+                              extra=spark_confs(args), executor_env=args.executor_env)
+        df = spark.read.format("upr").option("server", server).option("minPartitions", "2").load().persist()
+        out["archive_rows"] = df.filter("key IS NOT NULL").count()
+        out["archive_executors"] = sorted({(r.python, r.module) for r in
+                                           df.mapInArrow(probe, "python STRING, module STRING").collect()})
+        spark.stop()
+    print(json.dumps(out))
 
 
 if __name__ == "__main__":

@@ -49,6 +49,16 @@ def _next_line(lines: queue.Queue, proc: subprocess.Popen, prefix: str, timeout:
     pytest.fail(f"no line starting {prefix!r} within {timeout} s")
 
 
+def _drain(lines: queue.Queue) -> list[str]:
+    """The lines still coming from an exited process's stdout."""
+    out = []
+    while True:
+        try:
+            out.append(lines.get(timeout=3))
+        except queue.Empty:
+            return out
+
+
 def _stop(proc: subprocess.Popen) -> None:
     if proc.poll() is None:
         os.killpg(proc.pid, signal.SIGKILL)
@@ -105,3 +115,29 @@ def test_on_rollback_fail_ends_in_one_line_and_a_non_zero_exit(spark, upr_server
     ours = [line for line in err.splitlines() if line.startswith("upr index:")]
     assert len(ours) == 1 and ours[0].startswith("upr index: ROLLBACK_REQUIRED partition "), err[-3000:]
     assert "Traceback" not in err and "=== Streaming Query ===" not in err, err[-3000:]
+
+
+@pytest.mark.timeout(900)
+def test_ctrl_c_stops_follow_cleanly_with_exit_130(upr_server, tmp_path):
+    # Ctrl-C in a terminal signals the whole foreground process group: the CLI, Spark's JVM and
+    # its Python workers.  `upr` itself (app.cli), as a user runs it.
+    srv = upr_server(partitions=4)
+    bulk(srv.url, random_ops(random.Random(3), KEYS, set(), 100))
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    proc = subprocess.Popen([sys.executable, "-m", "app.cli", "index", "run", "--server", srv.url, "--index",
+                             str(tmp_path / "idx"), "--field", "city", "--spark-master", "local[2]", "--follow",
+                             "--interval", "1"], cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, start_new_session=True)
+    try:
+        lines = _lines(proc.stdout)
+        _next_line(lines, proc, "batch 0:", 600)        # a JVM start: minutes on a loaded machine
+        os.killpg(proc.pid, signal.SIGINT)
+        assert proc.wait(timeout=120) == 130
+        stderr = proc.stderr.read()
+        rest = _drain(lines)
+    finally:
+        _stop(proc)
+    assert any(line.endswith("(stopped by signal)") for line in rest), (rest, stderr[-3000:])
+    ours = [line for line in stderr.splitlines() if line.startswith("upr index:")]
+    assert ours == ["upr index: stopping the query ..."], stderr[-3000:]
+    assert "Traceback" not in stderr and "py4j" not in stderr and "KeyboardInterrupt" not in stderr, stderr[-3000:]

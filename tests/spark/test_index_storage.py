@@ -116,10 +116,10 @@ def test_lookup_of_a_missing_index_names_it(tmp_path):
         lookup(tmp_path / "nothing", "oslo")
 
 
-def test_a_build_refuses_a_uri_it_cannot_write_and_takes_file_uris_as_paths(tmp_path):
+def test_a_build_takes_file_uris_as_paths_and_refuses_unknown_schemes_in_one_line(tmp_path):
     from spark_connector.index.functions import FieldIndex
     from spark_connector.index.job import IndexJob
-    from spark_connector.index.manifest import IndexError_
-    with pytest.raises(IndexError_, match=r"local or shared-mount path, not s3://"):
-        IndexJob(None, "s3://bucket/idx", "http://x", FieldIndex("city"))
     assert IndexJob(None, (tmp_path / "i").as_uri(), "http://x", FieldIndex("city")).root == tmp_path / "i"
+    with pytest.raises(StorageError) as refused:
+        IndexJob(None, "nosuchscheme://bucket/idx", "http://x", FieldIndex("city"))
+    assert "\n" not in str(refused.value) and "nosuchscheme://" in str(refused.value)

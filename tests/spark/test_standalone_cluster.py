@@ -2,7 +2,9 @@
 
 The executors run an environment built from this project's wheel (``upr index env``), not the
 driver's venv; the driver runs ``upr index run --spark-master spark://...`` and a streaming
-query with the ``upr`` source against it (tests/spark/standalone_driver.py, one JVM).
+query with the ``upr`` source against it, then a second application whose executors get the same
+environment packed as an archive through ``spark.archives`` (tests/spark/standalone_driver.py,
+one JVM).
 
 The environment is cached under ``.venv/cache/`` keyed by a hash of the wheel's sources, so only
 the first run after a code change builds it (pip wheel + venv: ~20 s).
@@ -24,7 +26,7 @@ from pathlib import Path
 
 import pytest
 
-from spark_connector.executor_env import WHEEL_SOURCES, build_env, build_wheel
+from spark_connector.executor_env import WHEEL_SOURCES, build_env, build_wheel, pack
 from spark_connector.index.lookup import lookup
 from tests.spark.helpers import CITIES, brute_force, bulk, random_ops
 
@@ -118,9 +120,10 @@ def test_index_build_and_streaming_query_on_a_standalone_cluster_with_a_shipped_
     bulk(srv.url, random_ops(random.Random(4), KEYS, live, 800))
     env = {k: v for k, v in os.environ.items() if not k.startswith("PYSPARK_") and k != "UPR_SPARK_PYTHON"}
     env["PYTHONPATH"] = str(ROOT)
+    archive = pack(executor_env, tmp_path / "upr-env.tar.gz")       # `upr index env --pack`
     done = subprocess.run(
         [sys.executable, str(ROOT / "tests" / "spark" / "standalone_driver.py"), standalone, str(executor_env),
-         srv.url, str(tmp_path / "idx"), str(tmp_path / "ckpt")],
+         srv.url, str(tmp_path / "idx"), str(tmp_path / "ckpt"), str(archive)],
         cwd=tmp_path, env=env, capture_output=True, text=True, timeout=800)
     assert done.returncode == 0, done.stderr[-4000:]
     result = json.loads(done.stdout.strip().splitlines()[-1])
@@ -134,3 +137,10 @@ def test_index_build_and_streaming_query_on_a_standalone_cluster_with_a_shipped_
     for python, module in result["executors"]:
         assert python == str(executor_env / "bin" / "python"), python
         assert module.startswith(str(executor_env)), module
+    # the archive form: Spark unpacked it in the executor's work dir and ran its interpreter
+    assert result["archive_rows"] >= len(live) and result["archive_executors"], result
+    for python, module in result["archive_executors"]:
+        unpacked = os.path.normpath(python).removesuffix("/bin/python")
+        assert python.endswith("upr_env/bin/python"), python
+        assert not python.startswith(str(executor_env)) and os.path.normpath(module).startswith(unpacked), \
+            (python, module)
