@@ -111,6 +111,14 @@ def settled(cluster: "Cluster", view: dict[str, Any]) -> bool:
     return True
 
 
+def following(cluster: "Cluster", name: str) -> dict[str, Any] | None:
+    """``name``'s view once every live node follows the map in it, else None.  Wait on this, not
+    on ``settled`` with a view taken earlier: the map may move on meanwhile (a dead node's replica
+    slots replaced, a rebalance), and then no node follows the earlier one any more."""
+    view = cluster.view(name)
+    return view if settled(cluster, view) else None
+
+
 def write_routed(cluster: Cluster, view: dict[str, Any], keys: Iterable[str], tag: str) -> dict[str, dict[str, Any]]:
     """``memory`` sets of ``keys``, each sent to its partition's active node; the acknowledged results."""
     urls = {n["name"]: n["url"] for n in view["nodes"]}

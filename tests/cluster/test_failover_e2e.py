@@ -25,9 +25,9 @@ from tests.cluster.etcd_server import EtcdProcess
 from tests.cluster.nodes import (
     Cluster,
     first_map,
+    following,
     partition_of,
     replicas_caught_up,
-    settled,
     started_in_sync,
     until,
     write_routed,
@@ -78,7 +78,7 @@ def test_sigkill_of_an_active_node_fails_over_without_losing_in_sync_writes(tmp_
             return v if moved and v["map"]["revision"] > view["map"]["revision"] else None
 
         after = until(failed_over, timeout=60, what="the failover of the killed node's partitions")
-        until(lambda: settled(cluster, after), what="the survivors following the new map")
+        until(lambda: following(cluster, "n2"), what="the survivors following the new map")
         urls = {n["name"]: n["url"] for n in after["nodes"] if n["url"]}
         for p in owned:
             new_active = after["map"]["partitions"][p]["active"]
@@ -129,7 +129,7 @@ def test_a_killed_node_rejoins_as_replica_and_ends_with_the_actives_history(tmp_
         until(lambda: all(p["active"] == "n2" for p in cluster.view("n2")["map"]["partitions"]),
               what="every partition active on n2")
         after = cluster.view("n2")
-        until(lambda: settled(cluster, after), what="n2 following the new map")
+        until(lambda: following(cluster, "n2"), what="n2 following the new map")
         acked = write_routed(cluster, after, keys[:50], "v2")  # history n1 never saw
         cluster.start("n1")
         until(lambda: all(p["replicas"] and p["replicas"][0]["node"] == "n1"
