@@ -13,11 +13,19 @@ from tests.support.net import free_port
 from tests.support.server import ServerProcess, start_server
 
 
+#: the nodes' lease TTL unless a test says otherwise.  A node renews every third of it, so it
+#: survives a keep-alive delayed by about two thirds of it: with 2 s (the minimum) a loaded 2-core
+#: machine (load 20-30) delayed keep-alives past the deadline and healthy nodes came close to
+#: being failed over; every fault test waits on conditions, so a longer TTL costs only the extra
+#: seconds to detect a killed node
+LEASE_TTL_S = 4
+
+
 class Cluster:
     """etcd at ``etcd_url`` and nodes named ``n1``.. with their own data dirs under ``workdir``."""
 
     def __init__(self, workdir: Path, etcd_url: str, *, partitions: int, replicas: int, initial_nodes: int,
-                 lease_ttl_s: int = 2, prefix: str = "/upr/test", tokens: Mapping[str, str] | None = None,
+                 lease_ttl_s: int = LEASE_TTL_S, prefix: str = "/upr/test", tokens: Mapping[str, str] | None = None,
                  env: Mapping[str, str] | None = None, extra_args: Iterable[str] = ()) -> None:
         self.workdir, self.etcd_url = workdir, etcd_url
         self.tokens, self.env, self.extra_args = tokens, env, list(extra_args)

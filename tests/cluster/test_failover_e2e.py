@@ -1,10 +1,11 @@
 """The cluster end to end: a real etcd and real ``upr server --cluster`` processes on loopback.
 
-Three nodes, 16 partitions, 1 replica, lease TTL 2 s: ``memory`` writes until every replica is in
-sync, SIGKILL of a node that is active for some partitions; the map moves them to their
-replicas, every acknowledged write is on the new actives, each promoted partition's failover log
-has exactly one new entry, and the killed node comes back fenced (it never takes a write for a
-partition the map no longer gives it: 421 naming the new active).
+Three nodes, 16 partitions, 1 replica, lease TTL 4 s (``tests.cluster.nodes.LEASE_TTL_S``):
+``memory`` writes until every replica is in sync, SIGKILL of a node that is active for some
+partitions; the map moves them to their replicas, every acknowledged write is on the new actives,
+each promoted partition's failover log has exactly one new entry, and the killed node comes back
+fenced (it never takes a write for a partition the map no longer gives it: 421 naming the new
+active).
 
 Two nodes: the killed node comes back as the replica of every partition and ends with the
 active's by-seqno history item for item (its own extra history rolled back)."""
@@ -164,7 +165,7 @@ def test_a_paused_node_that_lost_its_lease_takes_no_more_writes(tmp_path: Path, 
         owned = [p["partition"] for p in view["map"]["partitions"] if p["active"] == "n1"]
         assert owned
         n1 = cluster.nodes["n1"]
-        n1.proc.send_signal(signal.SIGSTOP)  # past its 2 s lease: the cluster gives its partitions away
+        n1.proc.send_signal(signal.SIGSTOP)  # past its lease: the cluster gives its partitions away
         try:
             until(lambda: all(cluster.view("n2")["map"]["partitions"][p]["active"] == "n2" for p in owned),
                   what="n1's partitions failed over to n2")
