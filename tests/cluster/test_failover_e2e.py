@@ -1,6 +1,6 @@
 """The cluster end to end: a real etcd and real ``upr server --cluster`` processes on loopback.
 
-Three nodes, 16 partitions, 1 replica, lease TTL 4 s (``tests.cluster.nodes.LEASE_TTL_S``):
+Three nodes, 16 partitions, 1 replica, lease TTL 5 s (``tests.cluster.nodes.LEASE_TTL_S``):
 ``memory`` writes until every replica is in sync, SIGKILL of a node that is active for some
 partitions; the map moves them to their replicas, every acknowledged write is on the new actives,
 each promoted partition's failover log has exactly one new entry, and the killed node comes back

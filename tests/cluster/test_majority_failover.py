@@ -1,5 +1,5 @@
 """No ``majority`` write acknowledged is lost in a failover: real etcd, three real ``upr server
---cluster`` processes, 16 partitions, 1 replica, lease TTL 4 s.
+--cluster`` processes, 16 partitions, 1 replica, lease TTL 5 s.
 
 Writer threads send ``majority`` bulk writes of new keys, each batch to the active of its keys'
 partitions (following the map), without pause; at a seeded random point the
