@@ -215,6 +215,15 @@ class HandoverParticipant:
         self.records, self.revision = records, revision
         self._release()
 
+    async def as_new_as(self, revision: int) -> None:
+        """Make ``records`` at least as new as etcd revision ``revision`` (the map's mod revision):
+        read them again if the last read or event is older.  The node reads the map and the
+        records at once, so the records' read may run before a transaction that wrote a fence
+        and the switched map together (``_switch``); following that map with the older records
+        would promote the target (a new failover entry) instead of taking over."""
+        if self.revision < revision:
+            await self.load()
+
     def apply_event(self, event: WatchEvent) -> bool:
         """A watch event of the cluster's prefix: True if it was a handover record's (applied)."""
         key = event.kv.key

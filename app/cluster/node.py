@@ -305,9 +305,10 @@ class ClusterNode:
     async def refresh(self) -> None:
         """Read the cluster's state from etcd and make this node follow the newest map."""
         # independent reads, at once: a takeover's write pause pays for every round trip here
-        (node_kvs, _), (progress_kvs, _), (current, _mod), holder, _ = await asyncio.gather(
+        (node_kvs, _), (progress_kvs, _), (current, mod), holder, _ = await asyncio.gather(
             self.etcd.get_prefix(self.layout.nodes), self.etcd.get_prefix(self.layout.progress),
             self.maps.load(self.config.partitions), self.etcd.get(self.layout.orchestrator), self.handover.load())
+        await self.handover.as_new_as(mod)  # a map is followed with records at least as new
         self.nodes = {self.layout.node_name(kv.key): json.loads(kv.value)["url"] for kv in node_kvs}
         self._urls.update(self.nodes)
         progress = {}
