@@ -110,7 +110,13 @@ class HandoverDriver:
         own reads."""
         if self.dirty or not self.watched or self._read is None:
             self.dirty = False  # before the reads: a change made while they run marks it again
-            self._read = await asyncio.gather(self.store.requests(), self.store.records())
+            try:
+                self._read = await asyncio.gather(self.store.requests(), self.store.records())
+            except BaseException:
+                # not read: marked again, or the change that asked for it would wait for the next
+                # one, and nothing read ahead (the next cycle reads for itself)
+                self.dirty, self._read_ahead = True, False
+                raise
         self._read_ahead = True
 
     async def cycle(self, view: ClusterView, map_mod_revision: int) -> None:
