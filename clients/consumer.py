@@ -157,6 +157,8 @@ class Consumer(ReceiveLoop):
             correction_concurrency=correction_concurrency, max_corrections=max_corrections, commit=commit,
             on_rollback=on_rollback, bundle=bundle, ring_size=0, visibility=self.visibility.value)
         self._probe_cluster = self._probe
+        #: the discovery under way or done (``_discover_once``), shared by every caller
+        self._discovery: asyncio.Future[None] | None = None
         self._cluster: ClusterStreams | None = None
         #: "item": save the last processed item (a partial snapshot is saved as such); "snapshot":
         #: save only whole processed snapshots, for handlers that apply a snapshot at its end.
@@ -223,10 +225,22 @@ class Consumer(ReceiveLoop):
         """Open the stream now (otherwise the first iteration does): errors surface here.
 
         With a cluster, this reads the map; the node connections open with the first iteration."""
-        if self._probe_cluster:
-            await self._discover()
+        await self._discover_once()
         if self._cluster is None and self._conn is None and not self._done:
             await self._open()
+
+    async def _discover_once(self) -> None:
+        """Find out whether the seeds are a cluster, once.  A caller arriving while another
+        caller's discovery is under way (``barrier()`` while the iterating task reads the map)
+        waits for its outcome: going on at once, it would find no cluster yet and open a
+        single-node connection beside the cluster's, and a barrier sent there never returns."""
+        if self._discovery is None:
+            if not self._probe_cluster:
+                return
+            self._discovery = asyncio.ensure_future(self._discover())
+            await self._discovery  # the first caller gets its errors
+        elif not self._discovery.done():
+            await asyncio.wait([self._discovery])  # another caller's: its outcome, not its errors
 
     async def _discover(self) -> None:
         """Is the server a cluster?  ``GET /cluster`` from the first seed that answers: a map makes
@@ -270,8 +284,7 @@ class Consumer(ReceiveLoop):
         if handler is None:
             raise UsageError("run() needs a handler")
         isawaitable = inspect.isawaitable
-        if self._probe_cluster:
-            await self._discover()
+        await self._discover_once()
         if self._cluster is not None:  # per event: commit() must see which item is being handled
             async for event in self._iterator("events"):
                 result = handler(event)

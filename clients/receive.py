@@ -107,6 +107,9 @@ class ReceiveLoop:
     async def _discover(self) -> None:  # Consumer's: is the server a cluster?
         raise NotImplementedError
 
+    async def _discover_once(self) -> None:  # Consumer's: ``_discover``, shared by every caller
+        raise NotImplementedError
+
     # ------------------------------------------------------------------ connection
     async def _open(self) -> None:
         conn = await StreamConnection.open(self.url, self.token, open_timeout=self.open_timeout,
@@ -213,8 +216,7 @@ class ReceiveLoop:
         session = self.session
         ring = self.ring
         try:
-            if self._probe_cluster:
-                await self._discover()
+            await self._discover_once()
             if self._cluster is not None:  # a cluster: one connection per node (clients.cluster)
                 async for x in self._cluster.stream(per_item):
                     yield x

@@ -273,9 +273,11 @@ class DurableWrites:
             self._cancel(parked)
             raise
         self._cancel(parked)
-        for waiter, future in parked:
-            if future.done() and future.exception() is not None:
-                raise future.exception()  # type: ignore[misc]
+        # every failed future's exception is taken, not only the first: a fence fails all of a
+        # batch's waiters at once, and asyncio logs each one left unretrieved as an error
+        failed = [exc for _, future in parked if future.done() and (exc := future.exception()) is not None]
+        if failed:
+            raise failed[0]
         for waiter, future in parked:
             if not future.done():
                 copies = 1 + len(self.tracker.replicas_of(waiter.partition))

@@ -110,7 +110,13 @@ class HandoverDriver:
         own reads."""
         if self.dirty or not self.watched or self._read is None:
             self.dirty = False  # before the reads: a change made while they run marks it again
-            self._read = await asyncio.gather(self.store.requests(), self.store.records())
+            try:
+                self._read = await asyncio.gather(self.store.requests(), self.store.records())
+            except BaseException:
+                # not read: marked again, or the change that asked for it would wait for the next
+                # one, and nothing read ahead (the next cycle reads for itself)
+                self.dirty, self._read_ahead = True, False
+                raise
         self._read_ahead = True
 
     async def cycle(self, view: ClusterView, map_mod_revision: int) -> None:
@@ -214,6 +220,15 @@ class HandoverParticipant:
             records[handover.partition] = Stored(handover, kv.mod_revision)
         self.records, self.revision = records, revision
         self._release()
+
+    async def as_new_as(self, revision: int) -> None:
+        """Make ``records`` at least as new as etcd revision ``revision`` (the map's mod revision):
+        read them again if the last read or event is older.  The node reads the map and the
+        records at once, so the records' read may run before a transaction that wrote a fence
+        and the switched map together (``_switch``); following that map with the older records
+        would promote the target (a new failover entry) instead of taking over."""
+        if self.revision < revision:
+            await self.load()
 
     def apply_event(self, event: WatchEvent) -> bool:
         """A watch event of the cluster's prefix: True if it was a handover record's (applied)."""

@@ -355,7 +355,8 @@ class ClusterNode:
         if not view.ready:
             reads.append(self.etcd.get_prefix(self.layout.progress))
         # independent reads, at once: a takeover's write pause pays for every round trip here
-        (node_kvs, _), (current, _mod), holder, _, *progress = await asyncio.gather(*reads)
+        (node_kvs, _), (current, mod), holder, _, *progress = await asyncio.gather(*reads)
+        await self.handover.as_new_as(mod)  # a map is followed with records at least as new
         self.nodes = {self.layout.node_name(kv.key): json.loads(kv.value)["url"] for kv in node_kvs}
         self._urls.update(self.nodes)
         if progress and not view.ready:
@@ -369,32 +370,36 @@ class ClusterNode:
         async with self._apply_lock:
             if self.fenced:
                 return
+            # one map for the whole pass: a watch event may replace ``self.map`` while this pass
+            # awaits, and the states set, the durable writes' map and the replica streams must
+            # all come from the same map (the newer one gets a pass of its own)
+            pmap = self.map
             engine = self.engine
             states = [engine.state(p) for p in range(engine.num_partitions)]
             # durable writes learn the map first: a partition that becomes active below takes
             # writes from then on (the loop yields between partitions), and a majority write
             # accepted there must find it counted as ours, not be answered ambiguous at once
-            self.durable.follow_map(self.map)
-            for change in changes(self.map, self.name, states):
+            self.durable.follow_map(pmap)
+            for change in changes(pmap, self.name, states):
                 if self.fenced:  # stalled past the lease meanwhile: nothing becomes active now
                     break
                 p = change.partition
-                resumed = p in self._fenced_actives and self._fenced_revision == self.map.revision
+                resumed = p in self._fenced_actives and self._fenced_revision == pmap.revision
                 self._fenced_actives.discard(p)
                 if change.change is Change.PROMOTE and self.handover.takes_over(p):
                     await asyncio.to_thread(engine.take_over, p)
                     log.warning("node %s: partition %d taken over as active (map revision %d), failover log kept",
-                                self.name, p, self.map.revision)
+                                self.name, p, pmap.revision)
                     await self.handover.taken_over(p)
                 elif change.change is Change.PROMOTE and resumed:
                     # fenced while active and the map never moved: nobody else took writes for it
                     await asyncio.to_thread(engine.take_over, p)
                     log.warning("node %s: partition %d active again after the fence (map revision %d unchanged, "
-                                "history kept)", self.name, p, self.map.revision)
+                                "history kept)", self.name, p, pmap.revision)
                 elif change.change is Change.PROMOTE:
                     entry = await asyncio.to_thread(engine.promote, p)
                     log.warning("node %s: partition %d promoted to active (map revision %d): new history branch "
-                                "%d at seqno %d", self.name, p, self.map.revision, entry.uuid, entry.seqno)
+                                "%d at seqno %d", self.name, p, pmap.revision, entry.uuid, entry.seqno)
                 elif change.change is Change.ACTIVATE:
                     await asyncio.to_thread(engine.set_state, p, PartitionState.ACTIVE)
                 elif change.change is Change.BECOME_REPLICA:
@@ -404,11 +409,11 @@ class ClusterNode:
                 if self.fenced and engine.state(p) is PartitionState.ACTIVE:  # fenced while it ran
                     await asyncio.to_thread(self._fence, p)
             if not self.fenced:
-                await self.handover.follow(self.map)
-            self.durable.follow_map(self.map)
+                await self.handover.follow(pmap)
+            self.durable.follow_map(pmap)
             # a copy whose active just died keeps streaming until the map moves the partition
             # (``replica_sources``): dropping it would withdraw the progress the orchestrator promotes by
-            self.replication.update(replica_sources(self.map, self.name, self._urls))
+            self.replication.update(replica_sources(pmap, self.name, self._urls))
 
     # ------------------------------------------------------------------ routing and status
     def misdirected(self, partition: int) -> dict[str, Any]:

@@ -149,7 +149,13 @@ class RebalanceDriver:
         reads, so a cycle costs one round of them rather than two in a row."""
         if self.dirty or not self.watched or self._observed is None:
             self.dirty = False  # before the read: a change made while it runs marks it again
-            self._observed = await self.store.observe()
+            try:
+                self._observed = await self.store.observe()
+            except BaseException:
+                # not read: marked again, or the change that asked for it would wait for the next
+                # one, and nothing read ahead (the next cycle reads for itself)
+                self.dirty, self._read_ahead = True, False
+                raise
         self._read_ahead = True
 
     async def observe(self, view: ClusterView) -> tuple[RebalanceStep, Observed]:

@@ -13,11 +13,20 @@ from tests.support.net import free_port
 from tests.support.server import ServerProcess, start_server
 
 
+#: the nodes' lease TTL unless a test says otherwise.  A node renews every third of it, so it
+#: survives a keep-alive delayed by about two thirds of it, and its stall check allows a quarter.
+#: With 2 s (the minimum) a loaded 2-core machine (load 20-30) starved all three nodes of a test
+#: cluster past their deadlines at once while etcd was up: they lost their leases, and a replica
+#: that rejoined was still catching up when the fault the test injected needed it.  Every fault
+#: test waits on conditions, so a longer TTL costs only the seconds to detect a killed node.
+LEASE_TTL_S = 5
+
+
 class Cluster:
     """etcd at ``etcd_url`` and nodes named ``n1``.. with their own data dirs under ``workdir``."""
 
     def __init__(self, workdir: Path, etcd_url: str, *, partitions: int, replicas: int, initial_nodes: int,
-                 lease_ttl_s: int = 2, prefix: str = "/upr/test", tokens: Mapping[str, str] | None = None,
+                 lease_ttl_s: int = LEASE_TTL_S, prefix: str = "/upr/test", tokens: Mapping[str, str] | None = None,
                  env: Mapping[str, str] | None = None, extra_args: Iterable[str] = ()) -> None:
         self.workdir, self.etcd_url = workdir, etcd_url
         self.tokens, self.env, self.extra_args = tokens, env, list(extra_args)
@@ -109,6 +118,14 @@ def settled(cluster: "Cluster", view: dict[str, Any]) -> bool:
             if states[entry["partition"]] != wanted:
                 return False
     return True
+
+
+def following(cluster: "Cluster", name: str) -> dict[str, Any] | None:
+    """``name``'s view once every live node follows the map in it, else None.  Wait on this, not
+    on ``settled`` with a view taken earlier: the map may move on meanwhile (a dead node's replica
+    slots replaced, a rebalance), and then no node follows the earlier one any more."""
+    view = cluster.view(name)
+    return view if settled(cluster, view) else None
 
 
 def write_routed(cluster: Cluster, view: dict[str, Any], keys: Iterable[str], tag: str) -> dict[str, dict[str, Any]]:

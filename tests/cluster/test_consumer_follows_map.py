@@ -363,7 +363,12 @@ async def _barriers(cluster: Cluster, view: dict[str, Any]) -> None:
         await asyncio.sleep(0.5)
         for round_ in range(8):
             before = dict(writers.acked)  # acknowledged before the barrier is requested
-            reached = await consumer.barrier(timeout=60)
+            try:
+                reached = await consumer.barrier(timeout=60)
+            except TimeoutError:
+                # (acked, processed) per partition: a consumer keeping up says the barrier itself is stuck
+                raise AssertionError(f"round {round_}: no barrier in 60 s; partition: (acked, processed) "
+                                     f"{ {p: (s, processed.get(p, 0)) for p, s in sorted(writers.acked.items())} }")
             seen = dict(processed)
             assert set(reached.seqnos) == set(range(PARTS)), reached.seqnos
             late = {p: (s, reached.seqnos[p], seen.get(p)) for p, s in before.items()

@@ -32,7 +32,7 @@ def layout() -> Layout:
     return Layout(f"/upr/{uuid.uuid4().hex[:8]}")
 
 
-async def _until(predicate, timeout: float = 15.0) -> None:
+async def _until(predicate, timeout: float = 30.0) -> None:
     deadline = asyncio.get_running_loop().time() + timeout
     while not await predicate():
         assert asyncio.get_running_loop().time() < deadline, "condition not reached in time"
@@ -85,7 +85,9 @@ async def test_a_paused_orchestrator_that_lost_its_key_cannot_publish(client: Et
 class Node:
     """A control-plane-only node: membership plus an orchestrator loop, like a server's."""
 
-    def __init__(self, client: EtcdClient, layout: Layout, name: str, ttl: int = 1,
+    # 4 s, not etcd's minimum: three nodes share this one loaded test process, and a 2 s lease
+    # expired between a node's grant and the put that joins under it
+    def __init__(self, client: EtcdClient, layout: Layout, name: str, ttl: int = 4,
                  replace_after_s: float = 0.0) -> None:
         self.membership = Membership(client, layout, name, f"http://{name}", ttl=ttl)
         self.client, self.layout, self.name = client, layout, name

@@ -5,6 +5,7 @@ is worth, and when a write is durable, ambiguous or impossible."""
 from __future__ import annotations
 
 import asyncio
+import gc
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -166,6 +167,27 @@ async def test_fencing_makes_every_waiter_ambiguous(engine: Engine) -> None:
     for waiting in waits:
         with pytest.raises(DurabilityAmbiguous):
             await asyncio.wait_for(waiting, 5)
+
+
+async def test_a_fenced_batch_leaves_no_exception_unretrieved(engine: Engine) -> None:
+    """A batch waits on one future per partition and a fence fails them all at once: the wait
+    raises one and takes the others' exceptions, which asyncio would otherwise log as errors."""
+    durable = DurableWrites(engine, "n1")
+    durable.follow_map(map_of((P, "n1", ("n2",)), (1, "n1", ("n2",))))
+    loop = asyncio.get_running_loop()
+    unretrieved: list[dict] = []
+    loop.set_exception_handler(lambda _loop, context: unretrieved.append(context))
+    try:
+        waiting = asyncio.create_task(durable.wait({P: write(engine, P), 1: write(engine, 1)}, False, 30.0))
+        await asyncio.sleep(0.01)
+        durable.retire_all("fenced")
+        with pytest.raises(DurabilityAmbiguous):
+            await asyncio.wait_for(waiting, 5)
+        del waiting
+        gc.collect()  # an unretrieved exception is reported when its future is collected
+        assert not unretrieved, unretrieved
+    finally:
+        loop.set_exception_handler(None)
 
 
 async def test_a_cancelled_writer_leaves_no_waiter(engine: Engine) -> None:

@@ -1,10 +1,11 @@
 """The cluster end to end: a real etcd and real ``upr server --cluster`` processes on loopback.
 
-Three nodes, 16 partitions, 1 replica, lease TTL 2 s: ``memory`` writes until every replica is in
-sync, SIGKILL of a node that is active for some partitions; the map moves them to their
-replicas, every acknowledged write is on the new actives, each promoted partition's failover log
-has exactly one new entry, and the killed node comes back fenced (it never takes a write for a
-partition the map no longer gives it: 421 naming the new active).
+Three nodes, 16 partitions, 1 replica, lease TTL 5 s (``tests.cluster.nodes.LEASE_TTL_S``):
+``memory`` writes until every replica is in sync, SIGKILL of a node that is active for some
+partitions; the map moves them to their replicas, every acknowledged write is on the new actives,
+each promoted partition's failover log has exactly one new entry, and the killed node comes back
+fenced (it never takes a write for a partition the map no longer gives it: 421 naming the new
+active).
 
 Two nodes: the killed node comes back as the replica of every partition and ends with the
 active's by-seqno history item for item (its own extra history rolled back)."""
@@ -25,9 +26,9 @@ from tests.cluster.etcd_server import EtcdProcess
 from tests.cluster.nodes import (
     Cluster,
     first_map,
+    following,
     partition_of,
     replicas_caught_up,
-    settled,
     started_in_sync,
     until,
     write_routed,
@@ -78,7 +79,7 @@ def test_sigkill_of_an_active_node_fails_over_without_losing_in_sync_writes(tmp_
             return v if moved and v["map"]["revision"] > view["map"]["revision"] else None
 
         after = until(failed_over, timeout=60, what="the failover of the killed node's partitions")
-        until(lambda: settled(cluster, after), what="the survivors following the new map")
+        until(lambda: following(cluster, "n2"), what="the survivors following the new map")
         urls = {n["name"]: n["url"] for n in after["nodes"] if n["url"]}
         for p in owned:
             new_active = after["map"]["partitions"][p]["active"]
@@ -129,7 +130,7 @@ def test_a_killed_node_rejoins_as_replica_and_ends_with_the_actives_history(tmp_
         until(lambda: all(p["active"] == "n2" for p in cluster.view("n2")["map"]["partitions"]),
               what="every partition active on n2")
         after = cluster.view("n2")
-        until(lambda: settled(cluster, after), what="n2 following the new map")
+        until(lambda: following(cluster, "n2"), what="n2 following the new map")
         acked = write_routed(cluster, after, keys[:50], "v2")  # history n1 never saw
         cluster.start("n1")
         until(lambda: all(p["replicas"] and p["replicas"][0]["node"] == "n1"
@@ -164,7 +165,7 @@ def test_a_paused_node_that_lost_its_lease_takes_no_more_writes(tmp_path: Path, 
         owned = [p["partition"] for p in view["map"]["partitions"] if p["active"] == "n1"]
         assert owned
         n1 = cluster.nodes["n1"]
-        n1.proc.send_signal(signal.SIGSTOP)  # past its 2 s lease: the cluster gives its partitions away
+        n1.proc.send_signal(signal.SIGSTOP)  # past its lease: the cluster gives its partitions away
         try:
             until(lambda: all(cluster.view("n2")["map"]["partitions"][p]["active"] == "n2" for p in owned),
                   what="n1's partitions failed over to n2")

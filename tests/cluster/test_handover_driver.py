@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from app.cluster.election import Election
-from app.cluster.etcd import EtcdClient
+from app.cluster.etcd import EtcdClient, Put
 from app.cluster.handover import HandoverDriver, HandoverParticipant, HandoverStore
 from app.cluster.layout import Layout
 from app.cluster.mapstore import MapStore
@@ -164,3 +164,31 @@ async def test_a_write_refused_during_its_handover_waits_until_the_target_took_o
         await client.delete(store.record_key(0))  # the target took over and deleted the record
         await node.load()
         assert await asyncio.wait_for(waiting, 5.0)
+
+
+async def test_a_target_follows_a_switched_map_with_the_fence_written_beside_it(
+        client: EtcdClient, tmp_path: Path) -> None:
+    """The node reads the map and the records at once: when the records' read ran before the
+    source's transaction (fence and switched map in one write) and the map's after it, the
+    records are read again, so the target takes over instead of promoting."""
+    layout = Layout(f"/upr/{uuid.uuid4().hex[:8]}")
+    store, maps = HandoverStore(client, layout), MapStore(client, layout)
+    assert await maps.publish(MAP, 0)
+    with Engine.open(EngineConfig(data_dir=tmp_path, partitions=3)) as engine:
+        for p in range(3):
+            engine.set_state(p, PartitionState.ACTIVE if MAP.active_of(p) == "b" else PartitionState.REPLICA)
+        record = Handover(0, "a", "b")
+        await client.put(store.record_key(0), json.dumps(record.to_json()).encode())
+        target = HandoverParticipant(client, layout, engine, "b")
+        await target.load()  # the records' read, before the switch
+        _, mod = await maps.load(3)
+        switched = MAP.succeeded_by([Placement("b", ("a",)), *MAP.placements[1:]])
+        await client.txn([], [Put(store.record_key(0), json.dumps(record.fenced(0, 0).to_json()).encode()),
+                              Put(layout.map, json.dumps(switched.to_json()).encode())])
+        current, mod = await maps.load(3)  # the map's read, after it
+        assert current.active_of(0) == "b" and not target.takes_over(0)
+        await target.as_new_as(mod)
+        assert target.takes_over(0)
+        revision = target.revision
+        await target.as_new_as(mod)  # as new already: no read
+        assert target.revision == revision

@@ -1,5 +1,5 @@
 """No ``majority`` write acknowledged is lost in a failover: real etcd, three real ``upr server
---cluster`` processes, 16 partitions, 1 replica, lease TTL 2 s.
+--cluster`` processes, 16 partitions, 1 replica, lease TTL 5 s.
 
 Writer threads send ``majority`` bulk writes of new keys, each batch to the active of its keys'
 partitions (following the map), without pause; at a seeded random point the
@@ -23,7 +23,7 @@ import httpx
 import pytest
 
 from tests.cluster.etcd_server import EtcdProcess
-from tests.cluster.nodes import Cluster, first_map, partition_of, replicas_caught_up, settled, until
+from tests.cluster.nodes import Cluster, first_map, following, partition_of, replicas_caught_up, until
 
 PARTITIONS = 16
 NODES = ("n1", "n2", "n3")
@@ -175,10 +175,10 @@ def one_round(workdir: Path, etcd: EtcdProcess, seed: int) -> None:
                 return v if moved and v["map"]["revision"] > view["map"]["revision"] else None
 
             try:
-                after = until(failed_over, timeout=90, what=f"the failover of {victim}'s partitions")
+                until(failed_over, timeout=90, what=f"the failover of {victim}'s partitions")
             except AssertionError as exc:
                 raise AssertionError(f"{exc}; the survivors say:\n{cluster_log(cluster, victim)}") from None
-            until(lambda: settled(cluster, after), timeout=90, what="the survivors following the new map")
+            until(lambda: following(cluster, survivor), timeout=90, what="the survivors following the new map")
             target = writer.acked_count() + 20
             until(lambda: writer.acked_count() >= target, timeout=120,
                   what="majority writes acknowledged on the new map")

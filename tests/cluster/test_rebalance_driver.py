@@ -9,7 +9,7 @@ import uuid
 import pytest
 
 from app.cluster.election import Election
-from app.cluster.etcd import EtcdClient
+from app.cluster.etcd import EtcdClient, EtcdError
 from app.cluster.handover import HandoverDriver, HandoverStore
 from app.cluster.layout import Layout
 from app.cluster.mapstore import MapStore
@@ -133,3 +133,41 @@ async def test_with_a_watch_the_drivers_read_the_moves_only_once_marked_changed(
     await store.stop()
     _step, observed = await driver.observe(view)
     assert observed.request is not None and observed.request.stopped
+
+
+async def test_a_failed_read_leaves_the_drivers_marked_changed(client: EtcdClient) -> None:
+    """A read that fails (etcd slow or away) is made again next cycle: the change the watch
+    marked would otherwise wait for another change under the moves' keys (a handover's fence
+    never switched, its partition's writes paused)."""
+    layout = Layout(f"/upr/{uuid.uuid4().hex[:8]}")
+    lease, _ttl = await client.grant(30)
+    election = Election(client, layout, "a", lease)
+    await election.campaign()
+    maps = MapStore(client, layout)
+    assert await maps.publish(MAP, 0)
+    rebalance = RebalanceDriver(client, layout, maps, election.guard)
+    handover = HandoverDriver(client, layout, maps, election.guard)
+    for driver in (rebalance, handover):
+        driver.watched = True
+        await driver.read()  # the first read, then idle
+        assert not driver.dirty
+    store = RebalanceStore(client, layout)
+    assert await store.ask(RebalanceRequest(id="r1"))
+    records = HandoverStore(client, layout)
+    await client.put(records.record_key(0), b'{"partition": 0, "source": "a", "target": "b"}')
+
+    async def unavailable() -> None:
+        raise EtcdError("etcd did not answer")
+
+    for driver, reader in ((rebalance, "observe"), (handover, "records")):
+        driver.dirty = True  # the watch saw the change
+        real = getattr(driver.store, reader)
+        setattr(driver.store, reader, unavailable)
+        with pytest.raises(EtcdError):
+            await driver.read()
+        setattr(driver.store, reader, real)
+        assert driver.dirty
+    _step, observed = await rebalance.observe(ClusterView(MAP, LIVE, 1, synced(MAP)))
+    assert observed.request is not None and observed.request.id == "r1"
+    await handover.read()
+    assert handover._read is not None and 0 in handover._read[1]

@@ -21,7 +21,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.cluster.etcd_server import EtcdProcess
-from tests.cluster.nodes import Cluster, first_map, replicas_caught_up, settled, until, write_routed
+from tests.cluster.nodes import Cluster, first_map, following, replicas_caught_up, until, write_routed
 from tests.cluster.test_replication import history
 
 pytestmark = pytest.mark.slow
@@ -72,7 +72,7 @@ def test_a_killed_node_restarted_within_the_grace_rolls_back_every_copy_it_held(
             return v if moved else None
 
         after = until(failed_over, timeout=60, what="the failover of the killed node's partitions")
-        until(lambda: settled(cluster, after), what="the survivors following the new map")
+        until(lambda: following(cluster, survivor), what="the survivors following the new map")
         for entry in after["map"]["partitions"]:
             p = entry["partition"]
             copies = [entry["active"], *(r["node"] for r in entry["replicas"])]

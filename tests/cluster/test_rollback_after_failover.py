@@ -22,7 +22,7 @@ import pytest
 from clients import Consumer, Deletion, Mutation, Rollback
 from engine.protocol.client.session import DEFAULT_WINDOW
 from tests.cluster.etcd_server import EtcdProcess
-from tests.cluster.nodes import Cluster, first_map, partition_of, replicas_caught_up, settled, until
+from tests.cluster.nodes import Cluster, first_map, following, partition_of, replicas_caught_up, until
 from tests.support.docs import bulk
 
 pytestmark = pytest.mark.slow
@@ -115,8 +115,8 @@ def test_a_consumer_rolls_back_to_the_promotion_seqno_after_the_active_dies(tmp_
             v = cluster.view(replica)
             return v if v["map"]["partitions"][p]["active"] == replica else None
 
-        after = until(promoted, timeout=90, what=f"partition {p} promoted on {replica}")
-        until(lambda: settled(cluster, after), what="the survivors following the new map")
+        until(promoted, timeout=90, what=f"partition {p} promoted on {replica}")
+        until(lambda: following(cluster, replica), what="the survivors following the new map")
         log = until(lambda: (lg := failover_log(r_url, p)) and len(lg) > 1 and lg, what="the promotion's entry")
         promotion_seqno = log[0][1]
         assert promotion_seqno < high, (promotion_seqno, high)  # the replica really missed writes

@@ -1,5 +1,5 @@
 """The Spark source and indexer over a cluster: a real etcd, three real nodes (8 partitions, 1
-replica, lease TTL 2 s), local Spark.
+replica, lease TTL 5 s), local Spark.
 
 The indexer (``IndexJob``, what ``upr index run`` runs) is given all three URLs and reads in
 several batches; after its first batch the active node of some partitions is SIGKILLed, so the
