@@ -69,6 +69,20 @@ class RunReport:
     #: last batch: commit log, the final "nothing new" check)
     phases: dict[str, float] = field(default_factory=dict)
 
+    def merge(self, later: "RunReport") -> None:
+        """Add a later query's report of the same run (``IndexJob.run`` runs again while
+        partitions were unserved): counts add up, the outcome is the later one's."""
+        self.batches += later.batches
+        self.skipped += later.skipped
+        self.rows_read += later.rows_read
+        self.resets.extend(p for p in later.resets if p not in self.resets)
+        self.rollbacks.update(later.rollbacks)
+        self.refetched += later.refetched
+        self.generation = later.generation
+        self.unavailable = dict(later.unavailable)
+        for phase, seconds in later.phases.items():
+            self.phases[phase] = round(self.phases.get(phase, 0.0) + seconds, 3)
+
     def _add(self, phase: str, since: float) -> float:
         now = time.monotonic()
         self.phases[phase] = round(self.phases.get(phase, 0.0) + now - since, 3)
@@ -87,6 +101,12 @@ class BatchProgress:
     generation: int
     resets: tuple[int, ...] = ()
 
+
+#: How long a one-shot ``IndexJob.run`` keeps running again while partitions have no live active
+#: node: past a failover (a lease's expiry plus the promotion) on the default lease.
+UNAVAILABLE_WAIT_S = 30.0
+#: Pause between those runs (each is a whole Spark query: seconds of its own).
+UNAVAILABLE_RETRY_S = 1.0
 
 #: The keyspace id an index of a cluster records (``clients.backup`` binds archives the same way).
 CLUSTER_KEYSPACE = "cluster"
@@ -160,20 +180,48 @@ class IndexJob:
         self._batch_base = 0          # manifest batch id of Spark's batch 0 (remote: counted on)
         self._start_offset: dict[str, Any] | None = None
         self.report = RunReport()
+        self._stopped = False
         self.on_batch = on_batch
 
     # ------------------------------------------------------------------ public
     def run(self, follow: bool = False, interval_s: float = 5.0, timeout_s: float | None = None,
-            stop: Callable[[], bool] | None = None) -> RunReport:
+            stop: Callable[[], bool] | None = None, unavailable_wait_s: float = UNAVAILABLE_WAIT_S) -> RunReport:
         """Bring the index up to date (AvailableNow), or with ``follow`` keep it updated.
 
         ``stop`` is polled while the query runs; when it returns True the query is stopped
         between Spark calls (a signal handler only sets a flag: raising inside a blocked py4j
-        call would break the gateway and print its tracebacks)."""
+        call would break the gateway and print its tracebacks).
+
+        A one-shot run whose query ended with partitions that had no live active node (a cluster
+        mid-failover) runs again, from where it stopped, until every partition was served or
+        ``unavailable_wait_s`` passed: it returns up to date, or with ``report.unavailable`` naming
+        what is still unserved (a follow run takes them up at a later trigger instead)."""
+        started = time.monotonic()
+        total = RunReport()
+        while True:
+            report = self._run_once(follow, interval_s, timeout_s, stop)
+            total.merge(report)
+            waited = time.monotonic() - started
+            if follow or self._stopped or not report.unavailable or waited >= unavailable_wait_s:
+                break
+            if timeout_s is not None:
+                timeout_s -= report.seconds
+                if timeout_s <= 0:
+                    break
+            log.warning("index run: %d partition(s) had no live active node (%s); running again",
+                        len(report.unavailable), ", ".join(map(str, sorted(report.unavailable))))
+            time.sleep(UNAVAILABLE_RETRY_S)
+        total.seconds = time.monotonic() - started
+        self.report = total
+        return total
+
+    def _run_once(self, follow: bool, interval_s: float, timeout_s: float | None,
+                  stop: Callable[[], bool] | None) -> RunReport:
         from .. import session
         session.register(self.spark)
         started = time.monotonic()
         self.report = RunReport()
+        self._stopped = False
         manifest = self._open()
         collect_garbage(self.where, manifest)
         opts = {"server": self.server, "startingOffsets": "earliest", **self.source_options}
@@ -208,6 +256,7 @@ class IndexJob:
                         break
             finally:
                 self.report.unavailable = _unavailable(query.lastProgress)
+                self._stopped = stopped
                 if query.isActive:
                     query.stop()
         finally:
