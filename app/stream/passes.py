@@ -162,10 +162,10 @@ class PassSender:
         if from_disk:
             # one reader-thread reading per position for every connection there (shared.read);
             # while this waits, acks, cookies and closes may arrive: everything is checked again
-            got = await asyncio.gather(*(
-                shared.read(codec, visits[i].partition, visits[i].after_seqno,
-                            streams[visits[i].partition].expected_state,
-                            self.hub.jobs.run if self.hub.jobs is not None else self._read) for i in from_disk))
+            run = self.hub.jobs.run if self.hub.jobs is not None else self._read
+            started = [shared.begin_read(codec, visits[i].partition, visits[i].after_seqno,
+                                         streams[visits[i].partition].expected_state, run) for i in from_disk]
+            got = [await shared.await_read(one) for one in started]  # all started: they run together
             if any(r is None for r in got) or self._close is not None or self._peer_closed:
                 return False
             for i, reading in zip(from_disk, got):

@@ -108,6 +108,15 @@ class SharedReadings:
         position and high seqno meanwhile, then kept like the memory readings.  WHY: a consumer
         a few milliseconds behind (more than a flush interval) otherwise leaves the shared path
         at once, and under load its own per-visit production puts it further behind."""
+        return await self.await_read(self.begin_read(codec, partition, after, expected_state, run))
+
+    def begin_read(self, codec: str, partition: int, after: int, expected_state: Any,
+                   run: Callable[..., Awaitable[Any]]) -> "SharedReading | asyncio.Future[SharedReading | None]":
+        """``read`` in two steps: the reading if it is already taken, else the future of the one
+        being taken (started here if nobody asked yet); ``await_read`` waits for it.  WHY apart:
+        a pass needing several readings starts them all before waiting for any, without a task
+        per reading (``asyncio.gather`` made one each, the larger part of a pass's loop time when
+        many connections wait for the same readings, profiled)."""
         key = (codec, partition, after)
         high = self._engine.high_seqno(partition)
         entry = self._entries.get(key)
@@ -121,8 +130,15 @@ class SharedReadings:
             pending.add_done_callback(lambda fut: self._read_done(key, high, fut))
         else:
             self.hits += 1
+        return pending
+
+    @staticmethod
+    async def await_read(started: "SharedReading | asyncio.Future[SharedReading | None]") -> SharedReading | None:
+        """The result of ``begin_read``: None if the reading failed (the usual path reports it)."""
+        if isinstance(started, SharedReading):
+            return started
         try:
-            return await asyncio.shield(pending)
+            return await asyncio.shield(started)
         except Exception:  # noqa: BLE001 - the engine closing, the state changing: the usual path reports it
             return None
 
