@@ -1,7 +1,7 @@
 """A Spark standalone master and one worker on 127.0.0.1, from the installed pyspark, for benches.
 
-The same daemons ``tests/spark/test_standalone_cluster.py`` starts (``spark-class`` with
-``SPARK_NO_DAEMONIZE``, ephemeral ports); the worker gets ``--cores`` cores and its own work dir.
+``spark-class`` with ``SPARK_NO_DAEMONIZE`` and ephemeral ports; the worker gets ``--cores`` cores and
+its own work dir.  ``tests/spark/test_standalone_cluster.py`` runs its cluster test on it too.
 """
 from __future__ import annotations
 
@@ -16,6 +16,8 @@ from pathlib import Path
 
 
 def _daemon(log: Path, spark_home: Path, *args: str) -> subprocess.Popen[bytes]:
+    # a worker host knows nothing of the driver's checkout: without PYTHONPATH, executors cannot
+    # import the project from the caller's tree instead of the environment shipped to them
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH" and not k.startswith(("PYSPARK_", "UPR_"))}
     env.update(SPARK_HOME=str(spark_home), SPARK_LOCAL_IP="127.0.0.1", SPARK_NO_DAEMONIZE="1")
     with open(log, "wb") as out:

@@ -36,13 +36,19 @@ def synced(current: PartitionMap) -> dict[tuple[int, str], ReplicaProgress]:
     return {(p, r): ReplicaProgress(10, True) for p, pl in enumerate(current.placements) for r in pl.replicas}
 
 
-async def test_the_driver_plans_builds_hands_over_and_winds_a_stopped_run_down(client: EtcdClient) -> None:
+
+async def _orchestrating(client: EtcdClient) -> tuple[Layout, MapStore, Election]:
+    """A fresh cluster prefix whose map is ``MAP``, with node "a" elected orchestrator."""
     layout = Layout(f"/upr/{uuid.uuid4().hex[:8]}")
     lease, _ttl = await client.grant(30)
     election = Election(client, layout, "a", lease)
     await election.campaign()
     maps = MapStore(client, layout)
     assert await maps.publish(MAP, 0)
+    return layout, maps, election
+
+async def test_the_driver_plans_builds_hands_over_and_winds_a_stopped_run_down(client: EtcdClient) -> None:
+    layout, maps, election = await _orchestrating(client)
     notes: list[tuple[str, dict]] = []
     driver = RebalanceDriver(client, layout, maps, election.guard,
                              note=lambda message, **fields: notes.append((message, fields)))
@@ -94,12 +100,7 @@ async def test_the_driver_plans_builds_hands_over_and_winds_a_stopped_run_down(c
 
 
 async def test_auto_rebalance_starts_a_run_for_a_node_that_joined_holding_nothing(client: EtcdClient) -> None:
-    layout = Layout(f"/upr/{uuid.uuid4().hex[:8]}")
-    lease, _ttl = await client.grant(30)
-    election = Election(client, layout, "a", lease)
-    await election.campaign()
-    maps = MapStore(client, layout)
-    assert await maps.publish(MAP, 0)
+    layout, maps, election = await _orchestrating(client)
     driver = RebalanceDriver(client, layout, maps, election.guard)
     view = ClusterView(MAP, frozenset({"a", "b"}), 1, synced(MAP))
     await driver.start_for_joined(view, await driver.store.observe())
@@ -111,12 +112,7 @@ async def test_auto_rebalance_starts_a_run_for_a_node_that_joined_holding_nothin
 
 
 async def test_with_a_watch_the_drivers_read_the_moves_only_once_marked_changed(client: EtcdClient) -> None:
-    layout = Layout(f"/upr/{uuid.uuid4().hex[:8]}")
-    lease, _ttl = await client.grant(30)
-    election = Election(client, layout, "a", lease)
-    await election.campaign()
-    maps = MapStore(client, layout)
-    assert await maps.publish(MAP, 0)
+    layout, maps, election = await _orchestrating(client)
     driver = RebalanceDriver(client, layout, maps, election.guard)
     store = RebalanceStore(client, layout)
     view = ClusterView(MAP, LIVE, 1, synced(MAP))
@@ -139,12 +135,7 @@ async def test_a_failed_read_leaves_the_drivers_marked_changed(client: EtcdClien
     """A read that fails (etcd slow or away) is made again next cycle: the change the watch
     marked would otherwise wait for another change under the moves' keys (a handover's fence
     never switched, its partition's writes paused)."""
-    layout = Layout(f"/upr/{uuid.uuid4().hex[:8]}")
-    lease, _ttl = await client.grant(30)
-    election = Election(client, layout, "a", lease)
-    await election.campaign()
-    maps = MapStore(client, layout)
-    assert await maps.publish(MAP, 0)
+    layout, maps, election = await _orchestrating(client)
     rebalance = RebalanceDriver(client, layout, maps, election.guard)
     handover = HandoverDriver(client, layout, maps, election.guard)
     for driver in (rebalance, handover):

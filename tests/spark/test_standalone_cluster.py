@@ -15,17 +15,15 @@ import hashlib
 import json
 import os
 import random
-import re
 import shutil
-import signal
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
+from bench.spark_standalone import standalone_cluster
 from spark_connector.executor_env import WHEEL_SOURCES, build_env, build_wheel, pack
 from spark_connector.index.lookup import lookup
 from tests.spark.helpers import CITIES, brute_force, bulk, random_ops
@@ -68,48 +66,13 @@ def executor_env(tmp_path_factory) -> Path:
     return env
 
 
-def _spark_daemon(log: Path, *args: str) -> subprocess.Popen:
-    # a worker host knows nothing of the driver's checkout: without this PYTHONPATH, executors
-    # could import the project from the tests' tree instead of the shipped environment
-    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH" and not k.startswith(("PYSPARK_", "UPR_"))}
-    env.update(SPARK_HOME=str(SPARK_HOME), SPARK_LOCAL_IP="127.0.0.1", SPARK_NO_DAEMONIZE="1")
-    with open(log, "wb") as out:
-        return subprocess.Popen([str(SPARK_HOME / "bin" / "spark-class"), *args], stdout=out,
-                                stderr=subprocess.STDOUT, env=env, start_new_session=True)
-
-
-def _wait_for(proc: subprocess.Popen, log: Path, pattern: str, timeout: float = 120) -> re.Match:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        found = re.search(pattern, log.read_text(errors="replace"))
-        if found:
-            return found
-        assert proc.poll() is None, f"{log.name} exited:\n{log.read_text()[-3000:]}"
-        time.sleep(0.3)
-    pytest.fail(f"no {pattern!r} in {log.name} within {timeout} s:\n{log.read_text()[-3000:]}")
-
-
 @pytest.fixture(scope="module")
 def standalone(tmp_path_factory) -> Iterator[str]:
-    """``spark://127.0.0.1:PORT`` of a master with one registered worker (ephemeral ports)."""
-    tmp = tmp_path_factory.mktemp("standalone")
-    procs: list[subprocess.Popen] = []
-    try:
-        master = _spark_daemon(tmp / "master.log", "org.apache.spark.deploy.master.Master",
-                               "--host", "127.0.0.1", "--port", "0", "--webui-port", "0")
-        procs.append(master)
-        url = _wait_for(master, tmp / "master.log", r"Starting Spark master at (spark://[\d.]+:\d+)").group(1)
-        worker = _spark_daemon(tmp / "worker.log", "org.apache.spark.deploy.worker.Worker", url,
-                               "--host", "127.0.0.1", "--port", "0", "--webui-port", "0",
-                               "--cores", "2", "--memory", "2g", "--work-dir", str(tmp / "work"))
-        procs.append(worker)
-        _wait_for(worker, tmp / "worker.log", r"Successfully registered with master")
+    """``spark://127.0.0.1:PORT`` of a master with one registered worker (ephemeral ports); the
+    daemons get no PYTHONPATH, so executors cannot import the project from the tests' tree
+    instead of the shipped environment."""
+    with standalone_cluster(tmp_path_factory.mktemp("standalone"), cores=2, memory="2g") as url:
         yield url
-    finally:
-        for proc in reversed(procs):
-            if proc.poll() is None:
-                os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait(timeout=30)
 
 
 @pytest.mark.timeout(900)
