@@ -132,6 +132,8 @@ class ClusterNode:
         #: keys that exist while partitions move (graceful failover, rebalance): their handovers
         #: wait for a replica's seqno, so every progress report matters to the orchestrator then
         self._moving_prefixes = (f"{root}/handover/".encode(), f"{root}/rebalance/request".encode())
+        #: keys the orchestrator's handover and rebalance drivers read (``ProgressView.saw``)
+        self._move_prefixes = (f"{root}/handover/".encode(), f"{root}/rebalance/".encode())
         self.orchestrator: str | None = None
         self.fenced = False
         #: partitions fenced while active, and the map revision they were fenced at
@@ -284,6 +286,7 @@ class ClusterNode:
                         if view.apply(event) or moving:
                             view.notify()
                         continue
+                    view.saw(move=key.startswith(self._move_prefixes))
                     self.handover.apply_event(event)
                     if event.kind == "put" and key == self.layout.map:
                         self._map_event(event.kv.value)

@@ -10,6 +10,11 @@ may have failed it over on the strength of its absence) is not published.  Each 
 logged once, naming the partition, the node and the seqno, as Patroni names each HA cycle's
 decision.
 
+With the node's watch behind it (``ProgressView``), a cycle reads etcd only when the watch saw a
+change since its last reading, or when this orchestrator wrote something, or once every
+``reread_s`` as a safety net: the tick of an idle cluster is a step on what is known, not a
+round of reads on etcd and on every node's loop.
+
 How long each node has been gone is observed here, on this process's monotonic clock: a node
 of the map without a live lease is noted gone at the first cycle that sees it so, forgotten
 when it is live again, and handed to the step with ``replace_after_s`` (the grace before its
@@ -33,6 +38,7 @@ from app.cluster.progress_view import ProgressView, parse_progress
 from app.cluster.membership import ClusterSettings
 from app.cluster.rebalance import RebalanceDriver
 from engine.cluster.orchestration import ClusterView, Decision, step
+from engine.cluster.partition_map import PartitionMap
 
 log = logging.getLogger("upr.cluster")
 
@@ -43,7 +49,8 @@ class Orchestrator:
                  replace_after_s: float = 60.0, clock: Callable[[], float] = time.monotonic,
                  auto_rebalance: bool = False,
                  on_decision: Callable[[Decision], None] | None = None,
-                 note: Callable[..., None] | None = None, progress: ProgressView | None = None) -> None:
+                 note: Callable[..., None] | None = None, progress: ProgressView | None = None,
+                 reread_s: float = 5.0) -> None:
         self.etcd, self.layout, self.settings, self.election = etcd, layout, settings, election
         #: the node's watched view of the replicas' progress, which also wakes the cycles (None:
         #: this orchestrator watches and reads the progress itself)
@@ -64,6 +71,13 @@ class Orchestrator:
         self.rebalance = RebalanceDriver(etcd, layout, self.maps, election.guard, note=note)
         #: a node joining a placed cluster starts a rebalance on its own (else it waits for one)
         self.auto_rebalance = auto_rebalance
+        #: the live nodes and the map as last read, the watch's mark before that reading and
+        #: when it was taken: reused while the mark is unchanged (see the module's docstring)
+        self.reread_s = reread_s
+        self._read: tuple[frozenset[str], PartitionMap, int] | None = None
+        self._read_mark: tuple[int, int] | None = None
+        self._read_at = 0.0
+        self._moves_mark: tuple[int, int] | None = None
 
     async def run(self) -> None:
         """Campaign, then run cycles until cancelled.  etcd being away only delays both."""
@@ -105,21 +119,31 @@ class Orchestrator:
             if view is not None:
                 view.unsubscribe(changed)
 
+    def _forget_reading(self) -> None:
+        """What this orchestrator wrote is read back next cycle, not awaited from the watch."""
+        self._read = None
+
     async def observe(self) -> tuple[ClusterView, int]:
         view = self.progress_view
         watched = view is not None and view.ready
-        # independent reads, at once: each round trip is paid by every handover's write pause
-        reads = [self.etcd.get_prefix(self.layout.nodes), self.maps.load(self.settings.partitions)]
-        if not watched:
-            reads.append(self.etcd.get_prefix(self.layout.progress))
-        (nodes, _), (current, mod_revision), *read = await asyncio.gather(*reads)
+        mark = view.mark() if view is not None else None
+        now = self.clock()
+        if (watched and self._read is not None and mark == self._read_mark
+                and now - self._read_at < self.reread_s):
+            live, current, mod_revision = self._read
+        else:
+            # independent reads, at once: each round trip is paid by every handover's write pause
+            reads = [self.etcd.get_prefix(self.layout.nodes), self.maps.load(self.settings.partitions)]
+            if not watched:
+                reads.append(self.etcd.get_prefix(self.layout.progress))
+            (nodes, _), (current, mod_revision), *read = await asyncio.gather(*reads)
+            live = frozenset(self.layout.node_name(kv.key) for kv in nodes)
+            self._read, self._read_mark, self._read_at = (live, current, mod_revision), mark, now
         if watched:
             assert view is not None
             progress = view.snapshot()
         else:
             progress = {self.layout.progress_owner(kv.key): parse_progress(kv.value) for kv in read[0][0]}
-        live = frozenset(self.layout.node_name(kv.key) for kv in nodes)
-        now = self.clock()
         gone = current.nodes() - live
         for node in gone - self.gone_since.keys():
             log.warning("node %s is gone (no live lease); its replica slots are kept for %.0f s", node,
@@ -133,8 +157,24 @@ class Orchestrator:
     async def cycle(self) -> Decision:
         # the moves' keys are read beside the cluster's, not after: one round of etcd reads per
         # cycle, which a handover waiting for its switch pays
+        shared = self.progress_view
+        if shared is not None:
+            # the node's watch stands in for the drivers' own: they read only after a change
+            # under their prefixes (or a restarted watch) since their last reading
+            moves = (shared.readings, shared.moves) if shared.ready else None
+            self.rebalance.watched = self.handover.watched = moves is not None
+            if moves != self._moves_mark:
+                self.rebalance.dirty = self.handover.dirty = True
+                self._moves_mark = moves
         (view, mod_revision), _, _ = await asyncio.gather(self.observe(), self.rebalance.read(), self.handover.read())
-        return await self.act(view, mod_revision)
+        try:
+            decision = await self.act(view, mod_revision)
+        except BaseException:
+            self._forget_reading()
+            raise
+        if decision.new_map is not None or self.handover.dirty or self.rebalance.dirty:
+            self._forget_reading()  # it wrote, or something is in motion
+        return decision
 
     async def act(self, view: ClusterView, mod_revision: int) -> Decision:
         """Take the step on what was observed and publish its map, unless the map, the

@@ -12,6 +12,11 @@ whose revision is not above that revision is already in the reading and is ignor
 reading and the events buffered around it can be applied in any interleaving without going
 back in time.  A watch that is restarted (connection lost, compacted) starts with a new full
 reading, so nothing that happened while it was down is missed.
+
+The view also counts the watch's other changes (``saw``), so that whoever shares the watch (the
+orchestrator on the same node) can tell whether anything it read from etcd may have changed
+since, by comparing ``mark()`` with the mark taken before its reading, instead of reading again
+on every tick.
 """
 from __future__ import annotations
 
@@ -43,6 +48,11 @@ class ProgressView:
         #: set on every watched change under the cluster's prefix (``notify``): the orchestrator
         #: on the same node waits on one instead of running a watch of its own
         self._subscribers: set[asyncio.Event] = set()
+        #: full readings taken (each watch restart), changes other than progress watched, and
+        #: of those the ones under the moves' prefixes (``saw``)
+        self.readings = 0
+        self.changes = 0
+        self.moves = 0
 
     @property
     def ready(self) -> bool:
@@ -57,6 +67,7 @@ class ProgressView:
         applies every later change (``ready`` from now on)."""
         self.show(kvs)
         self.revision = revision
+        self.readings += 1
 
     def show(self, kvs: Iterable[KeyValue]) -> None:
         """A reading made without a watch behind it: shown (``GET /cluster``), not ``ready``."""
@@ -81,6 +92,20 @@ class ProgressView:
         new = parse_progress(event.kv.value)
         self.progress[owner] = new
         return old is None or old.in_sync != new.in_sync
+
+    def saw(self, *, move: bool = False) -> None:
+        """The watch applied a change other than progress (``move``: a handover's or a
+        rebalance's key): a reading taken before it may be out of date."""
+        self.changes += 1
+        if move:
+            self.moves += 1
+
+    def mark(self) -> tuple[int, int] | None:
+        """What the watch has seen so far (None: no watch behind the view).  Equal marks taken
+        before two readings of anything under the cluster's prefix but progress mean nothing
+        changed between them, since a change is counted when its event arrives, and its event
+        arrives only after etcd applied it."""
+        return (self.readings, self.changes) if self.ready else None
 
     def subscribe(self, event: asyncio.Event) -> None:
         self._subscribers.add(event)
