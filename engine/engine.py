@@ -677,6 +677,7 @@ class Engine:
                     log.exception("engine persist listener failed")
 
     def _notify(self, partitions: object) -> None:
+        self._flusher.note_change()
         for p in partitions:  # type: ignore[attr-defined]
             for callback in self._listeners:
                 try:

@@ -10,7 +10,9 @@ that were not superseded meanwhile).
 Rounds happen every ``flush_interval_ms`` while there is work, and at once when someone
 waits for persistence (``persist_future`` kicks the thread): concurrent ``persist`` writes
 therefore share fsyncs, because every waiter registered before a round starts is satisfied
-by that round's single commit.
+by that round's single commit.  With nothing queued the thread sleeps until the engine reports
+a change (``note_change``): an idle node's flusher neither wakes nor scans its partitions every
+interval (a node's CPU with no writes, docs/benchmarks.md "Cluster").
 
 A round builds its transaction while holding the engine's ``lmdb_turn`` and commits (page writes
 and fsync) after releasing it, so writers run during the fsync but not during the build.
@@ -39,6 +41,9 @@ from engine.storage.store import Store
 from engine.core.types import Item
 
 log = logging.getLogger(__name__)
+
+#: the longest an idle flusher sleeps without being woken (a safety net, see ``_sleep_while_idle``)
+IDLE_WAKE_S = 1.0
 
 #: a partition, its items to persist, the seqno they cover, and the partition's generation when read
 _Work = tuple[Partition, list[Item], int, int]
@@ -83,12 +88,17 @@ class Flusher:
         self._batch_items = max(batch_items, 1)
         self._kick = threading.Event()
         self._stop = threading.Event()  # wakes a backoff sleep, which kicks must not cut short
+        #: wakes the idle sleep: a change (``note_change``), a kick or a stop
+        self._wake = threading.Event()
+        self._sleeping = False
         self.health = FlushHealth(max_retry_s)
         self._waiters_lock = threading.Lock()
         self._waiters: list[tuple[dict[int, int], Future[None]]] = []
         self._stopping = False
         self._thread = threading.Thread(target=self._run, name="upr-flusher", daemon=True)
         self._next_start = 0
+        #: rounds looked for work (``flushes`` counts the ones that committed)
+        self.rounds = 0
         self.flushes = 0
         self.items_flushed = 0
         self.bytes_flushed = 0
@@ -106,6 +116,14 @@ class Flusher:
 
     def kick(self) -> None:
         self._kick.set()
+        self._wake.set()
+
+    def note_change(self) -> None:
+        """Something was queued (the engine calls it after every change it announces): an
+        idle-sleeping thread starts its next round one interval from now."""
+        if self._sleeping:
+            self._sleeping = False
+            self._wake.set()
 
     def wait_for(self, targets: Mapping[int, int]) -> Future[None]:
         """A future resolved once every ``persisted_seqno[p] >= targets[p]``."""
@@ -132,6 +150,7 @@ class Flusher:
         self._stopping = True
         self._kick.set()
         self._stop.set()
+        self._wake.set()
         if self._thread.is_alive():
             self._thread.join()
         with self._waiters_lock:
@@ -148,6 +167,8 @@ class Flusher:
         more = False
         while True:
             if not more:
+                if not self._kick.is_set():
+                    self._sleep_while_idle()
                 self._kick.wait(self._interval)
             self._kick.clear()
             try:
@@ -167,8 +188,22 @@ class Flusher:
                     continue
                 return
 
+    def _sleep_while_idle(self) -> None:
+        """Sleep while no partition has anything to persist.  The flag is raised before the
+        queues are looked at and a writer publishes before it reads the flag, so a write is
+        either seen here or wakes the sleep.  The timeout only bounds what a change announced
+        by no one would wait."""
+        self._sleeping = True
+        if self._stopping or any(p.queue.root.high > p.queue.persisted for p in self._partitions):
+            self._sleeping = False
+            return
+        self._wake.wait(IDLE_WAKE_S)
+        self._sleeping = False
+        self._wake.clear()
+
     def flush_round(self) -> bool:
         """One group commit; returns True if work was left over for another round."""
+        self.rounds += 1
         work: list[_Work] = []
         budget = self._batch_items
         parts = self._partitions
