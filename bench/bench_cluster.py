@@ -61,7 +61,7 @@ from bench.cluster_failover import failover_figure, failover_rounds
 from bench.cluster_gap import gap_figures, measure_gap
 from bench.cluster_figures import Figure, table
 from bench.cluster_ingest import ingest, majority_figure, ratio_figure
-from bench.cluster_lag import lag_figure, measure_lag
+from bench.cluster_lag import lag_figure, measure_lag, stage_env
 from bench.cluster_procs import BenchCluster, progress, start_etcd
 from bench.cluster_rebalance import measure_rebalance, rebalance_figures
 from bench.suite.procs import SPAWNED, ProcessGroup, stop_everything
@@ -88,7 +88,7 @@ def run(args: argparse.Namespace) -> list[Figure]:
             if wanted & {"lag", "majority"}:
                 progress("two nodes, one replica: replication lag, then majority vs memory ingest")
                 pair = BenchCluster(group, work, etcd, "rep", args.partitions, replicas=1, size=2,
-                                    lease_ttl_s=args.lease_ttl).start()
+                                    lease_ttl_s=args.lease_ttl, env=stage_env(args, work)).start()
                 if "lag" in wanted:
                     # the baseline first: a backlog the goal's rate may leave cannot touch it
                     base = (measure_lag(group, pair, args.lag_baseline_rate, args)
@@ -149,6 +149,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--lag-observe", choices=("stream", "poll"), default="stream",
                    help="how the replicas are watched: a tail of their replica partitions (pushed by the node) "
                         "or GET /partitions polls every --lag-poll-ms")
+    p.add_argument("--lag-stages", action="store_true",
+                   help="a diagnostic: the replicas stamp each batch they receive and apply, the observer also "
+                        "tails the actives, and the lag figures say how long each stage took (p50/p99)")
     p.add_argument("--lag-poll-ms", type=float, default=2.0,
                    help="pause between two polls of a replica node's high seqnos (each poll costs the node CPU)")
     p.add_argument("--ingest-seconds", type=float, default=5.0, help="measured seconds per ingest phase")

@@ -7,6 +7,7 @@ import bisect
 import statistics
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from bench.suite.stats import percentiles
 
@@ -99,3 +100,53 @@ def table(figures: Sequence[Figure]) -> str:
     lines += [f"| {f.name} | {f.result} | {f.goal} | {f.verdict} |" for f in figures]
     notes = [f"- {f.name}: {f.method}" for f in figures if f.method]
     return "\n".join(lines + ([""] + notes if notes else []))
+
+
+#: the stages of ``stage_lags``, in the order a write goes through them
+STAGES = ("ack → active's tail", "ack → replica received", "received → applier took it", "took → applied",
+          "applied → observer saw it")
+
+
+def _first_covering(times: Sequence[float], seqnos: Sequence[int], seqno: int) -> float | None:
+    i = bisect.bisect_left(seqnos, seqno)
+    return times[i] if i < len(seqnos) else None
+
+
+def stage_lags(acks: Iterable[Ack], trace: Iterable[Sequence[float]], active_polls: Sequence[Poll],
+               replica_polls: Sequence[Poll]) -> tuple[dict[str, list[float]], int]:
+    """Seconds each write spent in each of ``STAGES``, and how many acks lacked a stamp.
+
+    ``trace`` holds the replicas' stamps ``[partition, last seqno, arrived, taken, applied]``
+    (``app.cluster.lag_trace``), a record per received batch; ``active_polls`` come from tails
+    of the actives (when the active's stream server pushed a write to a consumer: the pace of
+    its replication sender, which is served by the same passes) and ``replica_polls`` from the
+    observer's tails of the replicas.  A write's stamps are those of the first record that
+    covers its seqno.  The first stage may be negative: the active pushes before the writer
+    has read its HTTP answer."""
+    stamps: dict[int, list[Sequence[float]]] = {}
+    for record in trace:
+        stamps.setdefault(int(record[0]), []).append(record)
+
+    def series(polls: Sequence[Poll], p: int) -> tuple[list[float], list[int]]:
+        return [poll.received for poll in polls if p in poll.highs], [poll.highs[p] for poll in polls if p in poll.highs]
+
+    out: dict[str, list[float]] = {name: [] for name in STAGES}
+    missing = 0
+    cache: dict[int, Any] = {}
+    for ack in acks:
+        p = ack.partition
+        if p not in cache:
+            records = sorted(stamps.get(p, []), key=lambda r: r[2])
+            cache[p] = (records, [int(r[1]) for r in records], series(active_polls, p), series(replica_polls, p))
+        records, seqnos, (a_times, a_highs), (r_times, r_highs) = cache[p]
+        i = bisect.bisect_left(seqnos, ack.seqno)
+        pushed = _first_covering(a_times, a_highs, ack.seqno)
+        seen = _first_covering(r_times, r_highs, ack.seqno)
+        if i == len(records) or pushed is None or seen is None:
+            missing += 1
+            continue
+        _p, _s, arrived, taken, applied = records[i]
+        for name, value in zip(STAGES, (pushed - ack.t, arrived - ack.t, taken - arrived, applied - taken,
+                                        seen - applied)):
+            out[name].append(value)
+    return out, missing

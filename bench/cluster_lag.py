@@ -17,13 +17,15 @@ import subprocess
 import sys
 import time
 from dataclasses import dataclass
+from pathlib import Path
 
 import httpx
 import orjson
 import psutil
 
+from app.cluster.lag_trace import TRACE_ENV
 from bench.bench_http import RawConnection
-from bench.cluster_figures import Ack, Figure, Poll, replica_lags, summary_ms, verdict
+from bench.cluster_figures import STAGES, Ack, Figure, Poll, replica_lags, stage_lags, summary_ms, verdict
 from bench.cluster_procs import BenchCluster, partition_of, release_together
 from bench.suite.procs import ProcessGroup
 from tests.support.server import ROOT, server_env
@@ -164,6 +166,9 @@ class LagResult:
     poller_cpu: float
     #: how the replicas were observed: "stream" (tailed) or "poll" (GET /partitions)
     observe: str = "stream"
+    #: ``--lag-stages``: seconds per stage (``bench.cluster_figures.STAGES``) and acks without a stamp
+    stages: dict[str, list[float]] | None = None
+    unstaged: int = 0
 
 
 def measure_lag(group: ProcessGroup, cluster: BenchCluster, rate: float, args: argparse.Namespace) -> LagResult:
@@ -174,8 +179,11 @@ def measure_lag(group: ProcessGroup, cluster: BenchCluster, rate: float, args: a
     cluster.wait_until(cluster.placed_and_followed, 300, "every replica in sync before measuring the lag")
     actives = cluster.actives()
     urls = sorted({n.url for n in cluster.live()})
+    trace = cluster.env.get(TRACE_ENV)
+    staged = trace is not None and args.lag_observe == "stream"
     poller = group.spawn([sys.executable, "-m", "bench.cluster_poll", *urls, "--interval-ms", str(args.lag_poll_ms),
-                          "--max-seconds", str(args.lag_drain + 5), "--observe", args.lag_observe],
+                          "--max-seconds", str(args.lag_drain + 5), "--observe", args.lag_observe,
+                          *(["--actives"] if staged else [])],
                          name="poller", cwd=ROOT, env=server_env(), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                          log=cluster.workdir / "poller.log")
     watched = [psutil.Process(n.proc.pid) for n in cluster.live() if n.proc is not None] + [psutil.Process(poller.pid)]
@@ -204,9 +212,27 @@ def measure_lag(group: ProcessGroup, cluster: BenchCluster, rate: float, args: a
         unseen += missing
     periods = [polled[u]["period"] for u in urls if polled[u]["period"] is not None]
     used = cpu.used()
-    return LagResult(rate, lags, unseen, sent, errors, args.lag_seconds,
-                     statistics.median(periods) * 1000 if periods else float("nan"),
-                     sum(polled[u]["count"] for u in urls), used[:-1], used[-1], args.lag_observe)
+    result = LagResult(rate, lags, unseen, sent, errors, args.lag_seconds,
+                       statistics.median(periods) * 1000 if periods else float("nan"),
+                       sum(polled[u]["count"] for u in urls), used[:-1], used[-1], args.lag_observe)
+    if staged:
+        assert trace is not None
+        with open(trace, "rb") as f:
+            records = [orjson.loads(line) for line in f if line.strip()]
+
+        def polls_of(key: str) -> list[Poll]:
+            return [Poll(s, r, {int(p): h for p, h in highs.items()}) for s, r, highs in polled[key]["polls"]]
+
+        active_polls = [poll for u in urls for poll in polls_of(f"active {u}")]
+        active_polls.sort(key=lambda poll: poll.received)
+        replica_polls = sorted((poll for u in urls for poll in polls_of(u)), key=lambda poll: poll.received)
+        result.stages, result.unstaged = stage_lags(acks, records, active_polls, replica_polls)
+    return result
+
+
+def stage_env(args: argparse.Namespace, workdir: Path) -> dict[str, str]:
+    """The nodes' environment for ``--lag-stages``: each replica stamps what it receives and applies."""
+    return {TRACE_ENV: str(workdir / "replication-trace.jsonl")} if getattr(args, "lag_stages", False) else {}
 
 
 def wait_until_held(replica_of: dict[int, str], acks: list[Ack], deadline: float) -> bool:
@@ -264,4 +290,13 @@ def lag_figure(res: LagResult, args: argparse.Namespace, baseline: bool = False)
               f"{'+'.join(f'{c:.0%}' for c in res.node_cpu)}, observer {res.poller_cpu:.0%}; both nodes' CPU per "
               f"write {cpu_per_write_us(res):.0f} µs (each write is taken over HTTP by its active, streamed and "
               f"applied on its replica, observed: what the two cores can carry is about 2 s / that)")
+    if res.stages is not None:
+        parts = []
+        for stage in STAGES:
+            values = res.stages.get(stage, [])
+            if values:
+                q = summary_ms(values, (50, 99))
+                parts.append(f"{stage} {q['p50']:.1f} / {q['p99']:.1f} ms")
+        method += ("; per stage, p50 / p99 (--lag-stages: the replicas' stamps, a tail of the actives as the "
+                   f"replication sender's proxy; {res.unstaged:,} writes without every stamp): " + ", ".join(parts))
     return Figure(name, result, goal, "—" if baseline else verdict(s["p99"], 20.0, False), method)

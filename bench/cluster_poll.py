@@ -77,9 +77,10 @@ async def poll_node(url: str, start_at: float, stopped: threading.Event, deadlin
             "method": "poll"}
 
 
-async def watch_node(url: str, start_at: float, stopped: threading.Event, deadline: float) -> dict[str, Any]:
-    """Tail the node's replica partitions from their high seqnos; a record per message that
-    moved a high seqno."""
+async def watch_node(url: str, start_at: float, stopped: threading.Event, deadline: float,
+                     state: PartitionState = PartitionState.REPLICA) -> dict[str, Any]:
+    """Tail the node's replica partitions (``state``: or its active ones) from their high
+    seqnos; a record per message that moved a high seqno."""
     ws_url = "ws" + url.removeprefix("http") + "/stream"
     changed: list[tuple[float, float, dict[int, int]]] = []
     received: list[float] = []
@@ -89,11 +90,11 @@ async def watch_node(url: str, start_at: float, stopped: threading.Event, deadli
         if not isinstance(logs, M.FailoverLogs):
             raise RuntimeError(f"{url}: hello answered with {logs!r}")
         highs = {p: info.high_seqno for p, info in logs.partitions.items()
-                 if info.state is PartitionState.REPLICA and info.log}
+                 if info.state is state and info.log}
         for p, info in logs.partitions.items():
             if p in highs:
                 await ws.send(M.encode(M.StreamRequest(p, info.log[0].uuid, info.high_seqno, info.high_seqno,
-                                                       info.high_seqno, expected_state=PartitionState.REPLICA)))
+                                                       info.high_seqno, expected_state=state)))
         pending = 0
         started = False
         while not stopped.is_set() and time.monotonic() < deadline:
@@ -131,9 +132,13 @@ async def watch_node(url: str, start_at: float, stopped: threading.Event, deadli
 
 
 async def run(urls: list[str], start_at: float, stopped: threading.Event, deadline: float,
-              interval: float, observe: str = "stream") -> dict[str, Any]:
+              interval: float, observe: str = "stream", actives: bool = False) -> dict[str, Any]:
     if observe == "stream":
-        results = await asyncio.gather(*(watch_node(u, start_at, stopped, deadline) for u in urls))
+        watches = [watch_node(u, start_at, stopped, deadline) for u in urls]
+        if actives:  # ``--actives``: keyed "active <url>"
+            watches += [watch_node(u, start_at, stopped, deadline, PartitionState.ACTIVE) for u in urls]
+            urls = [*urls, *(f"active {u}" for u in urls)]
+        results = await asyncio.gather(*watches)
     else:
         results = await asyncio.gather(*(poll_node(u, start_at, stopped, deadline, interval) for u in urls))
     return dict(zip(urls, results))
@@ -146,6 +151,9 @@ def main(argv: list[str] | None = None) -> int:
                    help="at least this long between the end of one poll and the next (0: back to back)")
     p.add_argument("--observe", choices=("stream", "poll"), default="stream",
                    help="tail the replica partitions (pushed by the node) or poll GET /partitions")
+    p.add_argument("--actives", action="store_true",
+                   help="with --observe stream, also tail each node's active partitions (when its stream "
+                        "server pushes a write to a consumer: the replication sender's pace, for --lag-stages)")
     p.add_argument("--max-seconds", type=float, default=60.0,
                    help="stop this long after the window's end even without a stop line")
     args = p.parse_args(argv)
@@ -158,7 +166,7 @@ def main(argv: list[str] | None = None) -> int:
 
     threading.Thread(target=wait_for_stop, daemon=True).start()
     out = asyncio.run(run(args.urls, start_at, stopped, stop_at + args.max_seconds, args.interval_ms / 1000,
-                         args.observe))
+                         args.observe, args.actives))
     sys.stdout.buffer.write(orjson.dumps(out, option=orjson.OPT_NON_STR_KEYS) + b"\n")
     sys.stdout.flush()
     return 0

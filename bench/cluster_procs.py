@@ -133,6 +133,8 @@ class BenchCluster:
     size: int
     lease_ttl_s: int = 2
     nodes: dict[str, Node] = field(default_factory=dict)
+    #: set in every node's environment (a diagnostic such as ``UPR_REPLICATION_TRACE``)
+    env: dict[str, str] = field(default_factory=dict)
 
     def start(self, timeout: float = 90.0) -> BenchCluster:
         """Start every node, then wait until the first map places every partition on live nodes."""
@@ -157,7 +159,7 @@ class BenchCluster:
                  "--cluster-initial-nodes", str(self.size)]
         cmd = server_command(node.data_dir, ready, partitions=self.partitions, extra=extra)
         node.proc = self.group.spawn(cmd, name=f"node {node.name}", log=workdir / "server.log", cwd=ROOT,
-                                     env=server_env())
+                                     env={**server_env(), **self.env})
 
     def _ready(self, node: Node, timeout: float) -> None:
         assert node.proc is not None

@@ -41,11 +41,13 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import time
 from collections.abc import Callable, Mapping
 from dataclasses import replace
 from typing import Any
 
 from app.cluster.etcd import Delete, EtcdClient, EtcdError, Put
+from app.cluster.lag_trace import ReplicationTrace
 from app.cluster.layout import Layout
 from clients.connection import ReconnectNeeded, StreamConnection, stream_url
 from engine.cluster.replica_rollback import Resync, Undo, resume_uuid
@@ -120,6 +122,8 @@ class ReplicationStreams:
         #: rollbacks answered by undo, and by a reset (a resync from 0)
         self.undos = 0
         self.resets = 0
+        #: the lag benchmark's stamps (``app.cluster.lag_trace``), None unless asked for
+        self.trace = ReplicationTrace.from_env()
 
     # ------------------------------------------------------------------ what to replicate
     def update(self, sources: Mapping[int, tuple[str, str]]) -> None:
@@ -252,11 +256,18 @@ class ReplicationStreams:
                         sync.requested(info.high_seqno, engine.replica_mark(p)[1].complete_end)
             await self._carry_out(conn, session, session.receive_handshake(first, nbytes))
             log.info("node %s: replicating partitions %s from node %s", self.node, _ranges(partitions), active)
-            inbox = Inbox()
+            trace = self.trace
+            inbox = Inbox(stamped=trace is not None)
             reader = asyncio.create_task(inbox.fill(conn), name=f"replication from {active}: receive")
             try:
                 while True:
-                    await self._process(conn, session, acker, await inbox.take_all())
+                    received = await inbox.take_all()
+                    if trace is None:
+                        await self._process(conn, session, acker, received)
+                    else:
+                        arrived, taken = inbox.taken_arrivals, time.monotonic()
+                        await self._process(conn, session, acker, received)
+                        trace.record(received, arrived, taken, time.monotonic())
                     if acks.done():
                         acks.result()  # the acker's failure (a closed connection) ends this one
             finally:
@@ -424,10 +435,14 @@ class Inbox:
     the active sends at most its window of bytes the replica has not acknowledged, and bytes
     are acknowledged only once applied."""
 
-    def __init__(self) -> None:
+    def __init__(self, *, stamped: bool = False) -> None:
         self._items: list[tuple[Any, int]] = []
         self._ready = asyncio.Event()
         self._failure: BaseException | None = None
+        #: with ``stamped``, when each item was received (for ``ReplicationTrace``), and the
+        #: stamps of the last ``take_all``
+        self._arrivals: list[float] | None = [] if stamped else None
+        self.taken_arrivals: list[float] = []
 
     async def fill(self, conn: StreamConnection) -> None:
         """Receive until the connection fails; the failure is ``take_all``'s to raise."""
@@ -441,6 +456,8 @@ class Inbox:
 
     def put(self, received: tuple[Any, int]) -> None:
         self._items.append(received)
+        if self._arrivals is not None:
+            self._arrivals.append(time.monotonic())
         self._ready.set()
 
     def fail(self, exc: BaseException) -> None:
@@ -456,6 +473,8 @@ class Inbox:
             self._ready.clear()
             await self._ready.wait()
         items, self._items = self._items, []
+        if self._arrivals is not None:
+            self.taken_arrivals, self._arrivals = self._arrivals, []
         return items
 
 

@@ -17,7 +17,18 @@ from pathlib import Path
 import orjson
 import pytest
 
-from bench.cluster_figures import Ack, Figure, Poll, median_ratio, poll_period, replica_lags, table, verdict
+from bench.cluster_figures import (
+    STAGES,
+    Ack,
+    Figure,
+    Poll,
+    median_ratio,
+    poll_period,
+    replica_lags,
+    stage_lags,
+    table,
+    verdict,
+)
 from bench.cluster_lag import LagResult, cpu_per_write_us
 from bench.cluster_load import routed_bodies
 from bench.cluster_procs import key_in_partition, partition_of
@@ -52,6 +63,26 @@ def test_replica_lags_take_the_first_covering_poll(acks: list[Ack], polls: list[
     got, missing = replica_lags(acks, polls)
     assert sorted(got) == pytest.approx(sorted(lags))
     assert missing == unseen
+
+
+def test_stage_lags_take_each_writes_first_covering_stamps() -> None:
+    acks = [Ack(0, 5, 1.0), Ack(0, 6, 1.0), Ack(1, 2, 2.0), Ack(2, 1, 3.0)]
+    # partition 0: seqnos up to 5 came in one batch, 6 in the next; partition 2 never arrived
+    trace = [[0, 5, 1.010, 1.012, 1.020], [1, 3, 2.1, 2.2, 2.25], [0, 6, 1.030, 1.031, 1.032]]
+    actives = [poll(0, 1.004, p0=6, p1=1), poll(0, 2.05, p1=2)]
+    replicas = [poll(0, 1.025, p0=5), poll(0, 1.040, p0=6), poll(0, 2.3, p1=3), poll(0, 3.5, p2=1)]
+    stages, missing = stage_lags(acks, trace, actives, replicas)
+    assert missing == 1
+    expected = {  # per stage: (seqno 5, seqno 6, partition 1)
+        STAGES[0]: [0.004, 0.004, 0.05],
+        STAGES[1]: [0.010, 0.030, 0.1],
+        STAGES[2]: [0.002, 0.001, 0.1],
+        STAGES[3]: [0.008, 0.001, 0.05],
+        STAGES[4]: [0.005, 0.008, 0.05],
+    }
+    assert stages.keys() == expected.keys()
+    for stage, values in expected.items():
+        assert stages[stage] == pytest.approx(values), stage
 
 
 def test_poll_period_is_the_median_gap() -> None:

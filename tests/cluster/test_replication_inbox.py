@@ -4,9 +4,11 @@ it; a take is applied in order, in engine calls of about ``RUN_ITEMS`` items."""
 from __future__ import annotations
 
 import asyncio
+import json
 
 import pytest
 
+from app.cluster.lag_trace import TRACE_ENV, ReplicationTrace
 from app.cluster.replication import RUN_ITEMS, Inbox, _apply_all
 from clients.connection import ReconnectNeeded
 from engine.protocol.frames import ItemBatch
@@ -99,3 +101,28 @@ def test_a_small_take_is_one_engine_call() -> None:
     _apply_all(engine, [SnapshotMarker(2, 1, 3, SnapshotSource.MEMORY), batch(2, 1, 3, last=True), SnapshotMarker(1, 1, 1, SnapshotSource.MEMORY),  # type: ignore[arg-type]
                         batch(1, 1, 1, last=True)])
     assert len(engine.calls) == 1 and len(engine.calls[0]) == 4
+
+
+def test_a_stamped_inbox_and_the_trace_record_each_received_batch(tmp_path, monkeypatch) -> None:
+    monkeypatch.delenv(TRACE_ENV, raising=False)
+    assert ReplicationTrace.from_env() is None  # off by default
+    path = tmp_path / "trace.jsonl"
+    monkeypatch.setenv(TRACE_ENV, str(path))
+    trace = ReplicationTrace.from_env()
+    assert trace is not None
+
+    async def scenario() -> None:
+        inbox = Inbox(stamped=True)
+        marker = SnapshotMarker(3, 1, 4, SnapshotSource.MEMORY)
+        inbox.put((marker, 10))
+        inbox.put((batch(3, 1, 4, last=True), 10))
+        inbox.put((batch(5, 7, 0), 10))  # an empty batch carries no write
+        received = await inbox.take_all()
+        assert len(inbox.taken_arrivals) == 3 and inbox.taken_arrivals == sorted(inbox.taken_arrivals)
+        trace.record(received, inbox.taken_arrivals, 100.0, 100.5)
+
+    asyncio.run(scenario())
+    lines = path.read_text().splitlines()
+    assert len(lines) == 1
+    partition, seqno, arrived, taken, applied = json.loads(lines[0])
+    assert (partition, seqno, taken, applied) == (3, 4, 100.0, 100.5) and arrived > 0
