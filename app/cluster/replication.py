@@ -32,8 +32,9 @@ What the copy holds goes back to the active as ``seqno_ack {partition, received,
 (``ReplicaAcker``): the ends of the last whole snapshots held in memory and on disk
 (``Engine.replica_held``), which durable writes and ``GET /cluster`` lag on the active count.
 Acks are coalesced: one per partition whose figures moved since the last one, sent after the
-batches applied so far, all of them in one bundle; while something held is not yet persisted the acker looks again every
-flush interval, so the flusher's progress reaches the active without an ack per item.  Progress (last whole snapshot end,
+batches applied so far, all of them in one bundle; the flusher's progress wakes the acker through
+the engine's persist listener (once per flush round that persisted one of its partitions), so
+it reaches the active without an ack per item and without the acker polling while writes flow.  Progress (last whole snapshot end,
 in sync) goes to etcd under the node's lease, at most every ``publish_interval_s`` per copy.
 """
 from __future__ import annotations
@@ -41,6 +42,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import threading
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import replace
@@ -82,6 +84,9 @@ ACKS_PER_MESSAGE = 256
 #: items applied per engine call (one writer lock hold) at most, give or take one batch
 RUN_ITEMS = 1024
 
+#: how long an acker trusts the persist listener alone while a held seqno is not yet persisted
+ACK_SAFETY_S = 1.0
+
 
 def replication_name(node: str) -> str:
     return REPLICATION_PREFIX + node
@@ -109,8 +114,9 @@ class ReplicationStreams:
         #: cut off this long from a live active, a copy is no longer in sync (``ReplicaSync.tick``)
         self.max_down_s = max_down_s
         self.is_live = is_live
-        #: how often an acker looks for persisted progress while some is pending: the flush interval
-        self.ack_poll_s = ack_poll_s if ack_poll_s is not None else max(engine.config.flush_interval_ms / 1000, 0.001)
+        #: how long an acker waits for the flusher's word while something held is not persisted,
+        #: before it looks by itself (a safety net: the persist listener wakes it)
+        self.ack_poll_s = ack_poll_s if ack_poll_s is not None else ACK_SAFETY_S
         #: partition -> the active node it streams from
         self._source_of: dict[int, str] = {}
         #: partition -> its copy's catch-up state
@@ -481,42 +487,83 @@ class Inbox:
 class ReplicaAcker:
     """Sends one connection's ``seqno_ack``s: coalesced, only for partitions that moved.
 
-    ``applied(p)`` after a whole snapshot of ``p`` is applied wakes it; it sends what the copy
-    holds now (``Engine.replica_held``) for every woken partition whose figures changed, and
-    keeps looking every ``poll_s`` while a held seqno is not yet persisted (no flush listener
-    exists, and a flusher round is about that long)."""
+    ``applied(p)`` after a whole snapshot of ``p`` is applied wakes it, and so does the flusher
+    persisting one of the connection's partitions (``Engine.add_persist_listener``, handed to
+    the loop once per flush round); it sends what the copy holds now (``Engine.replica_held``)
+    for each partition woken since its last look whose figures changed.  WHY not a poll every
+    flush interval while something is unpersisted: under a steady write rate that is always, and
+    each look read every streamed partition's figures (a fixed cost per interval, not per write).
+    ``poll_s`` only bounds how long it trusts the listener alone while a held seqno is not
+    persisted."""
 
     def __init__(self, engine: Engine, poll_s: float) -> None:
         self.engine, self.poll_s = engine, poll_s
         self._wake = asyncio.Event()
         self._streamed: set[int] = set()  # partitions the active streams on this connection
+        self._woken: set[int] = set()  # partitions to look at next
         self._sent: dict[int, tuple[int, int]] = {}
+        self._persisted: set[int] = set()  # from the flusher's thread, not yet handed to the loop
+        self._persisted_lock = threading.Lock()
+        self._handing = False
+        self._loop: asyncio.AbstractEventLoop | None = None
         self.sent = 0  # acks sent
         self.messages = 0  # WebSocket messages they took
+        self.looks = 0  # wake-ups that looked at the engine
 
     def applied(self, partition: int) -> None:
         self._streamed.add(partition)
+        self._woken.add(partition)
+        self._wake.set()
+
+    def _on_persisted(self, partition: int) -> None:
+        """On the flusher's thread, per partition a round persisted: cheap, and one hand-off to
+        the loop per burst of calls."""
+        if partition not in self._streamed or self._loop is None:
+            return
+        with self._persisted_lock:
+            self._persisted.add(partition)
+            if self._handing:
+                return
+            self._handing = True
+        try:
+            self._loop.call_soon_threadsafe(self._take_persisted)
+        except RuntimeError:  # the loop is closed: the connection is gone
+            pass
+
+    def _take_persisted(self) -> None:
+        with self._persisted_lock:
+            persisted, self._persisted, self._handing = self._persisted, set(), False
+        self._woken |= persisted
         self._wake.set()
 
     async def run(self, conn: StreamConnection) -> None:
+        self._loop = asyncio.get_running_loop()
+        remove = self.engine.add_persist_listener(self._on_persisted)
+        try:
+            await self._run(conn)
+        finally:
+            remove()
+
+    async def _run(self, conn: StreamConnection) -> None:
         pending = False
         while True:
             if pending:
                 try:
                     await asyncio.wait_for(self._wake.wait(), self.poll_s)
                 except asyncio.TimeoutError:
-                    pass
+                    self._woken |= self._streamed
             else:
                 await self._wake.wait()
             self._wake.clear()
-            pending = False
+            woken, self._woken = self._woken, set()
+            self.looks += 1
             acks: list[M.SeqnoAck] = []
-            for p in sorted(self._streamed):
+            for p in sorted(woken):
                 held = self.engine.replica_held(p)
                 if held != self._sent.get(p):
                     acks.append(M.SeqnoAck(p, held[0], held[1]))
                     self._sent[p] = held
-                pending = pending or held[1] < held[0]
+            pending = any(received > persisted for received, persisted in self._sent.values())
             for i in range(0, len(acks), ACKS_PER_MESSAGE):
                 # one WebSocket message for many partitions' acks (the hello said bundle: true)
                 await conn.send_bundled(acks[i:i + ACKS_PER_MESSAGE])
