@@ -104,7 +104,7 @@ def table(figures: Sequence[Figure]) -> str:
 
 #: the stages of ``stage_lags``, in the order a write goes through them
 STAGES = ("ack → active's tail", "ack → replica received", "received → applier took it", "took → applied",
-          "applied → observer saw it")
+          "applied → observer saw it", "ack → applied")
 
 
 def _first_covering(times: Sequence[float], seqnos: Sequence[int], seqno: int) -> float | None:
@@ -120,7 +120,8 @@ def stage_lags(acks: Iterable[Ack], trace: Iterable[Sequence[float]], active_pol
     (``app.cluster.lag_trace``), a record per received batch; ``active_polls`` come from tails
     of the actives (when the active's stream server pushed a write to a consumer: the pace of
     its replication sender, which is served by the same passes) and ``replica_polls`` from the
-    observer's tails of the replicas.  A write's stamps are those of the first record that
+    observer's tails of the replicas.  The last stage, ack → applied, is the issue's lag itself
+    (the replica holds the write in memory) without the observer's own delay.  A write's stamps are those of the first record that
     covers its seqno.  The first stage may be negative: the active pushes before the writer
     has read its HTTP answer."""
     stamps: dict[int, list[Sequence[float]]] = {}
@@ -147,6 +148,6 @@ def stage_lags(acks: Iterable[Ack], trace: Iterable[Sequence[float]], active_pol
             continue
         _p, _s, arrived, taken, applied = records[i]
         for name, value in zip(STAGES, (pushed - ack.t, arrived - ack.t, taken - arrived, applied - taken,
-                                        seen - applied)):
+                                        seen - applied, applied - ack.t)):
             out[name].append(value)
     return out, missing

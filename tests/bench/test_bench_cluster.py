@@ -79,6 +79,7 @@ def test_stage_lags_take_each_writes_first_covering_stamps() -> None:
         STAGES[2]: [0.002, 0.001, 0.1],
         STAGES[3]: [0.008, 0.001, 0.05],
         STAGES[4]: [0.005, 0.008, 0.05],
+        STAGES[5]: [0.020, 0.032, 0.25],
     }
     assert stages.keys() == expected.keys()
     for stage, values in expected.items():
