@@ -150,7 +150,8 @@ class ClusterNode:
         self._apply_lock = asyncio.Lock()
         #: graceful failover: where this node stops writes or takes over (``app.cluster.handover``)
         self.handover = HandoverParticipant(self.etcd, self.layout, engine, self.name, acked=self._replica_received,
-                                            on_ack=self.durable.add_advance_listener)
+                                            on_ack=self.durable.add_advance_listener,
+                                            on_switched=lambda raw, _revision: self._map_event(raw))
         #: the operator's rebalance requests (``/cluster/rebalance``); the orchestrator carries them out
         self.rebalance = RebalanceStore(self.etcd, self.layout)
         self._changed = asyncio.Event()
@@ -300,9 +301,9 @@ class ClusterNode:
             await asyncio.sleep(0.25)
 
     def _map_event(self, raw: bytes) -> None:
-        """A new map in a watch event: follow it at once, before the full refresh's reads (a
-        handover's target takes over and its source starts redirecting one etcd round trip
-        sooner).  The handover records it is followed with are as new as the event
+        """A new map in a watch event, or the one this node just published as a handover's
+        source: follow it at once, before the full refresh's reads (a handover's target takes
+        over and its source starts redirecting one etcd round trip sooner).  The handover records it is followed with are as new as the event
         (``HandoverParticipant.apply_event``), so a takeover is never mistaken for a failover."""
         try:
             new = PartitionMap.from_json(json.loads(raw))
@@ -311,6 +312,7 @@ class ClusterNode:
         if new.revision <= self.map.revision or new.num_partitions != self.config.partitions:
             return
         self.map = new
+        self.handover.map_seen(new)  # after ``self.map``: the writes it releases get 421s naming the new active
         task = asyncio.create_task(self._follow_quietly(), name="cluster follow (map event)")
         self._tasks.append(task)
         task.add_done_callback(lambda t: self._tasks.remove(t) if t in self._tasks else None)
@@ -398,10 +400,12 @@ class ClusterNode:
                                 "history kept)", self.name, p, pmap.revision)
                 elif change.change is Change.PROMOTE:
                     entry = await asyncio.to_thread(engine.promote, p)
+                    self.handover.became_active(p)
                     log.warning("node %s: partition %d promoted to active (map revision %d): new history branch "
                                 "%d at seqno %d", self.name, p, pmap.revision, entry.uuid, entry.seqno)
                 elif change.change is Change.ACTIVATE:
                     await asyncio.to_thread(engine.set_state, p, PartitionState.ACTIVE)
+                    self.handover.became_active(p)
                 elif change.change is Change.BECOME_REPLICA:
                     await asyncio.to_thread(engine.set_state, p, PartitionState.REPLICA)
                 else:
