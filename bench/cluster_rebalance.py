@@ -53,6 +53,8 @@ class RebalanceRun:
     #: partition -> seconds from its first refused write to the next accepted one
     pauses: dict[int, float] = field(default_factory=dict)
     refused: int = 0
+    #: partition -> status -> refused answers its probe got (see ``_Probes.answers``)
+    answers: dict[int, dict[int, int]] = field(default_factory=dict)
     #: partition -> the marks of its handover (``bench.cluster_phases``)
     marks: dict[int, HandoverMarks] = field(default_factory=dict)
     moved_partitions: list[int] = field(default_factory=list)
@@ -108,6 +110,9 @@ class _Probes:
         self.first_refused: dict[int, float] = {}
         self.pauses: dict[int, float] = {}
         self.refused = 0
+        #: partition -> status -> refused answers (421 redirects, 503 retries): hops per handover,
+        #: a count the machine's load does not change
+        self.answers: dict[int, dict[int, int]] = {}
 
     async def read_map(self, client: httpx.AsyncClient) -> None:
         for url in self.urls:
@@ -147,6 +152,8 @@ class _Probes:
                     n += 1
                     break
                 self.refused += 1
+                counts = self.answers.setdefault(p, {})
+                counts[r.status_code] = counts.get(r.status_code, 0) + 1
                 # from when the refused write was sent: a node may hold it a while before answering
                 self.first_refused.setdefault(p, sent)
                 if self.phases is not None:
@@ -224,6 +231,7 @@ async def _rebalance(cluster: BenchCluster, new: Node, args: argparse.Namespace)
                         transferred=sum(int(c[2]) for c in copies.values() if c[1] is not None),
                         transfer_s=busy if spans else float("nan"), rebalance_s=ended - started, moved=len(moved),
                         pauses={p: probes.pauses.get(p, 0.0) for p in moved}, refused=probes.refused,
+                        answers={p: probes.answers.get(p, {}) for p in moved},
                         marks=phases.marks, moved_partitions=moved,
                         etcd_during={k: counts_after[k] - counts_before.get(k, 0) for k in counts_after},
                         etcd_idle_per_s={k: (idle_to[k] - idle_from.get(k, 0)) / idle_s for k in idle_to})
@@ -276,6 +284,9 @@ def rebalance_figures(run: RebalanceRun, args: argparse.Namespace) -> list[Figur
                f"first refused write to the next accepted one, per partition whose active moved "
                f"({run.refused} refusals in all; probes route as clients.http: 421 followed, 503 retried "
                f"after DocumentRoute's backoff)"),
+        Figure("refused answers per moved partition (probe)", _answers(run), "—", "—",
+               "421s followed and 503s retried by each moved partition's probe over the whole run: hops, "
+               "independent of the machine's load"),
         *(Figure(f"handover phase: {label}", result, "—", "—")
           for label, result in phase_rows(run.marks, run.moved_partitions)),
         Figure("etcd requests during the rebalance",
@@ -287,3 +298,11 @@ def rebalance_figures(run: RebalanceRun, args: argparse.Namespace) -> list[Figur
                f"{run.etcd_idle_per_s.get('put', 0):.1f} puts/s", "—", "—",
                f"over {args.idle_seconds:.0f} s with no writes and nothing moving (lease keep-alives are not counted)"),
     ]
+
+
+def _answers(run: RebalanceRun) -> str:
+    moved = run.moved_partitions or list(run.answers)
+    n = max(len(moved), 1)
+    statuses = sorted({status for p in moved for status in run.answers.get(p, {})})
+    parts = [f"{status}: {sum(run.answers.get(p, {}).get(status, 0) for p in moved) / n:.1f}" for status in statuses]
+    return (", ".join(parts) or "none") + f" (mean over {len(moved)})"

@@ -212,6 +212,8 @@ class HandoverParticipant:
         #: partition -> set when this node, a handover's target, became active for it (or the
         #: record went): writes waiting there (``until_active``) go ahead
         self._active_now: dict[int, asyncio.Event] = {}
+        #: the record deletions of takeovers done, under way (``taken_over_soon``)
+        self._deleting: set[asyncio.Task[None]] = set()
         #: partition -> set when an acknowledgement of it may have moved (``on_ack``'s listener)
         self._ack_moved: dict[int, asyncio.Event] = {}
         self._unsubscribe = on_ack(self._on_ack) if on_ack is not None else None
@@ -285,6 +287,25 @@ class HandoverParticipant:
         _high, mark = self.engine.replica_mark(partition)
         return takes_over(stored.handover if stored else None, self.node, mark.complete_end)
 
+    def taken_over_soon(self, partition: int) -> None:
+        """``taken_over`` on a task of its own: the node follows the rest of the map meanwhile
+        rather than holding its lock across the etcd write."""
+        self.became_active(partition)
+        stored = self.records.pop(partition, None)
+        if stored is None:
+            return
+        task = asyncio.create_task(self._delete_quietly(stored), name=f"handover record {partition}: delete")
+        self._deleting.add(task)
+        task.add_done_callback(self._deleting.discard)
+
+    async def _delete_quietly(self, stored: Stored) -> None:
+        partition = stored.handover.partition
+        try:
+            await self.store.update(stored, None)
+        except EtcdError as exc:
+            # the record stays: the next ``follow`` sees the partition active here and deletes it
+            log.warning("node %s: deleting partition %d's handover record failed: %s", self.node, partition, exc)
+
     async def taken_over(self, partition: int) -> None:
         """This node, the target, took ``partition`` over: writes waiting for it go ahead now,
         then the record is deleted (which tells the orchestrator the handover is done)."""
@@ -335,6 +356,7 @@ class HandoverParticipant:
         for task in list(self._fencing.values()):
             task.cancel()
         await self.fenced()
+        await asyncio.gather(*list(self._deleting), return_exceptions=True)
 
     # ------------------------------------------------------------------ writes during the pause
     def in_handover(self, partition: int) -> bool:

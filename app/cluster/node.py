@@ -37,6 +37,7 @@ import asyncio
 import functools
 import json
 import logging
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -155,6 +156,9 @@ class ClusterNode:
         #: the operator's rebalance requests (``/cluster/rebalance``); the orchestrator carries them out
         self.rebalance = RebalanceStore(self.etcd, self.layout)
         self._changed = asyncio.Event()
+        #: (map revision, monotonic time) of the last map taken from a watch event or this node's
+        #: own switch: a takeover logs how long after it the partition took writes
+        self._map_arrived: tuple[int, float] = (0, 0.0)
 
     def _replica_received(self, node: str, partition: int) -> int | None:
         ack = self.durable.replica_ack(node, partition)
@@ -312,6 +316,7 @@ class ClusterNode:
         if new.revision <= self.map.revision or new.num_partitions != self.config.partitions:
             return
         self.map = new
+        self._map_arrived = (new.revision, time.monotonic())
         self.handover.map_seen(new)  # after ``self.map``: the writes it releases get 421s naming the new active
         task = asyncio.create_task(self._follow_quietly(), name="cluster follow (map event)")
         self._tasks.append(task)
@@ -382,7 +387,11 @@ class ClusterNode:
             # writes from then on (the loop yields between partitions), and a majority write
             # accepted there must find it counted as ours, not be answered ambiguous at once
             self.durable.follow_map(pmap)
-            for change in changes(pmap, self.name, states):
+            # a handover's target takes over first: its partition's writes are paused (and held
+            # here by ``until_active``) until it does, the other changes cost no one a pause
+            ordered = sorted(changes(pmap, self.name, states),
+                             key=lambda c: not (c.change is Change.PROMOTE and self.handover.takes_over(c.partition)))
+            for change in ordered:
                 if self.fenced:  # stalled past the lease meanwhile: nothing becomes active now
                     break
                 p = change.partition
@@ -390,9 +399,12 @@ class ClusterNode:
                 self._fenced_actives.discard(p)
                 if change.change is Change.PROMOTE and self.handover.takes_over(p):
                     await asyncio.to_thread(engine.take_over, p)
-                    log.warning("node %s: partition %d taken over as active (map revision %d), failover log kept",
-                                self.name, p, pmap.revision)
-                    await self.handover.taken_over(p)
+                    self.handover.taken_over_soon(p)
+                    revision, arrived = self._map_arrived
+                    after = f", {(time.monotonic() - arrived) * 1000:.0f} ms after the map came" \
+                        if revision == pmap.revision else ""
+                    log.warning("node %s: partition %d taken over as active (map revision %d%s), failover log kept",
+                                self.name, p, pmap.revision, after)
                 elif change.change is Change.PROMOTE and resumed:
                     # fenced while active and the map never moved: nobody else took writes for it
                     await asyncio.to_thread(engine.take_over, p)
