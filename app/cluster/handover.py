@@ -172,8 +172,9 @@ class HandoverParticipant:
        nearly caught up before it sets the vbucket dead), or ``catch_up_wait_s`` passed, so the
        pause is not spent streaming a backlog a busy target built up;
     2. **fence**: ``Engine.stop_writes``, then the target's acknowledgement of the fenced seqno
-       (up to ``ack_wait_s``), recorded with ``fenced_at`` in one write so the orchestrator can
-       switch on the record alone; an acknowledgement that comes later is added in a second write;
+       (up to ``ack_wait_s``), recorded with ``fenced_at`` and, the map allowing, the switched map
+       in one write; an acknowledgement that comes later is added in a second write, with the
+       switch again when the map allows it (else the orchestrator switches on the record);
     3. **the pause**: a write refused meanwhile waits (``until_settled``) until the map names
        the target, then is answered with a 421 naming it, which clients follow without reading
        the map.  When the source published the switch itself it knows at once (``on_switched``
@@ -561,7 +562,15 @@ class HandoverParticipant:
             if later.handover != fenced:
                 return
             if await self._until(p, acknowledged, self.late_ack_wait_s):
-                await self.store.update(later, fenced.fenced(seqno, self._target_ack(h)))
+                # switched here too when the map allows it: the orchestrator would only do the same
+                # after its watch wake-up and a cycle, with the writes still paused
+                late = fenced.fenced(seqno, self._target_ack(h))
+                switched = await self._switch(later, late)
+                if switched is not None:
+                    log.warning("node %s: partition %d, acknowledged late by node %s, %s", self.node, p, h.target,
+                                switched)
+                else:
+                    await self.store.update(later, late)
         except EtcdError as exc:
             # the record stays as it was: the next map following starts a new fence task, and a
             # partition paused without a record saying so takes writes again there

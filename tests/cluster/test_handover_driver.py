@@ -229,3 +229,39 @@ async def test_a_target_follows_a_switched_map_with_the_fence_written_beside_it(
         revision = target.revision
         await target.as_new_as(mod)  # as new already: no read
         assert target.revision == revision
+
+
+async def test_an_acknowledgement_that_comes_late_still_lets_the_source_switch_the_map(
+        client: EtcdClient, tmp_path: Path) -> None:
+    layout = Layout(f"/upr/{uuid.uuid4().hex[:8]}")
+    store, maps = HandoverStore(client, layout), MapStore(client, layout)
+    assert await maps.publish(MAP, 0)
+    with Engine.open(EngineConfig(data_dir=tmp_path, partitions=3)) as engine:
+        for p in range(3):
+            engine.set_state(p, PartitionState.ACTIVE if MAP.active_of(p) == "a" else PartitionState.REPLICA)
+        key = next(f"k{i}" for i in range(1000) if engine.partition_of(f"k{i}") == 0)
+        for i in range(3):
+            engine.write(WriteOp(Op.MUTATION, key, b"v%d" % i))
+        held = {"b": 2}
+        listeners = []
+        node = HandoverParticipant(client, layout, engine, "a", acked=lambda n, p: held.get(n) if p == 0 else None,
+                                   on_ack=lambda fn: listeners.append(fn) or (lambda: None), catch_up_items=8,
+                                   ack_wait_s=0.05)
+        await client.put(store.record_key(0), json.dumps(Handover(0, "a", "b", kind="rebalance").to_json()).encode())
+        await node.load()
+        await node.follow(MAP)
+        for _ in range(200):  # the fence is recorded alone: the target has not acknowledged seqno 3
+            record = (await store.records())[0].handover
+            if record.fenced_at is not None:
+                break
+            await asyncio.sleep(0.02)
+        assert (record.fenced_at, record.acked) == (3, None)
+        assert (await maps.load(3))[0].revision == 1
+        held["b"] = 3
+        for fn in listeners:
+            fn(0)
+        await node.fenced()
+        record = (await store.records())[0].handover
+        assert (record.fenced_at, record.acked) == (3, 3)
+        switched, _ = await maps.load(3)
+        assert switched.revision == 2 and switched.placements[0] == Placement("b", ("a",))
