@@ -182,8 +182,9 @@ class HandoverParticipant:
        arrives once the record is fenced but before ``take_over`` has run waits for it
        (``until_active``) instead of being refused, so the 421 is never bounced back.
 
-    Each fence logs how long its steps took (record seen, catch-up, stop, acknowledgement, the
-    etcd write), beside the seqnos: the pause is the sum of the last three.
+    Each fence logs how long its steps took (catch-up, stop, acknowledgement, the etcd write),
+    beside the seqnos: writes are paused from the stop on, so the pause is the sum of the last
+    three plus the client's hop to the target.
 
     ``records`` mirrors the records in etcd as of ``revision``: a full read (``load``) and the
     node's watch events (``apply_event``) both feed it, and neither replaces newer knowledge with
