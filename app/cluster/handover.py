@@ -183,8 +183,8 @@ class HandoverParticipant:
        (``until_active``) instead of being refused, so the 421 is never bounced back.
 
     Each fence logs how long its steps took (catch-up, stop, acknowledgement, the etcd write),
-    beside the seqnos: writes are paused from the stop on, so the pause is the sum of the last
-    three plus the client's hop to the target.
+    beside the seqnos: writes are refused from the end of the stop on, so the pause is the last
+    two plus the client's hop to the target.
 
     ``records`` mirrors the records in etcd as of ``revision``: a full read (``load``) and the
     node's watch events (``apply_event``) both feed it, and neither replaces newer knowledge with
