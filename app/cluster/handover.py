@@ -170,7 +170,9 @@ class HandoverParticipant:
     1. **catch-up**: writes go on until the target's stream has acknowledged all but
        ``catch_up_items`` of the partition (Couchbase's takeover streams until the replica is
        nearly caught up before it sets the vbucket dead), or ``catch_up_wait_s`` passed, so the
-       pause is not spent streaming a backlog a busy target built up;
+       pause is not spent streaming a backlog a busy target built up; then, for at most
+       ``settle_wait_s``, until it is within ``settle_items`` (a handful), so what the stream
+       carries after the fence is the few items in flight, not up to ``catch_up_items``;
     2. **fence**: ``Engine.stop_writes``, then the target's acknowledgement of the fenced seqno
        (up to ``ack_wait_s``), recorded with ``fenced_at`` and, the map allowing, the switched map
        in one write; an acknowledgement that comes later is added in a second write, with the
@@ -196,7 +198,8 @@ class HandoverParticipant:
                  on_ack: Callable[[Callable[[int], None]], Callable[[], None]] | None = None,
                  ack_wait_s: float = 0.5, late_ack_wait_s: float = 10.0, catch_up_items: int = 256,
                  catch_up_wait_s: float = 10.0, max_parked: int = 1024,
-                 on_switched: Callable[[bytes, int], None] | None = None) -> None:
+                 on_switched: Callable[[bytes, int], None] | None = None, settle_items: int = 16,
+                 settle_wait_s: float = 0.2) -> None:
         self.store = HandoverStore(etcd, layout)
         self.maps = MapStore(etcd, layout)
         self.engine, self.node = engine, node
@@ -207,6 +210,7 @@ class HandoverParticipant:
         self.acked = acked
         self.ack_wait_s, self.late_ack_wait_s = ack_wait_s, late_ack_wait_s
         self.catch_up_items, self.catch_up_wait_s = catch_up_items, catch_up_wait_s
+        self.settle_items, self.settle_wait_s = settle_items, settle_wait_s
         self.max_parked = max_parked
         #: told the raw map and its etcd mod revision when this node published a switch itself
         #: (the node follows it at once instead of one watch round trip later)
@@ -511,12 +515,17 @@ class HandoverParticipant:
         stamps = _Stamps()
         try:
             if self.acked is not None:
-                def caught_up() -> bool:
-                    got = self._target_ack(h)
-                    # no acknowledgement on this connection yet (an idle copy acks only what it
-                    # applies): nothing says it lags, so no reason to hold the fence back
-                    return not self._still(stored) or got is None or engine.high_seqno(p) - got <= self.catch_up_items
-                if not await self._until(p, caught_up, self.catch_up_wait_s):
+                def within(items: int) -> Callable[[], bool]:
+                    def caught_up() -> bool:
+                        got = self._target_ack(h)
+                        # no acknowledgement on this connection yet (an idle copy acks only what
+                        # it applies): nothing says it lags, so no reason to hold the fence back
+                        return not self._still(stored) or got is None or engine.high_seqno(p) - got <= items
+                    return caught_up
+                if await self._until(p, within(self.catch_up_items), self.catch_up_wait_s):
+                    # writes go on meanwhile: this wait costs no pause, and shortens it
+                    await self._until(p, within(self.settle_items), self.settle_wait_s)
+                else:
                     got = self._target_ack(h)
                     log.warning("node %s: partition %d: target node %s still %s behind after %.0f s; fencing anyway",
                                 self.node, p, h.target,

@@ -265,3 +265,41 @@ async def test_an_acknowledgement_that_comes_late_still_lets_the_source_switch_t
         assert (record.fenced_at, record.acked) == (3, 3)
         switched, _ = await maps.load(3)
         assert switched.revision == 2 and switched.placements[0] == Placement("b", ("a",))
+
+
+async def test_the_fence_waits_briefly_for_the_target_to_come_within_a_handful_of_items(
+        client: EtcdClient, tmp_path: Path) -> None:
+    """Within ``catch_up_items`` the fence may start, but it waits up to ``settle_wait_s`` more
+    (writes going on) for the target to be within ``settle_items``; then fences anyway."""
+    layout = Layout(f"/upr/{uuid.uuid4().hex[:8]}")
+    store, maps = HandoverStore(client, layout), MapStore(client, layout)
+    assert await maps.publish(MAP, 0)
+    with Engine.open(EngineConfig(data_dir=tmp_path, partitions=3)) as engine:
+        for p in range(3):
+            engine.set_state(p, PartitionState.ACTIVE if MAP.active_of(p) == "a" else PartitionState.REPLICA)
+        key = next(f"k{i}" for i in range(1000) if engine.partition_of(f"k{i}") == 0)
+        for i in range(3):
+            engine.write(WriteOp(Op.MUTATION, key, b"v%d" % i))
+        held = {"b": 1}
+        listeners = []
+        node = HandoverParticipant(client, layout, engine, "a", acked=lambda n, p: held.get(n) if p == 0 else None,
+                                   on_ack=lambda fn: listeners.append(fn) or (lambda: None), catch_up_items=256,
+                                   settle_items=1, settle_wait_s=10.0, ack_wait_s=5.0)
+        await client.put(store.record_key(0), json.dumps(Handover(0, "a", "b").to_json()).encode())
+        await node.load()
+        await node.follow(MAP)
+        await asyncio.sleep(0.1)
+        assert not engine.writes_stopped(0)  # 2 items behind: within 256, not yet within 1
+        held["b"] = 2
+        for fn in listeners:
+            fn(0)
+        for _ in range(200):
+            if engine.writes_stopped(0):
+                break
+            await asyncio.sleep(0.01)
+        assert engine.writes_stopped(0)
+        held["b"] = 3
+        for fn in listeners:
+            fn(0)
+        await node.fenced()
+        assert (await store.records())[0].handover.fenced_at == 3
