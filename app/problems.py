@@ -212,9 +212,9 @@ def misdirected(partition: int, where: dict[str, Any]) -> Problem:
     return Problem(MISDIRECTED, detail, partition=partition, extra=dict(where))
 
 
-#: how long a write refused during its partition's handover waits for the takeover before its
-#: answer: past the pause such a handover takes (bench/cluster_rebalance.py), well below a
-#: client's timeout
+#: how long a write waits during its partition's handover (on the source for the switch, on the
+#: target for its takeover) before its answer: past the pause such a handover takes
+#: (bench/cluster_rebalance.py), well below a client's timeout
 PAUSED_WRITE_WAIT_S = 1.0
 
 
@@ -228,8 +228,9 @@ def install(app: FastAPI) -> None:
         cluster = getattr(request.app.state, "cluster", None)
         if cluster is not None and isinstance(exc, E.PartitionNotActive) and exc.partition is not None:
             # a handover of the partition from this node is in flight (writes paused, or the map
-            # just switched): the write waits, briefly, until the target has taken over, then is
-            # sent there with a 421 (nothing was applied here)
+            # just switched): the write waits, briefly, until the map names the target, then is
+            # sent there with a 421 (nothing was applied here; the target holds it until its
+            # takeover has run)
             await cluster.handover.until_settled(exc.partition, PAUSED_WRITE_WAIT_S)
             where = cluster.misdirected(exc.partition)
             # the map names this very node (a pause that outlasted the wait, a handover called

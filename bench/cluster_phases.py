@@ -46,6 +46,8 @@ PHASES = (
     ("map switched -> target took over", "switched", "taken_over"),
     ("map switched -> probe's first 421", "switched", "first_misdirected"),
     ("map switched -> probe's accepted write", "switched", "accepted"),
+    ("target took over -> probe's accepted write", "taken_over", "accepted"),
+    ("probe's first 421 -> accepted write", "first_misdirected", "accepted"),
     ("first refused write sent -> accepted", "first_refused", "accepted"),
 )
 

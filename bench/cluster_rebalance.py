@@ -14,9 +14,10 @@ keys (so a partition's seqno is its item count).  Then, in the same run:
    is not counted).
 3. **Write unavailability per partition during its handover**: while the rebalance runs, one
    probe per partition writes (``PUT``, ``memory``) to the node the newest map names, again as
-   soon as the last answer came back (a 503, the takeover's pause, is retried after 2 ms; a 421
-   is followed to the node it names, as ``clients.http`` does, and makes it read the map only
-   when it names none).  For each partition whose active moved: from its first refused write
+   soon as the last answer came back, routed as ``clients.http`` routes a document request
+   (``clients.redirects.DocumentRoute``: a 421 is followed to the node it names, a 503
+   partition-not-active is retried after the route's backoff; the map is read again only when
+   a route ends without an accepted write).  For each partition whose active moved: from its first refused write
    (from when it was sent: a source may hold a write until its handover settles) to the next
    accepted one (0 when no write was refused).  p50 / p99 / max.
 4. **Where the pause goes**: each handover's phases (``bench.cluster_phases``), and etcd's own
@@ -35,7 +36,7 @@ from bench.cluster_figures import Figure, summary_ms, verdict
 from bench.cluster_phases import HandoverMarks, PhaseWatch, etcd_counts, phase_rows
 from bench.cluster_procs import BenchCluster, Node, key_in_partition, partition_of, progress
 from bench.suite.procs import ProcessGroup, free_port
-from clients.redirects import redirect_target
+from clients.redirects import DocumentRoute
 
 __all__ = ["RebalanceRun", "measure_rebalance", "rebalance_figures"]
 
@@ -52,6 +53,8 @@ class RebalanceRun:
     #: partition -> seconds from its first refused write to the next accepted one
     pauses: dict[int, float] = field(default_factory=dict)
     refused: int = 0
+    #: partition -> status -> refused answers its probe got (see ``_Probes.answers``)
+    answers: dict[int, dict[int, int]] = field(default_factory=dict)
     #: partition -> the marks of its handover (``bench.cluster_phases``)
     marks: dict[int, HandoverMarks] = field(default_factory=dict)
     moved_partitions: list[int] = field(default_factory=list)
@@ -107,6 +110,9 @@ class _Probes:
         self.first_refused: dict[int, float] = {}
         self.pauses: dict[int, float] = {}
         self.refused = 0
+        #: partition -> status -> refused answers (421 redirects, 503 retries): hops per handover,
+        #: a count the machine's load does not change
+        self.answers: dict[int, dict[int, int]] = {}
 
     async def read_map(self, client: httpx.AsyncClient) -> None:
         for url in self.urls:
@@ -127,35 +133,37 @@ class _Probes:
                 await self.read_map(client)
                 await asyncio.sleep(0.01)
                 continue
-            sent = time.monotonic()
-            try:
-                r = await client.put(f"{url}/docs/{key}", content=f"{n}".encode(), timeout=5)
-            except httpx.HTTPError:
-                await self.read_map(client)
-                continue
-            now = time.monotonic()
-            if r.status_code in (200, 201):
-                if p in self.first_refused:
-                    self.pauses[p] = max(self.pauses.get(p, 0.0), now - self.first_refused.pop(p))
-                    if self.phases is not None:
-                        self.phases.probe_accepted(p, now)
-                n += 1
-            else:
+            # one write, hop by hop as clients.http sends it, with each answer marked
+            route = DocumentRoute(url)
+            while not self.stop.is_set():
+                sent = time.monotonic()
+                try:
+                    r = await client.put(f"{url}/docs/{key}", content=f"{n}".encode(), timeout=5)
+                except httpx.HTTPError:
+                    await self.read_map(client)
+                    break
+                now = time.monotonic()
+                if r.status_code in (200, 201):
+                    self.actives[p] = url
+                    if p in self.first_refused:
+                        self.pauses[p] = max(self.pauses.get(p, 0.0), now - self.first_refused.pop(p))
+                        if self.phases is not None:
+                            self.phases.probe_accepted(p, now)
+                    n += 1
+                    break
                 self.refused += 1
+                counts = self.answers.setdefault(p, {})
+                counts[r.status_code] = counts.get(r.status_code, 0) + 1
                 # from when the refused write was sent: a node may hold it a while before answering
                 self.first_refused.setdefault(p, sent)
                 if self.phases is not None:
                     self.phases.probe_refused(p, r.status_code, sent, now)
-                if r.status_code == 421:
-                    # as clients.http does: the problem names the active's URL; the map is read
-                    # only when it names none
-                    target = redirect_target(r.status_code, _json_or_none(r), url)
-                    if target is not None:
-                        self.actives[p] = target
-                    else:
-                        await self.read_map(client)
-                else:
-                    await asyncio.sleep(0.002)
+                hop = route.next(r.status_code, _json_or_none(r))
+                if hop is None:  # the route gave up (or the answer named no node): read the map
+                    await self.read_map(client)
+                    break
+                await asyncio.sleep(hop.delay)
+                url = hop.url
 
     async def run(self) -> None:
         limits = httpx.Limits(max_connections=self.partitions + 8)
@@ -223,6 +231,7 @@ async def _rebalance(cluster: BenchCluster, new: Node, args: argparse.Namespace)
                         transferred=sum(int(c[2]) for c in copies.values() if c[1] is not None),
                         transfer_s=busy if spans else float("nan"), rebalance_s=ended - started, moved=len(moved),
                         pauses={p: probes.pauses.get(p, 0.0) for p in moved}, refused=probes.refused,
+                        answers={p: probes.answers.get(p, {}) for p in moved},
                         marks=phases.marks, moved_partitions=moved,
                         etcd_during={k: counts_after[k] - counts_before.get(k, 0) for k in counts_after},
                         etcd_idle_per_s={k: (idle_to[k] - idle_from.get(k, 0)) / idle_s for k in idle_to})
@@ -273,7 +282,11 @@ def rebalance_figures(run: RebalanceRun, args: argparse.Namespace) -> list[Figur
                f"p50 {s['p50']:.0f} ms, p99 {s['p99']:.0f} ms, max {s['p100']:.0f} ms over {len(pauses)} partition(s)",
                "p99 < 200 ms", verdict(s["p99"], 200, higher_is_better=False),
                f"first refused write to the next accepted one, per partition whose active moved "
-               f"({run.refused} refusals in all; probes retry a 503 after 2 ms)"),
+               f"({run.refused} refusals in all; probes route as clients.http: 421 followed, 503 retried "
+               f"after DocumentRoute's backoff)"),
+        Figure("refused answers per moved partition (probe)", _answers(run), "—", "—",
+               "421s followed and 503s retried by each moved partition's probe over the whole run: hops, "
+               "independent of the machine's load"),
         *(Figure(f"handover phase: {label}", result, "—", "—")
           for label, result in phase_rows(run.marks, run.moved_partitions)),
         Figure("etcd requests during the rebalance",
@@ -285,3 +298,11 @@ def rebalance_figures(run: RebalanceRun, args: argparse.Namespace) -> list[Figur
                f"{run.etcd_idle_per_s.get('put', 0):.1f} puts/s", "—", "—",
                f"over {args.idle_seconds:.0f} s with no writes and nothing moving (lease keep-alives are not counted)"),
     ]
+
+
+def _answers(run: RebalanceRun) -> str:
+    moved = run.moved_partitions or list(run.answers)
+    n = max(len(moved), 1)
+    statuses = sorted({status for p in moved for status in run.answers.get(p, {})})
+    parts = [f"{status}: {sum(run.answers.get(p, {}).get(status, 0) for p in moved) / n:.1f}" for status in statuses]
+    return (", ".join(parts) or "none") + f" (mean over {len(moved)})"

@@ -15,7 +15,9 @@ A write that reaches a node while its partition changes hands (the new owner bef
 the old one after it let go) is answered ``503 partition-not-active``: nothing was applied, so a
 client asks the same node again after a short wait, as Couchbase SDKs retry ``NOT_MY_VBUCKET`` and
 Kafka producers retry ``NOT_LEADER_OR_FOLLOWER``, a bounded number of times
-(``DocumentRoute``).
+(``DocumentRoute``).  The waits are ``clients.backoff.Backoff``'s: the first one short (a handover
+pauses a partition for a fraction of a second), growing, capped, and jittered, so the many writers
+one handover turned away do not all come back in the same millisecond.
 
 ``--server`` may name several nodes (``URL[,URL...]``): any node will do for the first hop, so a
 client tries them in order and moves on only when a connection could not be made (nothing was
@@ -25,20 +27,23 @@ Pure: no sockets; ``clients.http`` does the requests.
 """
 from __future__ import annotations
 
+import random
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from engine.protocol.client.servers import parse_servers
 
-__all__ = ["MAX_HOPS", "MAX_RETRIES", "MISDIRECTED_STATUS", "DocumentRoute", "Hop", "is_moving", "parse_servers",
-           "redirect_target", "revisit_delay"]
+from .backoff import Backoff
+
+__all__ = ["MAX_HOPS", "MAX_RETRIES", "MISDIRECTED_STATUS", "DocumentRoute", "Hop", "is_moving", "moving_backoff",
+           "parse_servers", "redirect_target", "revisit_delay"]
 
 #: 421s followed for one request before giving up.
 MAX_HOPS = 3
-#: 503 partition-not-active answers asked again for one request: with ``revisit_delay``'s waits
-#: 1.5 s in all, past the write pause of a handover (bench/cluster_rebalance.py).
-MAX_RETRIES = 4
+#: 503 partition-not-active answers asked again for one request: with ``moving_backoff``'s waits
+#: 1.1 to 2.2 s in all, past the write pause of a handover (bench/cluster_rebalance.py).
+MAX_RETRIES = 10
 MISDIRECTED_STATUS = 421
 UNAVAILABLE_STATUS = 503
 
@@ -76,13 +81,16 @@ class DocumentRoute:
     """The hops of one document request, fed with each answer: where to ask next, or None when the
     answer is the one to give the caller.  The adapters (``clients.http``) only send and sleep."""
 
-    def __init__(self, first: str, max_hops: int = MAX_HOPS, max_retries: int = MAX_RETRIES) -> None:
+    def __init__(self, first: str, max_hops: int = MAX_HOPS, max_retries: int = MAX_RETRIES,
+                 backoff: Backoff | None = None) -> None:
         self.server = first
         self.max_hops = max_hops
         self.max_retries = max_retries
         self.redirects = 0
         self.retries = 0
         self._visited = {first}
+        #: the waits before each retry of a 503 partition-not-active
+        self.backoff = backoff if backoff is not None else moving_backoff()
 
     def next(self, status: int, body: Any) -> Hop | None:
         """The hop that follows an answer of ``status`` with problem ``body`` from ``self.server``."""
@@ -92,7 +100,7 @@ class DocumentRoute:
             delay = revisit_delay(self.redirects) if target in self._visited else 0.0
             self.redirects += 1
         elif target is None and is_moving(status, body) and self.retries < self.max_retries:
-            target, delay = self.server, revisit_delay(self.retries)
+            target, delay = self.server, self.backoff.next_delay()
             self.retries += 1
         else:
             return None
@@ -105,6 +113,13 @@ class DocumentRoute:
         parts = ([f"following {self.redirects} misdirections"] if self.redirects else []) + \
                 ([f"asking {self.retries} more times while the partition moved"] if self.retries else [])
         return f"{what} (after {' and '.join(parts)})" if parts else what
+
+
+def moving_backoff(rng: random.Random | None = None) -> Backoff:
+    """The waits before asking again about a partition that is moving: 10 ms first (most
+    handovers end within a few tens of ms of a refusal), doubling to at most 400 ms, each drawn
+    from the upper half of its span so writers turned away together spread out."""
+    return Backoff(initial=0.01, maximum=0.4, factor=2.0, jitter=0.5, rng=rng)
 
 
 def revisit_delay(hops: int) -> float:

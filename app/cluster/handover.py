@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -169,13 +170,23 @@ class HandoverParticipant:
     1. **catch-up**: writes go on until the target's stream has acknowledged all but
        ``catch_up_items`` of the partition (Couchbase's takeover streams until the replica is
        nearly caught up before it sets the vbucket dead), or ``catch_up_wait_s`` passed, so the
-       pause is not spent streaming a backlog a busy target built up;
+       pause is not spent streaming a backlog a busy target built up; then, for at most
+       ``settle_wait_s``, until it is within ``settle_items`` (a handful), so what the stream
+       carries after the fence is the few items in flight, not up to ``catch_up_items``;
     2. **fence**: ``Engine.stop_writes``, then the target's acknowledgement of the fenced seqno
-       (up to ``ack_wait_s``), recorded with ``fenced_at`` in one write so the orchestrator can
-       switch on the record alone; an acknowledgement that comes later is added in a second write;
-    3. **the pause**: a write refused meanwhile may wait (``until_settled``) until the target
-       has taken over, then be answered with a 421 naming it, which clients follow without
-       reading the map.
+       (up to ``ack_wait_s``), recorded with ``fenced_at`` and, the map allowing, the switched map
+       in one write; an acknowledgement that comes later is added in a second write, with the
+       switch again when the map allows it (else the orchestrator switches on the record);
+    3. **the pause**: a write refused meanwhile waits (``until_settled``) until the map names
+       the target, then is answered with a 421 naming it, which clients follow without reading
+       the map.  When the source published the switch itself it knows at once (``on_switched``
+       hands the map to the node before the watch brings it back); on the target, a write that
+       arrives once the record is fenced but before ``take_over`` has run waits for it
+       (``until_active``) instead of being refused, so the 421 is never bounced back.
+
+    Each fence logs how long its steps took (catch-up, stop, acknowledgement, the etcd write),
+    beside the seqnos: writes are refused from the end of the stop on, so the pause is the last
+    two plus the client's hop to the target.
 
     ``records`` mirrors the records in etcd as of ``revision``: a full read (``load``) and the
     node's watch events (``apply_event``) both feed it, and neither replaces newer knowledge with
@@ -186,7 +197,9 @@ class HandoverParticipant:
                  acked: Callable[[str, int], int | None] | None = None,
                  on_ack: Callable[[Callable[[int], None]], Callable[[], None]] | None = None,
                  ack_wait_s: float = 0.5, late_ack_wait_s: float = 10.0, catch_up_items: int = 256,
-                 catch_up_wait_s: float = 10.0, max_parked: int = 1024) -> None:
+                 catch_up_wait_s: float = 10.0, max_parked: int = 1024,
+                 on_switched: Callable[[bytes, int], None] | None = None, settle_items: int = 16,
+                 settle_wait_s: float = 0.2) -> None:
         self.store = HandoverStore(etcd, layout)
         self.maps = MapStore(etcd, layout)
         self.engine, self.node = engine, node
@@ -197,7 +210,16 @@ class HandoverParticipant:
         self.acked = acked
         self.ack_wait_s, self.late_ack_wait_s = ack_wait_s, late_ack_wait_s
         self.catch_up_items, self.catch_up_wait_s = catch_up_items, catch_up_wait_s
+        self.settle_items, self.settle_wait_s = settle_items, settle_wait_s
         self.max_parked = max_parked
+        #: told the raw map and its etcd mod revision when this node published a switch itself
+        #: (the node follows it at once instead of one watch round trip later)
+        self.on_switched = on_switched
+        #: partition -> set when this node, a handover's target, became active for it (or the
+        #: record went): writes waiting there (``until_active``) go ahead
+        self._active_now: dict[int, asyncio.Event] = {}
+        #: the record deletions of takeovers done, under way (``taken_over_soon``)
+        self._deleting: set[asyncio.Task[None]] = set()
         #: partition -> set when an acknowledgement of it may have moved (``on_ack``'s listener)
         self._ack_moved: dict[int, asyncio.Event] = {}
         self._unsubscribe = on_ack(self._on_ack) if on_ack is not None else None
@@ -243,6 +265,7 @@ class HandoverParticipant:
         if event.kind == "delete":
             self.records.pop(partition, None)
             self._release()
+            self.became_active(partition)
         else:
             stored = Stored(Handover.from_json(json.loads(event.kv.value)), event.kv.mod_revision)
             self.records[partition] = stored
@@ -255,6 +278,14 @@ class HandoverParticipant:
             moved.set()  # a fence task waiting for catch-up re-checks that its record still stands
         return True
 
+    def map_seen(self, new: PartitionMap) -> None:
+        """A newer map reached the node (a watch event, or this node's own switch), before the
+        node has followed it: writes held at a switched partition go on to its new active now,
+        not after the engine's states were changed."""
+        if self._current is not None and new.revision > self._current.revision:
+            self._current = new
+            self._release()
+
     def takes_over(self, partition: int) -> bool:
         """Whether this node's copy of ``partition``, which the map now makes active, is a
         handover's target holding everything its source gave out (then ``take_over``)."""
@@ -262,7 +293,29 @@ class HandoverParticipant:
         _high, mark = self.engine.replica_mark(partition)
         return takes_over(stored.handover if stored else None, self.node, mark.complete_end)
 
+    def taken_over_soon(self, partition: int) -> None:
+        """``taken_over`` on a task of its own: the node follows the rest of the map meanwhile
+        rather than holding its lock across the etcd write."""
+        self.became_active(partition)
+        stored = self.records.pop(partition, None)
+        if stored is None:
+            return
+        task = asyncio.create_task(self._delete_quietly(stored), name=f"handover record {partition}: delete")
+        self._deleting.add(task)
+        task.add_done_callback(self._deleting.discard)
+
+    async def _delete_quietly(self, stored: Stored) -> None:
+        partition = stored.handover.partition
+        try:
+            await self.store.update(stored, None)
+        except EtcdError as exc:
+            # the record stays: the next ``follow`` sees the partition active here and deletes it
+            log.warning("node %s: deleting partition %d's handover record failed: %s", self.node, partition, exc)
+
     async def taken_over(self, partition: int) -> None:
+        """This node, the target, took ``partition`` over: writes waiting for it go ahead now,
+        then the record is deleted (which tells the orchestrator the handover is done)."""
+        self.became_active(partition)
         stored = self.records.pop(partition, None)
         if stored is not None:
             await self.store.update(stored, None)
@@ -309,6 +362,7 @@ class HandoverParticipant:
         for task in list(self._fencing.values()):
             task.cancel()
         await self.fenced()
+        await asyncio.gather(*list(self._deleting), return_exceptions=True)
 
     # ------------------------------------------------------------------ writes during the pause
     def in_handover(self, partition: int) -> bool:
@@ -319,13 +373,15 @@ class HandoverParticipant:
 
     async def until_settled(self, partition: int, timeout_s: float) -> bool:
         """A write to ``partition`` was refused here during its handover (paused, or the map
-        just moved it): wait until the handover settles, at most ``timeout_s``; True if it did.
-        Settled: the target took over (it deleted the record), or the handover was called off.
-        Waiting for the takeover rather than the switch alone sends the write on to a target
-        that serves it, not one still following the map (which would send it back).  At most
-        ``max_parked`` writes wait at once; the others get their answer at once."""
+        just moved it): wait until the pause is over, at most ``timeout_s``; True if it is.
+        Over: the map names another node active (the switch: the write goes on there, where
+        ``until_active`` holds it until the takeover has run), or the handover was called off
+        and this node takes writes again.  At most ``max_parked`` writes wait at once; the
+        others get their answer at once."""
         if not self.in_handover(partition) or self._parked >= self.max_parked:
             return False
+        if self._pause_ended(partition):
+            return True
         event = self._pause_over.setdefault(partition, asyncio.Event())
         self._parked += 1
         try:
@@ -336,19 +392,60 @@ class HandoverParticipant:
         finally:
             self._parked -= 1
 
+    def _pause_ended(self, partition: int) -> bool:
+        current = self._current
+        if not self.in_handover(partition):
+            return True
+        return current is not None and (current.active_of(partition) != self.node
+                                        or not self.engine.writes_stopped(partition))
+
     def _release(self) -> None:
         for p, event in list(self._pause_over.items()):
-            if not self.in_handover(p) or (not self.engine.writes_stopped(p) and self._current is not None
-                                           and self._current.active_of(p) == self.node):
+            if self._pause_ended(p):
                 event.set()
                 del self._pause_over[p]
 
+    # ------------------------------------------------------------------ writes at the target
+    def taking_over(self, partition: int) -> bool:
+        """Whether this node is the target of ``partition``'s handover and its source has
+        stopped writes (the record is fenced) while the copy here is not active yet: a write
+        that arrives now is one the switch is about to make this node's."""
+        stored = self.records.get(partition)
+        return (stored is not None and stored.handover.target == self.node and stored.handover.fenced_at is not None
+                and self.engine.state(partition) is not PartitionState.ACTIVE)
+
+    async def until_active(self, partition: int, timeout_s: float) -> bool:
+        """A write for ``partition`` reached this node, the target, between the fence and its
+        ``take_over``: wait for the takeover (at most ``timeout_s``, and only while the record
+        stands) rather than refuse it, so a client sent here by the source's 421 is served
+        here, not sent back.  True if the partition is active here now."""
+        if self.taking_over(partition) and self._parked < self.max_parked:
+            event = self._active_now.setdefault(partition, asyncio.Event())
+            self._parked += 1
+            try:
+                await asyncio.wait_for(event.wait(), timeout_s)
+            except asyncio.TimeoutError:
+                pass
+            finally:
+                self._parked -= 1
+        return self.engine.state(partition) is PartitionState.ACTIVE
+
+    def became_active(self, partition: int) -> None:
+        """``partition`` is active here now (taken over, or its record went): release the writes
+        ``until_active`` holds for it."""
+        event = self._active_now.pop(partition, None)
+        if event is not None:
+            event.set()
+
     # ------------------------------------------------------------------ the source's fence
-    async def _switch(self, stored: Stored, fenced: Handover) -> bool:
+    async def _switch(self, stored: Stored, fenced: Handover) -> str | None:
         """Record the fence and publish the switched map in one transaction, guarded by the map's
-        and the record's etcd revisions (``switch_by_source``); False when the map does not allow
+        and the record's etcd revisions (``switch_by_source``); None when the map does not allow
         it or either changed meanwhile: the fence is then recorded alone and the orchestrator
-        switches (or calls the handover off)."""
+        switches (or calls the handover off).  Once it is written the switch is the truth: the
+        node follows that map at once (``on_switched``) and the writes held by the pause are
+        answered with a 421 naming the target, with no wait for the watch to bring the map
+        back.  Returns the map revision published."""
         # the newest map the watch brought saves a read; if another map came meanwhile the
         # transaction fails and the map is read once
         seen = self._map_kv
@@ -359,21 +456,24 @@ class HandoverParticipant:
                 current, mod_revision = await self.maps.load(self.engine.num_partitions)
             new = switch_by_source(current, fenced, self.node)
             if new is None:
-                return False
+                return None
             key = self.store.record_key(fenced.partition)
+            raw = _dumps(new.to_json())
             done = await self.store.etcd.txn(
                 [Compare(key, "mod", stored.mod_revision), Compare(self.maps.layout.map, "mod", mod_revision)],
-                [Put(key, _dumps(fenced.to_json())),
-                 Put(self.maps.layout.map, _dumps(new.to_json()))])
+                [Put(key, _dumps(fenced.to_json())), Put(self.maps.layout.map, raw)])
             if done.succeeded:
-                log.warning("node %s: partition %d stopped taking writes at seqno %d and, acknowledged by node %s, "
-                            "is active there from map revision %d (switched by its source)", self.node,
-                            fenced.partition, fenced.fenced_at, fenced.target, new.revision)
-                return True
+                self._map_kv = (raw, done.revision)
+                if self._current is None or new.revision > self._current.revision:
+                    self._current = new
+                if self.on_switched is not None:
+                    self.on_switched(raw, done.revision)
+                self._release()
+                return f"is active there from map revision {new.revision} (switched by its source)"
             if seen is None:
-                return False
+                return None
             seen = None
-        return False
+        return None
 
     def _on_ack(self, partition: int) -> None:
         event = self._ack_moved.get(partition)
@@ -412,40 +512,55 @@ class HandoverParticipant:
     async def _fence(self, p: int, stored: Stored) -> None:
         h = stored.handover
         engine = self.engine
+        stamps = _Stamps()
         try:
             if self.acked is not None:
-                def caught_up() -> bool:
-                    got = self._target_ack(h)
-                    # no acknowledgement on this connection yet (an idle copy acks only what it
-                    # applies): nothing says it lags, so no reason to hold the fence back
-                    return not self._still(stored) or got is None or engine.high_seqno(p) - got <= self.catch_up_items
-                if not await self._until(p, caught_up, self.catch_up_wait_s):
+                def within(items: int) -> Callable[[], bool]:
+                    def caught_up() -> bool:
+                        got = self._target_ack(h)
+                        # no acknowledgement on this connection yet (an idle copy acks only what
+                        # it applies): nothing says it lags, so no reason to hold the fence back
+                        return not self._still(stored) or got is None or engine.high_seqno(p) - got <= items
+                    return caught_up
+                if await self._until(p, within(self.catch_up_items), self.catch_up_wait_s):
+                    # writes go on meanwhile: this wait costs no pause, and shortens it
+                    await self._until(p, within(self.settle_items), self.settle_wait_s)
+                else:
                     got = self._target_ack(h)
                     log.warning("node %s: partition %d: target node %s still %s behind after %.0f s; fencing anyway",
                                 self.node, p, h.target,
                                 f"{engine.high_seqno(p) - got} item(s)" if got is not None else "unacknowledged",
                                 self.catch_up_wait_s)
+            stamps.mark("catch-up")
             if not self._still(stored) or engine.state(p) is not PartitionState.ACTIVE:
                 return
             try:
                 seqno = await asyncio.to_thread(engine.stop_writes, p)
             except PartitionNotActive:
                 return
+            stamps.mark("stop")
+            behind = self._behind(h, seqno)
             # the target streams from here: wait for it to acknowledge the last items, so the
             # record says so and the switch need not wait for its progress report
             def acknowledged() -> bool:
                 got = self._target_ack(h)
                 return got is not None and got >= seqno
             acked = self.acked is not None and await self._until(p, acknowledged, self.ack_wait_s)
+            stamps.mark(f"ack of {behind} item(s)" if behind is not None else "ack")
             fenced = h.fenced(seqno, self._target_ack(h) if acked else None)
-            if acked and await self._switch(stored, fenced):
+            switched = await self._switch(stored, fenced) if acked else None
+            if switched is not None:
+                stamps.mark("switch")
+                log.warning("node %s: partition %d stopped taking writes at seqno %d and, acknowledged by node %s, %s; "
+                            "%s", self.node, p, seqno, h.target, switched, stamps)
                 return
             if not await self.store.update(stored, fenced):
                 await asyncio.to_thread(engine.resume_writes, p)  # called off meanwhile
                 self._pause_over.pop(p, asyncio.Event()).set()
                 return
-            log.warning("node %s: partition %d stopped taking writes at seqno %d for its handover to node %s%s",
-                        self.node, p, seqno, h.target, " (acknowledged by it)" if acked else "")
+            stamps.mark("record")
+            log.warning("node %s: partition %d stopped taking writes at seqno %d for its handover to node %s%s; %s",
+                        self.node, p, seqno, h.target, " (acknowledged by it)" if acked else "", stamps)
             if acked or self.acked is None:
                 return
             # not acknowledged in time: add it once it comes, so the switch need not wait for
@@ -457,11 +572,39 @@ class HandoverParticipant:
             if later.handover != fenced:
                 return
             if await self._until(p, acknowledged, self.late_ack_wait_s):
-                await self.store.update(later, fenced.fenced(seqno, self._target_ack(h)))
+                # switched here too when the map allows it: the orchestrator would only do the same
+                # after its watch wake-up and a cycle, with the writes still paused
+                late = fenced.fenced(seqno, self._target_ack(h))
+                switched = await self._switch(later, late)
+                if switched is not None:
+                    log.warning("node %s: partition %d, acknowledged late by node %s, %s", self.node, p, h.target,
+                                switched)
+                else:
+                    await self.store.update(later, late)
         except EtcdError as exc:
             # the record stays as it was: the next map following starts a new fence task, and a
             # partition paused without a record saying so takes writes again there
             log.warning("node %s: fencing partition %d for its handover failed: %s", self.node, p, exc)
+
+    def _behind(self, h: Handover, seqno: int) -> int | None:
+        got = self._target_ack(h)
+        return max(seqno - got, 0) if got is not None else None
+
+
+class _Stamps:
+    """Milliseconds between the steps of one fence, for its log line: where a pause went."""
+
+    def __init__(self) -> None:
+        self._last = time.monotonic()
+        self._steps: list[str] = []
+
+    def mark(self, step: str) -> None:
+        now = time.monotonic()
+        self._steps.append(f"{step} {(now - self._last) * 1000:.0f} ms")
+        self._last = now
+
+    def __str__(self) -> str:
+        return ", ".join(self._steps)
 
 
 def _dumps(obj: object) -> bytes:

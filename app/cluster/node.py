@@ -37,6 +37,7 @@ import asyncio
 import functools
 import json
 import logging
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -152,10 +153,14 @@ class ClusterNode:
         self._apply_lock = asyncio.Lock()
         #: graceful failover: where this node stops writes or takes over (``app.cluster.handover``)
         self.handover = HandoverParticipant(self.etcd, self.layout, engine, self.name, acked=self._replica_received,
-                                            on_ack=self.durable.add_advance_listener)
+                                            on_ack=self.durable.add_advance_listener,
+                                            on_switched=lambda raw, _revision: self._map_event(raw))
         #: the operator's rebalance requests (``/cluster/rebalance``); the orchestrator carries them out
         self.rebalance = RebalanceStore(self.etcd, self.layout)
         self._changed = asyncio.Event()
+        #: (map revision, monotonic time) of the last map taken from a watch event or this node's
+        #: own switch: a takeover logs how long after it the partition took writes
+        self._map_arrived: tuple[int, float] = (0, 0.0)
 
     def _replica_received(self, node: str, partition: int) -> int | None:
         ack = self.durable.replica_ack(node, partition)
@@ -303,9 +308,9 @@ class ClusterNode:
             await asyncio.sleep(0.25)
 
     def _map_event(self, raw: bytes) -> None:
-        """A new map in a watch event: follow it at once, before the full refresh's reads (a
-        handover's target takes over and its source starts redirecting one etcd round trip
-        sooner).  The handover records it is followed with are as new as the event
+        """A new map in a watch event, or the one this node just published as a handover's
+        source: follow it at once, before the full refresh's reads (a handover's target takes
+        over and its source starts redirecting one etcd round trip sooner).  The handover records it is followed with are as new as the event
         (``HandoverParticipant.apply_event``), so a takeover is never mistaken for a failover."""
         try:
             new = PartitionMap.from_json(json.loads(raw))
@@ -314,6 +319,8 @@ class ClusterNode:
         if new.revision <= self.map.revision or new.num_partitions != self.config.partitions:
             return
         self.map = new
+        self._map_arrived = (new.revision, time.monotonic())
+        self.handover.map_seen(new)  # after ``self.map``: the writes it releases get 421s naming the new active
         task = asyncio.create_task(self._follow_quietly(), name="cluster follow (map event)")
         self._tasks.append(task)
         task.add_done_callback(lambda t: self._tasks.remove(t) if t in self._tasks else None)
@@ -383,17 +390,27 @@ class ClusterNode:
             # writes from then on (the loop yields between partitions), and a majority write
             # accepted there must find it counted as ours, not be answered ambiguous at once
             self.durable.follow_map(pmap)
-            for change in changes(pmap, self.name, states):
+            # a handover's target takes over first: its partition's writes are paused (and held
+            # here by ``until_active``) until it does, the other changes cost no one a pause
+            ordered = sorted(changes(pmap, self.name, states),
+                             key=lambda c: not (c.change is Change.PROMOTE and self.handover.takes_over(c.partition)))
+            for change in ordered:
                 if self.fenced:  # stalled past the lease meanwhile: nothing becomes active now
                     break
                 p = change.partition
                 resumed = p in self._fenced_actives and self._fenced_revision == pmap.revision
                 self._fenced_actives.discard(p)
                 if change.change is Change.PROMOTE and self.handover.takes_over(p):
+                    started = time.monotonic()
                     await asyncio.to_thread(engine.take_over, p)
-                    log.warning("node %s: partition %d taken over as active (map revision %d), failover log kept",
-                                self.name, p, pmap.revision)
-                    await self.handover.taken_over(p)
+                    self.handover.taken_over_soon(p)
+                    revision, arrived = self._map_arrived
+                    now = time.monotonic()
+                    # the wait to follow the map, then the engine's own step (a state commit)
+                    after = (f", {(now - arrived) * 1000:.0f} ms after the map came, "
+                             f"{(now - started) * 1000:.0f} ms of them in take_over") if revision == pmap.revision else ""
+                    log.warning("node %s: partition %d taken over as active (map revision %d%s), failover log kept",
+                                self.name, p, pmap.revision, after)
                 elif change.change is Change.PROMOTE and resumed:
                     # fenced while active and the map never moved: nobody else took writes for it
                     await asyncio.to_thread(engine.take_over, p)
@@ -401,10 +418,12 @@ class ClusterNode:
                                 "history kept)", self.name, p, pmap.revision)
                 elif change.change is Change.PROMOTE:
                     entry = await asyncio.to_thread(engine.promote, p)
+                    self.handover.became_active(p)
                     log.warning("node %s: partition %d promoted to active (map revision %d): new history branch "
                                 "%d at seqno %d", self.name, p, pmap.revision, entry.uuid, entry.seqno)
                 elif change.change is Change.ACTIVATE:
                     await asyncio.to_thread(engine.set_state, p, PartitionState.ACTIVE)
+                    self.handover.became_active(p)
                 elif change.change is Change.BECOME_REPLICA:
                     await asyncio.to_thread(engine.set_state, p, PartitionState.REPLICA)
                 else:

@@ -30,6 +30,7 @@ from app.params import (
     key_of,
 )
 from app.plain import serve_plainly
+from app.problems import PAUSED_WRITE_WAIT_S
 from app.results import version_headers, write_result_dict
 from app.routes.responses import problems
 from engine.core.errors import KeyNotFound, PartitionNotActive
@@ -84,6 +85,13 @@ def durable_writes(ctx: Ctx) -> DurableWrites | None:
 
 async def _apply(request: Request, ctx: Ctx, op: WriteOp, durability: Durability) -> Response:
     timeout_s = durability_timeout_of(request, ctx.settings.durability_timeout_ms)  # checked at every level
+    cluster = getattr(ctx.state, "cluster", None)
+    if cluster is not None and cluster.handover.records:
+        # a handover's target between the fence and its takeover: the write waits for the
+        # takeover here instead of being refused (its source sent it here with a 421)
+        partition = ctx.runner.engine.partition_of(op.key)
+        if cluster.handover.taking_over(partition):
+            await cluster.handover.until_active(partition, PAUSED_WRITE_WAIT_S)
     if durability.majority:
         return await _apply_majority(ctx, op, durability, timeout_s)
     res = await ctx.runner.write_one(op, durability is Durability.PERSIST)

@@ -1,13 +1,16 @@
 """``clients.redirects.DocumentRoute``: the hops of one document request, fed with answers.
 
 421s go to the node they name (waiting only before a node already asked), ``503
-partition-not-active`` is asked again on the same node after a growing wait, anything else ends
-the route; each kind has its own bound, so a redirect loop and a long move both end."""
+partition-not-active`` is asked again on the same node after a short, growing, jittered wait
+(``moving_backoff``), anything else ends the route; each kind has its own bound, so a redirect
+loop and a long move both end."""
 from __future__ import annotations
+
+import random
 
 import pytest
 
-from clients.redirects import MAX_HOPS, MAX_RETRIES, DocumentRoute, Hop, is_moving, revisit_delay
+from clients.redirects import MAX_HOPS, MAX_RETRIES, DocumentRoute, Hop, is_moving, moving_backoff, revisit_delay
 
 A, B = "http://a:1", "http://b:2"
 MOVING = {"type": "https://upr.dev/problems/partition-not-active", "status": 503}
@@ -36,14 +39,18 @@ def test_which_answers_mean_the_partition_is_moving(status: int, body: object, m
         ([(421, misdirected(B)), (200, {})], [Hop(B, 0.0)]),
         # back to a node already asked: a moment for the map to spread
         ([(421, misdirected(B)), (421, misdirected(A)), (200, {})], [Hop(B, 0.0), Hop(A, revisit_delay(1))]),
-        ([(503, MOVING), (200, {})], [Hop(A, revisit_delay(0))]),
+        ([(503, MOVING), (200, {})], [Hop(A, "retry 0")]),
         # moved while retried: the redirect that follows counts as one, the retry as the other
         ([(503, MOVING), (421, misdirected(B)), (503, MOVING), (200, {})],
-         [Hop(A, revisit_delay(0)), Hop(B, 0.0), Hop(B, revisit_delay(1))]),
+         [Hop(A, "retry 0"), Hop(B, 0.0), Hop(B, "retry 1")]),
     ],
 )
 def test_routes(answers: list[tuple[int, object]], hops: list[Hop]) -> None:
-    route, taken = DocumentRoute(A), []
+    # "retry n": the n-th wait of the same seeded backoff the route draws from
+    expected = moving_backoff(random.Random(7))
+    waits = [expected.next_delay() for _ in range(MAX_RETRIES)]
+    hops = [Hop(h.url, waits[int(h.delay.split()[1])]) if isinstance(h.delay, str) else h for h in hops]
+    route, taken = DocumentRoute(A, backoff=moving_backoff(random.Random(7))), []
     for status, body in answers:
         hop = route.next(status, body)
         if hop is None:
@@ -59,5 +66,21 @@ def test_a_redirect_loop_and_a_long_move_each_end() -> None:
     assert loop.describe("PUT 'k'") == f"PUT 'k' (after following {MAX_HOPS} misdirections)"
     move = DocumentRoute(A)
     assert [move.next(503, MOVING) is not None for _ in range(MAX_RETRIES + 1)] == [True] * MAX_RETRIES + [False]
-    assert "asking 4 more times while the partition moved" in move.describe("PUT 'k'")
-    assert sum(revisit_delay(i) for i in range(MAX_RETRIES)) < 2.0
+    assert f"asking {MAX_RETRIES} more times while the partition moved" in move.describe("PUT 'k'")
+
+
+def test_retries_start_short_spread_out_and_outlast_a_handover_pause() -> None:
+    """The first retry comes within 10 ms; writers turned away by the same handover draw
+    different waits; all the retries together outlast the source's 1 s hold and a pause."""
+    routes = [DocumentRoute(A, backoff=moving_backoff(random.Random(seed))) for seed in range(20)]
+    first = [r.next(503, MOVING) for r in routes]
+    assert all(h is not None and 0.005 <= h.delay <= 0.01 for h in first)
+    assert len({h.delay for h in first if h is not None}) == len(routes)
+    for seed in range(20):
+        waits = []
+        route = DocumentRoute(A, backoff=moving_backoff(random.Random(seed)))
+        while (hop := route.next(503, MOVING)) is not None:
+            waits.append(hop.delay)
+        assert len(waits) == MAX_RETRIES
+        assert all(0 < w <= 0.4 for w in waits) and waits[1] > waits[0] / 2
+        assert 1.0 < sum(waits) < 2.5

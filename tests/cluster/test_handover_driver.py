@@ -128,6 +128,8 @@ async def test_a_source_whose_target_acknowledged_the_fence_switches_the_map_in_
                                    on_ack=lambda fn: listeners.append(fn) or (lambda: None), catch_up_items=0,
                                    ack_wait_s=5.0)
         await client.put(store.record_key(0), json.dumps(Handover(0, "a", "b", kind="rebalance").to_json()).encode())
+        published: list[tuple[bytes, int]] = []
+        node.on_switched = lambda raw, revision: published.append((raw, revision))
         await node.load()
         await node.follow(MAP)
         await asyncio.sleep(0.1)
@@ -135,15 +137,24 @@ async def test_a_source_whose_target_acknowledged_the_fence_switches_the_map_in_
         held["b"] = 3
         for fn in listeners:
             fn(0)  # the ack arrives: the fence goes on, and the target holds the fenced seqno at once
+        for _ in range(100):
+            if engine.writes_stopped(0):
+                break
+            await asyncio.sleep(0.01)
+        waiting = asyncio.create_task(node.until_settled(0, 10.0))  # a write refused by the fence
         await node.fenced()
         record = (await store.records())[0].handover
         assert (record.fenced_at, record.acked) == (3, 3)
-        switched, _ = await maps.load(3)
+        switched, mod = await maps.load(3)
         assert switched.revision == 2 and switched.placements[0] == Placement("b", ("a",))
         assert switched.placements[1:] == MAP.placements[1:]
+        # the source knows the switch from its own write: the node is handed the map, and the
+        # held write goes on to the target, neither waiting for the watch
+        assert [(PartitionMap.from_json(json.loads(raw)), rev) for raw, rev in published] == [(switched, mod)]
+        assert await asyncio.wait_for(waiting, 5.0)
 
 
-async def test_a_write_refused_during_its_handover_waits_until_the_target_took_over(
+async def test_a_write_refused_during_its_handover_waits_until_the_map_names_the_target(
         client: EtcdClient, tmp_path: Path) -> None:
     layout = Layout(f"/upr/{uuid.uuid4().hex[:8]}")
     store = HandoverStore(client, layout)
@@ -157,13 +168,39 @@ async def test_a_write_refused_during_its_handover_waits_until_the_target_took_o
         await node.follow(MAP)
         await node.fenced()
         assert engine.writes_stopped(0)
-        assert not await node.until_settled(0, 0.05)  # still in flight after the wait
+        assert not await node.until_settled(0, 0.05)  # still paused after the wait
         waiting = asyncio.create_task(node.until_settled(0, 10.0))
         await asyncio.sleep(0.05)
         assert not waiting.done()
-        await client.delete(store.record_key(0))  # the target took over and deleted the record
-        await node.load()
+        # the switched map reaches the node (its watch), before the target took over: the write
+        # goes on to the target now, which holds it until its takeover (``until_active``)
+        node.map_seen(MAP.succeeded_by([Placement("b", ("a",)), *MAP.placements[1:]]))
         assert await asyncio.wait_for(waiting, 5.0)
+        assert await node.until_settled(0, 10.0)  # and any later one at once
+
+
+async def test_a_target_holds_a_write_between_the_fence_and_its_takeover(client: EtcdClient, tmp_path: Path) -> None:
+    layout = Layout(f"/upr/{uuid.uuid4().hex[:8]}")
+    store = HandoverStore(client, layout)
+    with Engine.open(EngineConfig(data_dir=tmp_path, partitions=3)) as engine:
+        for p in range(3):
+            engine.set_state(p, PartitionState.ACTIVE if MAP.active_of(p) == "b" else PartitionState.REPLICA)
+        target = HandoverParticipant(client, layout, engine, "b")
+        await client.put(store.record_key(0), json.dumps(Handover(0, "a", "b").to_json()).encode())
+        await target.load()
+        assert not target.taking_over(0)  # not fenced yet: the source still takes writes
+        assert not await target.until_active(0, 5.0)  # so no wait: refused (a 421 to the source)
+        await client.put(store.record_key(0), json.dumps(Handover(0, "a", "b", fenced_at=0).to_json()).encode())
+        await target.load()
+        assert target.taking_over(0)
+        assert not await target.until_active(0, 0.05)  # bounded
+        waiting = asyncio.create_task(target.until_active(0, 10.0))
+        await asyncio.sleep(0.05)
+        assert not waiting.done()
+        engine.set_state(0, PartitionState.ACTIVE)
+        target.became_active(0)
+        assert await asyncio.wait_for(waiting, 5.0)
+        assert not target.taking_over(0)
 
 
 async def test_a_target_follows_a_switched_map_with_the_fence_written_beside_it(
@@ -192,3 +229,77 @@ async def test_a_target_follows_a_switched_map_with_the_fence_written_beside_it(
         revision = target.revision
         await target.as_new_as(mod)  # as new already: no read
         assert target.revision == revision
+
+
+async def test_an_acknowledgement_that_comes_late_still_lets_the_source_switch_the_map(
+        client: EtcdClient, tmp_path: Path) -> None:
+    layout = Layout(f"/upr/{uuid.uuid4().hex[:8]}")
+    store, maps = HandoverStore(client, layout), MapStore(client, layout)
+    assert await maps.publish(MAP, 0)
+    with Engine.open(EngineConfig(data_dir=tmp_path, partitions=3)) as engine:
+        for p in range(3):
+            engine.set_state(p, PartitionState.ACTIVE if MAP.active_of(p) == "a" else PartitionState.REPLICA)
+        key = next(f"k{i}" for i in range(1000) if engine.partition_of(f"k{i}") == 0)
+        for i in range(3):
+            engine.write(WriteOp(Op.MUTATION, key, b"v%d" % i))
+        held = {"b": 2}
+        listeners = []
+        node = HandoverParticipant(client, layout, engine, "a", acked=lambda n, p: held.get(n) if p == 0 else None,
+                                   on_ack=lambda fn: listeners.append(fn) or (lambda: None), catch_up_items=8,
+                                   ack_wait_s=0.05)
+        await client.put(store.record_key(0), json.dumps(Handover(0, "a", "b", kind="rebalance").to_json()).encode())
+        await node.load()
+        await node.follow(MAP)
+        for _ in range(200):  # the fence is recorded alone: the target has not acknowledged seqno 3
+            record = (await store.records())[0].handover
+            if record.fenced_at is not None:
+                break
+            await asyncio.sleep(0.02)
+        assert (record.fenced_at, record.acked) == (3, None)
+        assert (await maps.load(3))[0].revision == 1
+        held["b"] = 3
+        for fn in listeners:
+            fn(0)
+        await node.fenced()
+        record = (await store.records())[0].handover
+        assert (record.fenced_at, record.acked) == (3, 3)
+        switched, _ = await maps.load(3)
+        assert switched.revision == 2 and switched.placements[0] == Placement("b", ("a",))
+
+
+async def test_the_fence_waits_briefly_for_the_target_to_come_within_a_handful_of_items(
+        client: EtcdClient, tmp_path: Path) -> None:
+    """Within ``catch_up_items`` the fence may start, but it waits up to ``settle_wait_s`` more
+    (writes going on) for the target to be within ``settle_items``; then fences anyway."""
+    layout = Layout(f"/upr/{uuid.uuid4().hex[:8]}")
+    store, maps = HandoverStore(client, layout), MapStore(client, layout)
+    assert await maps.publish(MAP, 0)
+    with Engine.open(EngineConfig(data_dir=tmp_path, partitions=3)) as engine:
+        for p in range(3):
+            engine.set_state(p, PartitionState.ACTIVE if MAP.active_of(p) == "a" else PartitionState.REPLICA)
+        key = next(f"k{i}" for i in range(1000) if engine.partition_of(f"k{i}") == 0)
+        for i in range(3):
+            engine.write(WriteOp(Op.MUTATION, key, b"v%d" % i))
+        held = {"b": 1}
+        listeners = []
+        node = HandoverParticipant(client, layout, engine, "a", acked=lambda n, p: held.get(n) if p == 0 else None,
+                                   on_ack=lambda fn: listeners.append(fn) or (lambda: None), catch_up_items=256,
+                                   settle_items=1, settle_wait_s=10.0, ack_wait_s=5.0)
+        await client.put(store.record_key(0), json.dumps(Handover(0, "a", "b").to_json()).encode())
+        await node.load()
+        await node.follow(MAP)
+        await asyncio.sleep(0.1)
+        assert not engine.writes_stopped(0)  # 2 items behind: within 256, not yet within 1
+        held["b"] = 2
+        for fn in listeners:
+            fn(0)
+        for _ in range(200):
+            if engine.writes_stopped(0):
+                break
+            await asyncio.sleep(0.01)
+        assert engine.writes_stopped(0)
+        held["b"] = 3
+        for fn in listeners:
+            fn(0)
+        await node.fenced()
+        assert (await store.records())[0].handover.fenced_at == 3
