@@ -95,13 +95,15 @@ class FakeWebSocket:
             self._unacked = 0
 
 
-async def run(connections: int, rate: int, seconds: float, shared: bool) -> dict[str, float]:
+async def run(connections: int, rate: int, seconds: float, shared: bool, paced: bool = True) -> dict[str, float]:
     with tempfile.TemporaryDirectory() as tmp:
         engine = Engine.open(EngineConfig(data_dir=Path(tmp) / "data", partitions=PARTITIONS))
         runner = EngineRunner(engine)
         limits = StreamLimits() if shared else StreamLimits(shared_passes=False)
         server = StreamServer(engine=engine, runner=runner, limits=limits,
                               streams=StreamRegistry(), metrics=_Metrics(), stream_metrics=_Metrics())
+        if not paced:
+            server.hub.pacer.gather_s = 0  # every change wakes the streams at once
         sockets = [FakeWebSocket(f"c{i}") for i in range(connections)]
         tasks = [asyncio.create_task(server.serve(ws)) for ws in sockets]
         await asyncio.sleep(0.5)  # hellos and stream requests answered
@@ -125,6 +127,7 @@ async def run(connections: int, rate: int, seconds: float, shared: bool) -> dict
         messages = sum(ws.messages for ws in sockets)
         passes = sum(c.session.cycle for c in conns)
         shared_passes = sum(getattr(c, "shared_sent", 0) for c in conns)
+        held = server.hub.pacer.held_deliveries
         await server.close()
         for t in tasks:
             t.cancel()
@@ -133,7 +136,8 @@ async def run(connections: int, rate: int, seconds: float, shared: bool) -> dict
         engine.close()
     return {"delivered": delivered, "expected": total * connections, "cpu_s": cpu, "wall_s": wall,
             "us_per_item": 1e6 * cpu / max(1, delivered), "messages_per_item": messages / max(1, delivered),
-            "passes": passes, "shared_passes": shared_passes, "write_rate": total / write_wall}
+            "passes": passes, "shared_passes": shared_passes, "write_rate": total / write_wall,
+            "held_deliveries": held}
 
 
 def _delivered(conns: list[Any]) -> int:
@@ -146,15 +150,17 @@ def main() -> None:
     ap.add_argument("--connections", type=int, default=50)
     ap.add_argument("--rate", type=int, default=1000)
     ap.add_argument("--seconds", type=float, default=5.0)
-    ap.add_argument("--modes", default="usual,shared", help="comma-separated: usual (shared passes off), shared")
+    ap.add_argument("--modes", default="usual,shared",
+                    help="comma-separated: usual (shared passes off), shared, unpaced (shared, wake-up pacing off)")
     args = ap.parse_args()
     for mode in args.modes.split(","):
-        r = asyncio.run(run(args.connections, args.rate, args.seconds, mode == "shared"))
+        r = asyncio.run(run(args.connections, args.rate, args.seconds, mode != "usual", paced=mode != "unpaced"))
         print(f"{mode:6} {args.connections} connections x {args.rate}/s for {args.seconds:g}s: "
               f"delivered {r['delivered']:,.0f}/{r['expected']:,.0f}, server CPU {r['cpu_s']:.2f}s "
               f"in {r['wall_s']:.1f}s = {r['us_per_item']:.2f} us per delivered item, "
               f"{r['messages_per_item']:.3f} messages per item, {r['passes']:,} passes "
-              f"({r['shared_passes']:,} shared); writer achieved {r['write_rate']:,.0f}/s", flush=True)
+              f"({r['shared_passes']:,} shared, {r['held_deliveries']:,} deliveries paced); "
+              f"writer achieved {r['write_rate']:,.0f}/s", flush=True)
 
 
 if __name__ == "__main__":

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import time
 from collections.abc import Callable
 
 __all__ = ["CoalescedPartitions"]
@@ -26,6 +27,10 @@ class CoalescedPartitions:
         self._dirty: set[int] = set()
         self._scheduled = False
         self._closed = False
+        self._first_mark = 0.0
+        #: how long the last delivered burst waited: from its first mark to the callback running
+        #: (the loop's queueing; read by ``deliver`` to tell a busy loop from an idle one)
+        self.delay = 0.0
 
     def mark(self, partition: int) -> None:
         with self._lock:
@@ -33,6 +38,7 @@ class CoalescedPartitions:
             if self._scheduled or self._closed:
                 return
             self._scheduled = True
+            self._first_mark = time.monotonic()
         try:
             self._loop.call_soon_threadsafe(self._run)
         except RuntimeError:  # the loop is closed: the server is going away
@@ -52,4 +58,5 @@ class CoalescedPartitions:
         with self._lock:
             dirty, self._dirty = frozenset(self._dirty), set()
             self._scheduled = False
+            self.delay = time.monotonic() - self._first_mark
         self._deliver(dirty)

@@ -12,6 +12,9 @@ listener per connection would schedule a million loop callbacks per second.  The
 whatever the write rate, and the callback hands the set of changed partitions to every
 subscriber.
 
+On a busy loop the hub gathers a few milliseconds of changes before waking the streams
+(``app.stream.pacing``): fewer, fuller passes, never a held write on an idle loop.
+
 Ordering (needed by barrier cookies): the callback is scheduled before ``Engine.write`` returns,
 hence before the writer's HTTP acknowledgement, hence before a consumer that saw that
 acknowledgement can send a cookie.  ``call_soon_threadsafe`` appends to the loop's ready queue at
@@ -25,6 +28,7 @@ from typing import TYPE_CHECKING, Protocol
 
 from app.stream.coalesce import CoalescedPartitions
 from app.stream.jobs import JobBatcher
+from app.stream.pacing import WakePacer
 from app.stream.tailcache import TailCache
 
 if TYPE_CHECKING:
@@ -43,8 +47,13 @@ class ChangeHub:
 
     def __init__(self, add_listener: Callable[[Callable[[int], None]], Callable[[], None]],
                  loop: asyncio.AbstractEventLoop, jobs: JobBatcher | None = None,
-                 shared: Callable[[TailCache], "SharedReadings"] | None = None) -> None:
+                 shared: Callable[[TailCache], "SharedReadings"] | None = None,
+                 pacer: WakePacer | None = None) -> None:
+        self._loop = loop
         self._changes = CoalescedPartitions(loop, self._deliver)
+        #: wakes the streams at once on an idle loop, a few writes at a time on a busy one (pacing.py)
+        self.pacer = pacer if pacer is not None else WakePacer()
+        self._release_timer: asyncio.TimerHandle | None = None
         self._subscribers: set[Subscriber] = set()
         #: encoded tail snapshots shared by the connections (see tailcache.py)
         self.cache = TailCache()
@@ -60,6 +69,20 @@ class ChangeHub:
 
     # ---------------------------------------------------------------- event loop
     def _deliver(self, dirty: frozenset[int]) -> None:
+        now = self.pacer.offer(dirty, self._changes.delay, len(self._subscribers))
+        if now is None:
+            if self._release_timer is None:
+                self._release_timer = self._loop.call_later(self.pacer.gather_s, self._release)
+            return
+        self._fan_out(now)
+
+    def _release(self) -> None:
+        self._release_timer = None
+        held = self.pacer.release()
+        if held and not self._changes.closed:
+            self._fan_out(held)
+
+    def _fan_out(self, dirty: frozenset[int]) -> None:
         for subscriber in tuple(self._subscribers):
             subscriber.notify(dirty)
 
@@ -77,3 +100,6 @@ class ChangeHub:
         """Stop listening to the engine (idempotent)."""
         if self._changes.close():
             self._remove()
+            if self._release_timer is not None:
+                self._release_timer.cancel()
+                self._release_timer = None

@@ -192,6 +192,7 @@ async def run_fanout(open_stream: Any, conn: dict[str, Any], consumers: int, fir
     _emit("READY")
     lags = [array("q") for _ in range(consumers)]
     last_recv = [0] * consumers
+    reads = [0] * consumers  # batches handed over by the feed (upr: WebSocket messages with documents)
 
     errors: list[str] = []
 
@@ -204,6 +205,7 @@ async def run_fanout(open_stream: Any, conn: dict[str, Any], consumers: int, fir
                 now = time.monotonic_ns()
                 lag.extend(now - doc_sent_ns(d) for d in docs)
                 last_recv[k] = now
+                reads[k] += 1
         except Exception as exc:  # noqa: BLE001 - reported as the result
             errors.append(f"consumer {k}: {type(exc).__name__}: {exc}")
 
@@ -223,7 +225,7 @@ async def run_fanout(open_stream: Any, conn: dict[str, Any], consumers: int, fir
     per = []
     for k in range(consumers):
         p = percentiles([v / 1e6 for v in lags[k]], (50, 99, 100)) if lags[k] else {}
-        per.append({"received": len(lags[k]), "last_recv_ns": last_recv[k], "lag_ms": p})
+        per.append({"received": len(lags[k]), "last_recv_ns": last_recv[k], "lag_ms": p, "reads": reads[k]})
     res = {"consumers": per, "cpu_s": time.process_time() - cpu0, "written": ctl.written,
            "t_start_ns": ctl.t_start_ns, "t_end_ns": ctl.t_end_ns}
     if errors:

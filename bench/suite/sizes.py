@@ -37,6 +37,6 @@ FAST = Sizes(
 
 FULL = Sizes(
     mode="full", batch=1000, ingest_n=200_000, backfill_n=1_000_000, tail_rates=(2_500, 10_000), tail_seconds=20,
-    fanout_consumers=50, fanout_processes=2, fanout_rate=1_000, fanout_seconds=20, lmdb_n=1_000_000,
+    fanout_consumers=50, fanout_processes=4, fanout_rate=1_000, fanout_seconds=20, lmdb_n=1_000_000,
     ws_frames=((1024, 200_000), (65536, 20_000)), workload_timeout_s=600, drain_grace_s=15,
 )

@@ -12,6 +12,7 @@ from engine.protocol.bundle import (
     PART_BINARY,
     PART_TEXT,
     Bundler,
+    bundle_spans,
     decode_bundle,
     encode_bundle,
     is_bundle,
@@ -69,12 +70,21 @@ P2 = 16 + PART.size + len(MARKER)  # offset of the second part's header
     (GOOD[:-1], "length"),  # the last part runs past the end
     (_patch(GOOD, P2, b"\x07"), "kind"),
     (_patch(GOOD, P2 + 1, b"\x01"), "reserved"),
+    (_patch(GOOD, P2 + 3, b"\x01"), "reserved"),
     (encode_bundle([b"\xff\xfe"])[:16] + PART.pack(PART_TEXT, 2) + b"\xff\xfe", "kind"),  # text not UTF-8
 ])
 def test_every_corruption_is_refused_naming_the_field(data: bytes, field: str) -> None:
     with pytest.raises(ProtocolError) as info:
         decode_bundle(data)
     assert info.value.code == ErrorCode.CORRUPT_FRAME and info.value.field == field
+
+
+def test_spans_point_at_each_part_in_order() -> None:
+    parts: list[str | bytes] = [MARKER, BATCH, '{"type":"cycle_complete","cycle":1}']
+    data = encode_bundle(parts)
+    spans = bundle_spans(data)
+    assert [k for k, _, _ in spans] == [PART_TEXT, PART_BINARY, PART_TEXT]
+    assert [data[a:b] for _, a, b in spans] == [MARKER.encode(), BATCH, parts[2].encode()]  # type: ignore[union-attr]
 
 
 def test_encoding_nothing_is_a_usage_error() -> None:

@@ -9,7 +9,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from engine.protocol.errors import ProtocolError
-from engine.protocol.frames import HEADER, ItemBatch, decode_binary, decode_json, encode_binary, encode_json
+from engine.protocol.frames import (
+    HEADER, ItemBatch, decode_binary, decode_json, encode_binary, encode_json, live_values,
+)
 from engine.core.types import MAX_SEQNO, Item
 
 ITEMS = [
@@ -200,3 +202,28 @@ def _utf8(raw: bytes) -> bool:
     except UnicodeDecodeError:
         return False
     return True
+
+
+# ------------------------------------------------------------------ live_values: the values alone, checked the same
+
+
+@pytest.mark.parametrize(("case", "frame", "field"), CORRUPT, ids=[c[0] for c in CORRUPT])
+def test_live_values_refuses_what_decode_binary_refuses(case: str, frame: bytes, field: str) -> None:
+    with pytest.raises(ProtocolError) as info:
+        live_values(frame)
+    assert (info.value.code, info.value.field) == ("corrupt_frame", field)
+
+
+def test_live_values_refuses_every_truncation() -> None:
+    for cut in range(len(FRAME)):
+        with pytest.raises(ProtocolError):
+            live_values(FRAME[:cut])
+
+
+@settings(max_examples=60)
+@given(st.integers(0, 65535), items_strategy, st.booleans())
+def test_live_values_are_the_values_of_the_items_not_deleted(partition: int, items: list[Item], last: bool) -> None:
+    frame = encode_binary(partition, items, last)
+    expected = [i.value for i in items if not i.deleted]
+    assert live_values(frame) == expected
+    assert live_values(memoryview(b"xx" + frame)[2:]) == expected

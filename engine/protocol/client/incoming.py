@@ -8,6 +8,7 @@ becomes ``ProtocolViolation`` (the server broke the protocol), naming the field.
 """
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from engine.protocol import messages as M
@@ -52,7 +53,48 @@ def decode_frame(frame: str | bytes) -> Any:
             return decode_binary(frame)
         except ProtocolError as exc:
             raise ProtocolViolation(f"server sent a corrupt batch: {exc.message}", field=exc.field) from None
+    routine = _routine(frame)
+    if routine is not None:
+        return routine
     try:
         return M.decode_server_message(frame)
     except ProtocolError as exc:
         raise ProtocolViolation(f"server sent an invalid message: {exc.message}", field=exc.field) from None
+
+
+# The two messages a tailing stream receives with (nearly) every batch, in the exact form the server
+# renders them (``app.stream.cursor.marker_text``, ``app.stream.outbox.control_text``).
+_U = r"(0|[1-9][0-9]{0,19})"
+_MARKER = re.compile(r'\{"type":"snapshot","partition":%s,"start":%s,"end":%s,"source":"([a-z_]{1,32})",'
+                     r'"purge_seqno":%s\}\Z' % (_U, _U, _U, _U))
+_CYCLE = re.compile(r'\{"type":"cycle_complete","cycle":%s\}\Z' % _U)
+_SOURCES = {s.value: s for s in M.SnapshotSource}
+_MARKER_KINDS = [M.SnapshotMarker.FIELDS[f] for f in ("partition", "start", "end", "purge_seqno")]  # type: ignore[attr-defined]
+_CYCLE_KIND = M.CycleComplete.FIELDS["cycle"]  # type: ignore[attr-defined]
+
+
+def _routine(text: str) -> Any:
+    """A snapshot marker or cycle end in the server's own rendering, decoded without the generic
+    JSON path; None for anything else (which the generic, strict decoder then handles).
+
+    WHY: a consumer that tails gets a marker with every batch, and parsing it through ``json`` and
+    the field table cost more than decoding the batch (profiled, docs/benchmarks.md, Peers).  Only
+    text the generic decoder would accept with the same result matches: the exact compact layout,
+    plain non-negative integers within each field's bounds, a known source."""
+    if text.startswith('{"type":"snapshot",'):
+        m = _MARKER.match(text)
+        if m is None:
+            return None
+        p, start, end, source, purge = m.groups()
+        values = (int(p), int(start), int(end), int(purge))
+        kind = _SOURCES.get(source)
+        if kind is None or any(not k.lo <= v <= k.hi for k, v in zip(_MARKER_KINDS, values)):
+            return None
+        return M.SnapshotMarker(values[0], values[1], values[2], kind, values[3])
+    if text.startswith('{"type":"cycle_complete",'):
+        m = _CYCLE.match(text)
+        if m is None:
+            return None
+        cycle = int(m.group(1))
+        return M.CycleComplete(cycle) if _CYCLE_KIND.lo <= cycle <= _CYCLE_KIND.hi else None
+    return None
