@@ -83,7 +83,8 @@ def test_a_paused_orchestrator_never_forks_the_map_or_leaves_two_writers(tmp_pat
         assert newest >= after["map"]["revision"]
         until(lambda: all(cluster.view(n)["map"]["revision"] == newest for n in names),
               what="every node on the newest map")
-        assert cluster.view(old)["orchestrator"] in others
+        # the map is followed from its watch event, the orchestrator key on the refresh after it
+        until(lambda: cluster.view(old)["orchestrator"] in others, what="the resumed node naming the new orchestrator")
         _one_writer_each(cluster, names, keys, "final")
     finally:
         for node in cluster.nodes.values():

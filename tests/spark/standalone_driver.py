@@ -17,6 +17,7 @@ Prints one JSON line: {"generation", "rows", "executors": [[sys.executable, spar
 from __future__ import annotations
 
 import json
+import os
 import sys
 
 
@@ -40,10 +41,13 @@ def main() -> None:
     from spark_connector.rows import SCHEMA_DDL
     from spark_connector.session import local_session
 
+    # the executors get the tests' short-lived-JVM options too (tests/conftest.py)
+    jvm = ["--conf", f"spark.executor.extraJavaOptions={os.environ['SPARK_SUBMIT_OPTS']}"] \
+        if os.environ.get("SPARK_SUBMIT_OPTS") else []
     args = build_parser().parse_args(
         ["index", "run", "--server", server, "--index", index_dir, "--field", "city", "--spark-master", master,
          "--executor-env", env, "--executor-memory", "512m", "--executor-cores", "2",
-         "--conf", "spark.cores.max=2", "--min-partitions", "2"])
+         "--conf", "spark.cores.max=2", "--min-partitions", "2", *jvm])
     spark = local_session(args.spark_master, app_name="upr-standalone-test", shuffle_partitions=2,
                           extra=spark_confs(args), executor_env=args.executor_env)
     report = IndexJob(spark, index_dir, server, FieldIndex("city"),
@@ -73,7 +77,7 @@ def main() -> None:
         args = build_parser().parse_args(
             ["index", "run", "--server", server, "--index", index_dir, "--field", "city", "--spark-master", master,
              "--executor-env", archive, "--executor-memory", "512m", "--executor-cores", "2",
-             "--conf", "spark.cores.max=2"])
+             "--conf", "spark.cores.max=2", *jvm])
         spark = local_session(args.spark_master, app_name="upr-standalone-archive", shuffle_partitions=2,
                               extra=spark_confs(args), executor_env=args.executor_env)
         df = spark.read.format("upr").option("server", server).option("minPartitions", "2").load().persist()
