@@ -57,7 +57,7 @@ def build(root: Path, docs: int, deltas: int, cities: int, seed: int = 1, sideca
             runs.append(Run(path, resets, len(keys)))
             return
         t = time.monotonic()
-        runs.append(seal_run(where, path, resets))          # what IndexJob does before each commit
+        runs.append(seal_run(where, path, resets, first=not runs))     # as IndexJob does before a commit
         sealing.append((len(keys), time.monotonic() - t, os.path.getsize(root / path / SIDECAR),
                         os.path.getsize(root / path / "part-00000.parquet")))
 

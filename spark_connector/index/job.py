@@ -403,7 +403,7 @@ class IndexJob:
             # may restate it with its snapshot closed): no generation for an empty run.
             self.where.remove_dir(run_path)
             return
-        runs = manifest.runs + (seal_run(self.where, run_path, tuple(resets)),)
+        runs = manifest.runs + (seal_run(self.where, run_path, tuple(resets), first=not manifest.runs),)
         t = self.report._add("sidecar", t)
         if rollbacks:
             # The keys whose rows came from the lost history, re-read by GET: a later run, so the
@@ -480,7 +480,7 @@ class IndexJob:
             frame = frame.filter(F.col("value").isNotNull()
                                  | (F.col("seqno") > F.coalesce(floor[F.col("partition")], F.lit(0))))
         write_frame(frame, self.where, path)
-        run = seal_run(self.where, path)
+        run = seal_run(self.where, path, first=True)
         return replace(manifest, runs=(run,), rows=run.rows)
 
     def _purge_seqnos(self) -> dict[int, int]:

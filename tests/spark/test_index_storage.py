@@ -86,7 +86,8 @@ def test_lookup_equals_the_views_rule_on_random_generations(tmp_path, seed):
 
 
 def _seal(where: Location, manifest: Manifest) -> Manifest:
-    sealed = manifest.next(runs=tuple(seal_run(where, run.path, run.resets) for run in manifest.runs))
+    sealed = manifest.next(runs=tuple(seal_run(where, run.path, run.resets, first=i == 0)
+                                      for i, run in enumerate(manifest.runs)))
     commit(where, sealed)
     return sealed
 
@@ -104,6 +105,29 @@ def test_a_local_query_with_sidecars_does_not_import_pyarrow(tmp_path):
     assert [json.loads(line) for line in out.stdout.splitlines()] == _expected(runs, "oslo")
 
 
+@pytest.mark.parametrize("block", [1, 2, 3, 256])
+def test_sidecar_blocks_and_escapes_agree_with_the_rule(tmp_path, monkeypatch, block):
+    """Values and keys with TAB, newline, backslash and non-ASCII text, over blocks of a few lines
+    (a value's rows span several blocks; candidates sit at block edges)."""
+    import spark_connector.index.sidecar as sidecar
+    monkeypatch.setattr(sidecar, "BLOCK", block)
+    rng = random.Random(block)
+    values = ["oslo", "a\tb", "a\tb\\", "tab\there", "new\nline", "ünï", "a", "b", "", "x\\ty", "x\\y", "\\"]
+    keys = [f"k{i:02d}" for i in range(30)] + ["k\t1", "k\n2", "k\\3", "kö4", "k 5"]
+    runs, seqno = [], 0
+    for i in range(4):
+        rows = []
+        for key in rng.sample(keys, rng.randint(1, len(keys))):
+            seqno += 1
+            rows += [(v, key, len(key) % 3, seqno) for v in rng.sample(values, rng.randint(0, 3)) or [None]]
+        runs.append((rows, (1,) if i == 2 else ()))
+    where = open_location(tmp_path / "idx")
+    _seal(where, _write_index(where, runs))
+    for value in values + ["absent", "zzz", "\x00"]:
+        assert lookup(tmp_path / "idx", value) == _expected(runs, value), value
+        assert lookup(tmp_path / "idx", value, sidecars=False) == _expected(runs, value), value
+
+
 def test_a_sidecar_is_written_whole_or_not_at_all(tmp_path, monkeypatch):
     runs = _random_runs(random.Random(3))
     where = open_location(tmp_path / "idx")
@@ -113,7 +137,7 @@ def test_a_sidecar_is_written_whole_or_not_at_all(tmp_path, monkeypatch):
     def broken(*args, **kwargs):
         raise OSError("disk full")
     import spark_connector.index.sidecar as sidecar
-    monkeypatch.setattr(sidecar, "_chunks", broken)
+    monkeypatch.setattr(sidecar, "_section", broken)
     with pytest.raises(OSError, match="disk full"):
         seal_run(where, run.path)
     assert where.list_dir(run.path) == ["part-00000.parquet"]       # no sidecar, no temporary file
