@@ -2,7 +2,7 @@
 
 A ``upr index query`` in a new process spends most of its CPU importing pyarrow and scanning
 whole Parquet columns (docs/benchmarks.md, Spark: index point lookups).  Next to the Parquet files
-of a local run, the job writes ``lookup.v1``: the same rows in two sorted sections, one per
+of a local run, the job writes ``_lookup.v1``: the same rows in two sorted sections, one per
 question a lookup asks, each cut into blocks of ``BLOCK`` lines whose first sort keys and byte
 offsets sit in a JSON header line:
 
@@ -37,7 +37,8 @@ from .storage import Location
 
 __all__ = ["BLOCK", "SIDECAR", "Sidecar", "seal_run", "write_sidecar"]
 
-SIDECAR = "lookup.v1"
+#: Spark's file readers skip names starting with "_" (or "."): the run directory stays a Parquet dataset
+SIDECAR = "_lookup.v1"
 FORMAT = 1
 #: Lines per block: a lookup reads whole blocks, the header holds one entry per block.
 BLOCK = 256
