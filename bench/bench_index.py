@@ -56,10 +56,10 @@ def build(root: Path, docs: int, deltas: int, cities: int, seed: int = 1, sideca
         if not sidecars:
             runs.append(Run(path, resets, len(keys)))
             return
-        t = time.monotonic()
+        t, c = time.monotonic(), time.process_time()
         runs.append(seal_run(where, path, resets, first=not runs))     # as IndexJob does before a commit
-        sealing.append((len(keys), time.monotonic() - t, os.path.getsize(root / path / SIDECAR),
-                        os.path.getsize(root / path / "part-00000.parquet")))
+        sealing.append((len(keys), time.monotonic() - t, time.process_time() - c,
+                        os.path.getsize(root / path / SIDECAR), os.path.getsize(root / path / "part-00000.parquet")))
 
     keys = [f"doc-{i:07d}" for i in range(docs)]
     write("runs/c-000001-base", [rng.choice(names) for _ in keys], keys, [i % 64 for i in range(docs)],
@@ -73,8 +73,8 @@ def build(root: Path, docs: int, deltas: int, cities: int, seed: int = 1, sideca
               list(range(seqno - len(changed) + 1, seqno + 1)), resets=(7,) if d == deltas - 1 else ())
     commit(root, Manifest(len(runs), len(runs), {"kind": "field", "path": "city"}, "http://127.0.0.1:1",
                           tuple(runs), rows=docs))
-    for rows, seconds, size, parquet in sealing:
-        print(f"lookup sidecar of a run of {rows} rows: {seconds:.2f}s, {size / 1e6:.1f} MB "
+    for rows, seconds, cpu, size, parquet in sealing:
+        print(f"lookup sidecar of a run of {rows} rows: {seconds:.2f}s wall, {cpu:.2f}s CPU, {size / 1e6:.1f} MB "
               f"(its Parquet file: {parquet / 1e6:.1f} MB)")
     return len(names)
 

@@ -95,12 +95,16 @@ def task_reader_rate(url: str) -> tuple[int, float]:
     return n, time.perf_counter() - t
 
 
+#: extra options of every ``format("upr")`` read (``--source-option``)
+SOURCE_OPTIONS: dict[str, str] = {}
+
+
 def source_rate(spark, url: str) -> tuple[int, float, dict[str, float]]:  # type: ignore[no-untyped-def]
     """Rows, seconds and CPU by process of one ``format("upr")`` read into ``noop`` (the row count
     comes from a second read, outside the figures)."""
     before = snapshot()
     t = time.perf_counter()
-    df = spark.read.format("upr").option("server", url).load()
+    df = spark.read.format("upr").option("server", url).options(**SOURCE_OPTIONS).load()
     df.write.format("noop").mode("overwrite").save()
     elapsed = time.perf_counter() - t
     cpu = spent(before, snapshot())
@@ -123,7 +127,10 @@ def main() -> None:
     ap.add_argument("--standalone", action="store_true",
                     help="source figures only, on a standalone master + worker on 127.0.0.1")
     ap.add_argument("--worker-cores", type=int, default=2)
+    ap.add_argument("--source-option", action="append", default=[], metavar="KEY=VALUE",
+                    help="an option of the format('upr') reads, e.g. batchRows=65536 (repeatable)")
     args = ap.parse_args()
+    SOURCE_OPTIONS.update(kv.split("=", 1) for kv in args.source_option)
     docs = args.docs or (1_000_000 if args.full else 50_000)
     rng = random.Random(1)
     pad = "x" * 120          # ~200-byte documents

@@ -25,10 +25,8 @@ cannot read ``s3://``; their lookups go through pyarrow.
 """
 from __future__ import annotations
 
-import contextlib
 import json
 import os
-import tempfile
 from bisect import bisect_left, bisect_right
 from typing import Any
 
@@ -124,6 +122,9 @@ def write_sidecar(where: Location, rel: str, table: Any, keys: bool = True) -> N
                                         "key")
     header = {"format": FORMAT, "block": BLOCK, "values": {"at": 0, **values_head},
               "keys": {"at": len(values_data), **keys_head} if keys_head else None}
+
+    import contextlib
+    import tempfile     # here, not at the top: a lookup process never writes, and tempfile is heavy
 
     final = where.path(f"{rel}/{SIDECAR}")
     fd, tmp = tempfile.mkstemp(prefix=".lookup-", suffix=".tmp", dir=os.path.dirname(final))
