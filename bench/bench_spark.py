@@ -99,12 +99,12 @@ def task_reader_rate(url: str) -> tuple[int, float]:
 SOURCE_OPTIONS: dict[str, str] = {}
 
 
-def source_rate(spark, url: str) -> tuple[int, float, dict[str, float]]:  # type: ignore[no-untyped-def]
+def source_rate(spark, url: str, options: dict[str, str] | None = None) -> tuple[int, float, dict[str, float]]:  # type: ignore[no-untyped-def]
     """Rows, seconds and CPU by process of one ``format("upr")`` read into ``noop`` (the row count
     comes from a second read, outside the figures)."""
     before = snapshot()
     t = time.perf_counter()
-    df = spark.read.format("upr").option("server", url).options(**SOURCE_OPTIONS).load()
+    df = spark.read.format("upr").option("server", url).options(**(SOURCE_OPTIONS if options is None else options)).load()
     df.write.format("noop").mode("overwrite").save()
     elapsed = time.perf_counter() - t
     cpu = spent(before, snapshot())
@@ -129,8 +129,11 @@ def main() -> None:
     ap.add_argument("--worker-cores", type=int, default=2)
     ap.add_argument("--source-option", action="append", default=[], metavar="KEY=VALUE",
                     help="an option of the format('upr') reads, e.g. batchRows=65536 (repeatable)")
+    ap.add_argument("--also-option", action="append", default=[], metavar="KEY=VALUE",
+                    help="each round also reads with these options instead (a same-round comparison)")
     args = ap.parse_args()
     SOURCE_OPTIONS.update(kv.split("=", 1) for kv in args.source_option)
+    also = dict(kv.split("=", 1) for kv in args.also_option)
     docs = args.docs or (1_000_000 if args.full else 50_000)
     rng = random.Random(1)
     pad = "x" * 120          # ~200-byte documents
@@ -185,6 +188,10 @@ def main() -> None:
             print(f"  raw client:  {describe(raw_cpu, raw_n)}")
             print(f"  task reader: {describe(rd_cpu, rd_n)}")
             print(f"  spark read:  {describe(cpu, n)}")
+            if also:
+                n2, s2, cpu2 = source_rate(spark, url, {**SOURCE_OPTIONS, **also})
+                print(f"  with {also}: {n2 / s2:,.0f} rows/s ({n2 / s2 / raw_r:.0%} of the raw client rate), "
+                      f"{describe(cpu2, n2)}")
         print(f"source warm, median of {len(warm)}: {statistics.median(warm):,.0f} rows/s = "
               f"{statistics.median(shares):.0%} of the raw client rate in the same round (goal >= 55%); "
               f"task reader alone {statistics.median(reader_shares):.0%}")
