@@ -46,6 +46,8 @@ _UNESCAPE = {"\\": "\\", "t": "\t", "n": "\n"}
 
 
 def escape(text: str) -> str:
+    if "\\" not in text and "\t" not in text and "\n" not in text:
+        return text
     for raw, escaped in _ESCAPES:
         text = text.replace(raw, escaped)
     return text
@@ -218,7 +220,7 @@ class Sidecar:
             while j + 1 < len(blocks) and blocks[j + 1] == blocks[j] + 1:
                 j += 1
             for line in self._lines(self._keys, blocks[i], blocks[j] + 1):
-                key, p = line.split("\t")
+                key, _, p = line.partition("\t")
                 if key in wanted:
                     out.append((unescape(key), int(p)))
             i = j + 1
