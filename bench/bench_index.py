@@ -12,6 +12,10 @@ prints, for ``--queries`` lookups of random cities:
   script runs) ``--procs`` times: p50/p95/p99 wall and p50/p99 CPU: interpreter start, imports
   and the lookup, as a shell user sees it (CPU is the figure that survives a loaded machine);
 * the load average at the start and the end (the machine is shared).
+
+Each run gets its lookup sidecar as ``IndexJob`` writes it (time and size printed);
+``--no-sidecars`` leaves them out, so lookups read the Parquet runs with pyarrow (the path of a
+remote index), for a side-by-side figure with the same command otherwise.
 """
 from __future__ import annotations
 
@@ -29,11 +33,13 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def build(root: Path, docs: int, deltas: int, cities: int, seed: int = 1) -> int:
+def build(root: Path, docs: int, deltas: int, cities: int, seed: int = 1, sidecars: bool = True) -> int:
     import pyarrow as pa
     import pyarrow.parquet as pq
 
     from spark_connector.index.manifest import Manifest, Run, commit
+    from spark_connector.index.sidecar import SIDECAR, seal_run
+    from spark_connector.index.storage import open_location
 
     rng = random.Random(seed)
     names = [f"city-{i:03d}" for i in range(cities)]
@@ -41,10 +47,19 @@ def build(root: Path, docs: int, deltas: int, cities: int, seed: int = 1) -> int
                         ("seqno", pa.int64())])
     runs = []
 
+    where = open_location(root)
+    sealing = []
+
     def write(path: str, values: list, keys: list, parts: list, seqnos: list, resets: tuple = ()) -> None:
         (root / path).mkdir(parents=True)
         pq.write_table(pa.table([values, keys, parts, seqnos], schema=schema), root / path / "part-00000.parquet")
-        runs.append(Run(path, resets, len(keys)))
+        if not sidecars:
+            runs.append(Run(path, resets, len(keys)))
+            return
+        t, c = time.monotonic(), time.process_time()
+        runs.append(seal_run(where, path, resets, first=not runs))     # as IndexJob does before a commit
+        sealing.append((len(keys), time.monotonic() - t, time.process_time() - c,
+                        os.path.getsize(root / path / SIDECAR), os.path.getsize(root / path / "part-00000.parquet")))
 
     keys = [f"doc-{i:07d}" for i in range(docs)]
     write("runs/c-000001-base", [rng.choice(names) for _ in keys], keys, [i % 64 for i in range(docs)],
@@ -58,6 +73,9 @@ def build(root: Path, docs: int, deltas: int, cities: int, seed: int = 1) -> int
               list(range(seqno - len(changed) + 1, seqno + 1)), resets=(7,) if d == deltas - 1 else ())
     commit(root, Manifest(len(runs), len(runs), {"kind": "field", "path": "city"}, "http://127.0.0.1:1",
                           tuple(runs), rows=docs))
+    for rows, seconds, cpu, size, parquet in sealing:
+        print(f"lookup sidecar of a run of {rows} rows: {seconds:.2f}s wall, {cpu:.2f}s CPU, {size / 1e6:.1f} MB "
+              f"(its Parquet file: {parquet / 1e6:.1f} MB)")
     return len(names)
 
 
@@ -73,12 +91,14 @@ def main() -> None:
     ap.add_argument("--cities", type=int, default=200)
     ap.add_argument("--queries", type=int, default=30)
     ap.add_argument("--procs", type=int, default=30, help="new-process runs of `upr index query`")
+    ap.add_argument("--no-sidecars", action="store_true",
+                    help="runs without lookup sidecars (the Parquet path, as for a remote index)")
     args = ap.parse_args()
     print(f"load average at start: {os.getloadavg()[0]:.2f}")
     with tempfile.TemporaryDirectory(prefix="bench-index-") as tmp:
         root = Path(tmp) / "idx"
         t = time.monotonic()
-        build(root, args.docs, args.deltas, args.cities)
+        build(root, args.docs, args.deltas, args.cities, sidecars=not args.no_sidecars)
         print(f"index: {args.docs} documents, 1 base + {args.deltas} delta runs, written in "
               f"{time.monotonic() - t:.1f}s")
         from spark_connector.index.lookup import lookup

@@ -7,7 +7,9 @@ Prints, from one run against one server process (127.0.0.1, ephemeral port):
 * SparkSession start (reported apart: a service keeps one session alive);
 * rows/s of the raw client stream (``clients.SyncConsumer.batches()``, until now, no ring) and of the
   connector's task reader alone (no Spark), beside rows/s through ``spark.read.format("upr")``
-  into the ``noop`` sink (cold = first query in the JVM, warm = second) -- same data, same run;
+  into the ``noop`` sink (cold = first query in the JVM; then three rounds of raw client, task
+  reader and a warm read, each ratio taken inside its round) -- same data, same run, with the
+  CPU each read cost by process (driver, executor JVM, Python workers, server: ``proc_cpu``);
 * the full index build (``IndexJob``, field ``city``; at the default size after a warm-up build
   into a scratch directory, so one-time JVM costs are not counted) and four incremental runs,
   each after its own 1% of the documents changed, with their ratios to the full build and the
@@ -33,6 +35,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from bench.proc_cpu import describe, snapshot, spent
 from bench.server import start_upr_server
 
 import httpx
@@ -92,12 +95,27 @@ def task_reader_rate(url: str) -> tuple[int, float]:
     return n, time.perf_counter() - t
 
 
-def source_rate(spark, url: str) -> tuple[int, float]:  # type: ignore[no-untyped-def]
+#: extra options of every ``format("upr")`` read (``--source-option``)
+SOURCE_OPTIONS: dict[str, str] = {}
+
+
+def source_rate(spark, url: str, options: dict[str, str] | None = None) -> tuple[int, float, dict[str, float]]:  # type: ignore[no-untyped-def]
+    """Rows, seconds and CPU by process of one ``format("upr")`` read into ``noop`` (the row count
+    comes from a second read, outside the figures)."""
+    before = snapshot()
     t = time.perf_counter()
-    df = spark.read.format("upr").option("server", url).load()
+    df = spark.read.format("upr").option("server", url).options(**(SOURCE_OPTIONS if options is None else options)).load()
     df.write.format("noop").mode("overwrite").save()
     elapsed = time.perf_counter() - t
-    return spark.read.format("upr").option("server", url).load().count(), elapsed
+    cpu = spent(before, snapshot())
+    return spark.read.format("upr").option("server", url).load().count(), elapsed, cpu
+
+
+def measured(read):  # type: ignore[no-untyped-def]
+    """``read()``'s (rows, seconds) and the CPU seconds by process it cost (``bench.proc_cpu``)."""
+    before = snapshot()
+    n, s = read()
+    return n, s, spent(before, snapshot())
 
 
 def main() -> None:
@@ -109,7 +127,13 @@ def main() -> None:
     ap.add_argument("--standalone", action="store_true",
                     help="source figures only, on a standalone master + worker on 127.0.0.1")
     ap.add_argument("--worker-cores", type=int, default=2)
+    ap.add_argument("--source-option", action="append", default=[], metavar="KEY=VALUE",
+                    help="an option of the format('upr') reads, e.g. batchRows=65536 (repeatable)")
+    ap.add_argument("--also-option", action="append", default=[], metavar="KEY=VALUE",
+                    help="each round also reads with these options instead (a same-round comparison)")
     args = ap.parse_args()
+    SOURCE_OPTIONS.update(kv.split("=", 1) for kv in args.source_option)
+    also = dict(kv.split("=", 1) for kv in args.also_option)
     docs = args.docs or (1_000_000 if args.full else 50_000)
     rng = random.Random(1)
     pad = "x" * 120          # ~200-byte documents
@@ -143,15 +167,34 @@ def main() -> None:
         t = time.perf_counter()
         spark = local_session(args.master, app_name="bench-spark", extra=extra)
         print(f"SparkSession start ({args.master}): {time.perf_counter() - t:.1f}s")
-        warm: list[float] = []
-        for label in ("cold", "warm", "warm", "warm"):  # the JVM keeps warming up over the first reads
-            n, s = source_rate(spark, url)
-            print(f"spark.read.format('upr') -> noop ({label}): {n} rows in {s:.2f}s = {n / s:,.0f} rows/s "
-                  f"({n / s / raw:.0%} of the raw client rate)")
-            if label == "warm":
-                warm.append(n / s)
+        n, s, _ = source_rate(spark, url)       # the JVM's and the Python workers' first tasks
+        print(f"spark.read.format('upr') -> noop (cold): {n} rows in {s:.2f}s = {n / s:,.0f} rows/s "
+              f"({n / s / raw:.0%} of the raw client rate)")
+        # Warm reads, each beside a raw client read and a task-reader read taken just before it:
+        # the machine's load drifts over minutes, so a ratio means something only inside a round.
+        # CPU by process (bench/proc_cpu.py) says where each read's work went, whatever the load.
+        warm, shares, reader_shares = [], [], []
+        for r in range(3):
+            raw_n, raw_s, raw_cpu = measured(lambda: raw_client_rate(url))
+            rd_n, rd_s, rd_cpu = measured(lambda: task_reader_rate(url))
+            n, s, cpu = source_rate(spark, url)
+            raw_r, rd_r, src_r = raw_n / raw_s, rd_n / rd_s, n / s
+            warm.append(src_r)
+            shares.append(src_r / raw_r)
+            reader_shares.append(rd_r / raw_r)
+            print(f"round {r + 1}: raw client {raw_r:,.0f} rows/s, task reader {rd_r:,.0f} rows/s "
+                  f"({rd_r / raw_r:.0%}), format('upr') -> noop warm {src_r:,.0f} rows/s ({src_r / raw_r:.0%} "
+                  f"of the raw client rate, {src_r / rd_r:.0%} of the task reader's)")
+            print(f"  raw client:  {describe(raw_cpu, raw_n)}")
+            print(f"  task reader: {describe(rd_cpu, rd_n)}")
+            print(f"  spark read:  {describe(cpu, n)}")
+            if also:
+                n2, s2, cpu2 = source_rate(spark, url, {**SOURCE_OPTIONS, **also})
+                print(f"  with {also}: {n2 / s2:,.0f} rows/s ({n2 / s2 / raw_r:.0%} of the raw client rate), "
+                      f"{describe(cpu2, n2)}")
         print(f"source warm, median of {len(warm)}: {statistics.median(warm):,.0f} rows/s = "
-              f"{statistics.median(warm) / raw:.0%} of the raw client rate (goal >= 55%)")
+              f"{statistics.median(shares):.0%} of the raw client rate in the same round (goal >= 55%); "
+              f"task reader alone {statistics.median(reader_shares):.0%}")
         if args.standalone:
             print(f"load average at the end: {' '.join(f'{x:.1f}' for x in os.getloadavg())}")
             spark.stop()

@@ -110,9 +110,9 @@ def _guard(fn):  # type: ignore[no-untyped-def]
             return fn(args)
         except _expected_errors() as exc:
             if getattr(args, "debug", False):
-                import traceback
-                traceback.print_exc()
-            print(f"upr index: {exc}", file=sys.stderr)
+                _print_trace()
+            from .redact import redact
+            print(f"upr index: {redact(str(exc))}", file=sys.stderr)
             return EXIT_ERROR
         except KeyboardInterrupt:
             print("upr index: interrupted", file=sys.stderr)
@@ -121,12 +121,19 @@ def _guard(fn):  # type: ignore[no-untyped-def]
             raise           # app/cli.py names the extra to install
         except Exception as exc:  # noqa: BLE001 - Spark's wrapped failures: the cause in one line
             if getattr(args, "debug", False):
-                import traceback
-                traceback.print_exc()
+                _print_trace()
             from .failures import one_line
             print(f"upr index: {one_line(exc)}", file=sys.stderr)
             return EXIT_ERROR
     return run
+
+
+def _print_trace() -> None:
+    """``--debug``: the whole traceback, without the credentials of the URIs it quotes."""
+    import traceback
+
+    from .redact import redact
+    print(redact(traceback.format_exc()), file=sys.stderr, end="")
 
 
 def _expected_errors() -> tuple[type[BaseException], ...]:
@@ -238,7 +245,8 @@ def _cmd_run(args: argparse.Namespace) -> int:
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
-    print(f"index {args.index}: generation {report.generation}, {report.batches} batch(es), "
+    from .redact import redact
+    print(f"index {redact(args.index)}: generation {report.generation}, {report.batches} batch(es), "
           f"{report.rows_read} change(s) read in {report.seconds:.1f}s"
           + (f", reset partitions {sorted(set(report.resets))}" if report.resets else "")
           + (f", rolled back {report.rollbacks} ({report.refetched} keys refetched)" if report.rollbacks else "")
@@ -322,17 +330,18 @@ def info(index_dir: str, server: str | None = None, token: str | None = None) ->
     from .offsets import SourceOffset
 
     from .index.storage import open_location
+    from .redact import redact
 
     where = open_location(index_dir)
     manifest = load(where)
     if manifest is None:
-        raise FileNotFoundError(f"{index_dir}: no index here (manifest.json missing)")
+        raise FileNotFoundError(f"{redact(index_dir)}: no index here (manifest.json missing)")
     history = [n for n in where.list_dir("history") if n.endswith(".json")]
     seqnos: dict[int, int] = {}
     if manifest.offset and not manifest.offset.get("latest"):
         seqnos = {p: o.seqno for p, o in SourceOffset.from_json(manifest.offset).partitions.items()}
     out: dict[str, Any] = {
-        "index": index_dir, "spec": manifest.spec, "server": manifest.server,
+        "index": redact(index_dir), "spec": manifest.spec, "server": manifest.server,
         "generation": manifest.generation, "batch_id": manifest.batch_id, "generations_kept": len(history),
         "runs": [{"path": r.path, "rows": r.rows, "resets": list(r.resets)} for r in manifest.runs],
         "seqnos": {str(p): s for p, s in sorted(seqnos.items())},
@@ -346,7 +355,7 @@ def info(index_dir: str, server: str | None = None, token: str | None = None) ->
             out["lag"] = {str(p): max(0, h - seqnos.get(p, 0)) for p, h in sorted(highs.items())}
             out["lag_total"] = sum(out["lag"].values())
         except ClientError as exc:
-            out["lag_error"] = str(exc)
+            out["lag_error"] = redact(str(exc))
     return out
 
 

@@ -4,10 +4,13 @@ A failure inside a streaming query reaches the driver as a ``StreamingQueryExcep
 holds an error class, a JVM stack, the Python traceback of the source or ``foreachBatch`` and a
 dump of the query plan.  A command-line user needs the innermost cause (``ROLLBACK_REQUIRED
 partition 2 to seqno 40 ...``, ``option 'server': ... refused``); ``--debug`` shows the rest.
+The line never holds the credentials of a URI it quotes (``redact``).
 """
 from __future__ import annotations
 
 import re
+
+from .redact import redact
 
 __all__ = ["one_line"]
 
@@ -23,7 +26,7 @@ _ERROR_CLASS = re.compile(r"^\[[A-Z_.]+\]\s*")
 
 def one_line(exc: BaseException | str, limit: int = 400) -> str:
     """The innermost cause of ``exc`` as one line of at most ``limit`` characters."""
-    text = exc if isinstance(exc, str) else _text_of(exc)
+    text = redact(exc if isinstance(exc, str) else _text_of(exc))
     lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
     own = [m.group(1) for ln in lines for m in [_OWN.search(ln)] if m]
     if own:

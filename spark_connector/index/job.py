@@ -39,11 +39,13 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from ..redact import redact
 from .entries import STAGED_SCHEMA, ListParam, entries_fn
 from .functions import IndexFunction, spec_of
-from .manifest import IndexError_, Manifest, Run, collect_garbage, commit, load
+from .manifest import IndexError_, Manifest, collect_garbage, commit, load
 from .refetch import refetch
-from .runfiles import merge_runs_locally, parquet_rows, write_entries
+from .runfiles import merge_runs_locally, write_entries
+from .sidecar import seal_run
 from .sparkio import write_frame
 from .storage import Location, open_location
 from .view import runs_frame
@@ -65,7 +67,8 @@ class RunReport:
     #: partition with no copy left): left where they were, taken up by the next run or trigger
     unavailable: dict[int, str] = field(default_factory=dict)
     #: seconds: query start (to the first batch: Spark's source process, offset log, planning),
-    #: read+write (the batch's Spark job), refetch, compact, commit (manifest), query end (after the
+    #: read+write (the batch's Spark job), sidecar (the run's lookup sidecar, ``sidecar.py``),
+    #: refetch, compact, commit (manifest), query end (after the
     #: last batch: commit log, the final "nothing new" check)
     phases: dict[str, float] = field(default_factory=dict)
 
@@ -284,7 +287,7 @@ class IndexJob:
     def _open(self) -> Manifest:
         self.where.make_dir("")
         manifest = load(self.where)
-        name = self.where.spark_path()
+        name = self.where.display()
         if manifest is None:
             # No committed generation: whatever checkpoint exists belongs to a build that never
             # committed, so start the full build from scratch.
@@ -400,7 +403,8 @@ class IndexJob:
             # may restate it with its snapshot closed): no generation for an empty run.
             self.where.remove_dir(run_path)
             return
-        runs = manifest.runs + (Run(run_path, tuple(resets), parquet_rows(self.where, run_path)),)
+        runs = manifest.runs + (seal_run(self.where, run_path, tuple(resets), first=not manifest.runs),)
+        t = self.report._add("sidecar", t)
         if rollbacks:
             # The keys whose rows came from the lost history, re-read by GET: a later run, so the
             # current versions win over whatever the stream delivered in this batch.
@@ -408,7 +412,7 @@ class IndexJob:
                 entries_fn(self.function), STAGED_SCHEMA))
             fix_path = run_path.replace("/r-", "/f-")
             write_frame(fixes.select("value", "key", "partition", "seqno"), self.where, fix_path)
-            runs += (Run(fix_path, (), parquet_rows(self.where, fix_path)),)
+            runs += (seal_run(self.where, fix_path),)
             t = self.report._add("refetch", t)
         nxt = manifest.next(batch_id=batch_id, runs=runs, offset=end_offset)
         if len(runs) > self.max_runs:
@@ -466,7 +470,7 @@ class IndexJob:
                 write_frame(runs_frame(self.spark, self.where, replace(manifest, runs=deltas), markers=True),
                             self.where, path)
             resets = tuple(sorted({p for r in deltas for p in r.resets}))
-            return replace(manifest, runs=(base, Run(path, resets, parquet_rows(self.where, path))))
+            return replace(manifest, runs=(base, seal_run(self.where, path, resets)))
         path = f"runs/c-{manifest.generation:06d}-{uuidlib.uuid4().hex[:8]}"
         frame = runs_frame(self.spark, self.where, manifest, markers=True)
         purged = self._purge_seqnos()
@@ -476,8 +480,8 @@ class IndexJob:
             frame = frame.filter(F.col("value").isNotNull()
                                  | (F.col("seqno") > F.coalesce(floor[F.col("partition")], F.lit(0))))
         write_frame(frame, self.where, path)
-        rows = parquet_rows(self.where, path)
-        return replace(manifest, runs=(Run(path, (), rows),), rows=rows)
+        run = seal_run(self.where, path, first=True)
+        return replace(manifest, runs=(run,), rows=run.rows)
 
     def _purge_seqnos(self) -> dict[int, int]:
         """Partitions whose purge seqno is above 0, each read from its active node (any of the
@@ -490,7 +494,7 @@ class IndexJob:
         try:
             meta, _ = fetch_routed(opts, partial=True)
         except (OptionError, SourceUnavailable) as exc:
-            log.warning("index compaction keeps every marker: %s", exc)
+            log.warning("index compaction keeps every marker: %s", redact(str(exc)))
             return {}
         return {p: sp.purge_seqno for p, sp in meta.partitions.items() if sp.purge_seqno > 0}
 

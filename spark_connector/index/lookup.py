@@ -6,6 +6,11 @@ dead if a later run resets its partition or holds any row (entry or marker) of i
 cost is one filtered column scan per run plus a ``key IN (candidates)`` scan of the later runs,
 whatever the index size, where a SparkSession costs seconds to start (docs/benchmarks.md,
 Spark: index point lookups).
+
+A local index whose runs all carry a lookup sidecar (``sidecar.py``) is answered from those with
+the stdlib alone, by the same rule: two B-tree lookups per run instead of column scans, and no
+pyarrow import, which is most of a new process's CPU.  Other indexes (remote ones, or runs
+written before sidecars) take the Parquet path.
 """
 from __future__ import annotations
 
@@ -73,20 +78,53 @@ def _read(where: Location, run_path: str, columns: list[str], keep: Callable[[An
     return pa.concat_tables(tables) if tables else None
 
 
-def lookup(index: str | os.PathLike[str] | Location, value: str, manifest: Manifest | None = None) -> list[dict[str, Any]]:
-    """Entries ``{"key", "partition", "seqno"}`` whose indexed value equals ``value``, by key."""
-    call, set_lookup = _compute()
+def lookup(index: str | os.PathLike[str] | Location, value: str, manifest: Manifest | None = None,
+           sidecars: bool = True) -> list[dict[str, Any]]:
+    """Entries ``{"key", "partition", "seqno"}`` whose indexed value equals ``value``, by key.
+    ``sidecars=False`` reads the Parquet runs even where sidecars exist (they must agree)."""
     where = index if isinstance(index, Location) else open_location(index)
-    wanted = strings([value])[0]
     manifest = manifest or load(where)
     if manifest is None:
-        raise FileNotFoundError(f"{where.spark_path()}: no index here (manifest.json missing)")
-    runs = manifest.runs
-    last_reset: dict[int, int] = {}
-    for i, run in enumerate(runs):
-        for p in run.resets:
-            last_reset[p] = i
+        raise FileNotFoundError(f"{where.display()}: no index here (manifest.json missing)")
+    if sidecars and where.is_local and all(run.sidecar for run in manifest.runs):
+        return _lookup_sidecars(where, manifest, value)
+    return _lookup_parquet(where, manifest, value)
 
+
+def _last_resets(manifest: Manifest) -> dict[int, int]:
+    """Partition -> index of the newest run that resets it: older runs' rows of it are dead."""
+    return {p: i for i, run in enumerate(manifest.runs) for p in run.resets}
+
+
+def _lookup_sidecars(where: Location, manifest: Manifest, value: str) -> list[dict[str, Any]]:
+    from .sidecar import Sidecar
+
+    runs = manifest.runs
+    last_reset = _last_resets(manifest)
+    candidates: dict[str, tuple[int, int, int]] = {}       # key -> (run, partition, seqno)
+    for i, run in enumerate(runs):
+        with Sidecar(where.path(f"{run.path}/{run.sidecar}")) as side:
+            for key, p, s in side.entries(value):
+                if i >= last_reset.get(p, 0):
+                    candidates[key] = (i, p, s)             # a later run's row of the key wins
+    if not candidates:
+        return []
+    newest = {key: run for key, (run, _, _) in candidates.items()}
+    keys = list(candidates)
+    for j in range(min(newest.values()) + 1, len(runs)):
+        with Sidecar(where.path(f"{runs[j].path}/{runs[j].sidecar}")) as side:
+            for key, p in side.holders(keys):
+                if j >= last_reset.get(p, 0) and j > newest[key]:
+                    newest[key] = j
+    return [{"key": key, "partition": p, "seqno": s} for key, (run, p, s) in sorted(candidates.items())
+            if newest[key] == run]
+
+
+def _lookup_parquet(where: Location, manifest: Manifest, value: str) -> list[dict[str, Any]]:
+    call, set_lookup = _compute()
+    wanted = strings([value])[0]
+    runs = manifest.runs
+    last_reset = _last_resets(manifest)
     candidates: dict[str, tuple[int, int, int]] = {}       # key -> (run, partition, seqno)
     for i, run in enumerate(runs):
         t = _read(where, run.path, ["value", "key", "partition", "seqno"], lambda t: call("equal", [t["value"], wanted]))

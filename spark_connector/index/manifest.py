@@ -4,7 +4,8 @@ Layout of an index directory::
 
     manifest.json            the current generation (replaced with write-tmp, fsync, os.replace)
     history/gen-000007.json  every committed manifest, for ``upr index info``
-    runs/r-000007-<tag>/     Parquet files of one run (rows: value, key, partition, seqno)
+    runs/r-000007-<tag>/     Parquet files of one run (rows: value, key, partition, seqno) and,
+                             for a local index, its lookup sidecar (``sidecar.py``)
     checkpoint/              the Spark streaming checkpoint of the index's change-feed query
 
 A generation is an ordered list of runs (oldest first): each later run supersedes, key by key,
@@ -22,6 +23,8 @@ import time
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
+from ..redact import redact
+
 FORMAT = 1
 MANIFEST = "manifest.json"
 
@@ -35,6 +38,7 @@ class Run:
     path: str                                  # relative to the index directory
     resets: tuple[int, ...] = ()               # partitions whose older rows this run kills
     rows: int = 0
+    sidecar: str = ""                          # lookup sidecar in the run directory ("" = none)
 
 
 @dataclass(frozen=True)
@@ -59,7 +63,8 @@ class Manifest:
     def from_json(cls, raw: dict[str, Any]) -> Manifest:
         if raw.get("format") != FORMAT:
             raise IndexError_(f"unsupported index format {raw.get('format')!r}")
-        runs = tuple(Run(r["path"], tuple(r.get("resets", ())), int(r.get("rows", 0))) for r in raw["runs"])
+        runs = tuple(Run(r["path"], tuple(r.get("resets", ())), int(r.get("rows", 0)), str(r.get("sidecar", "")))
+                     for r in raw["runs"])
         return cls(int(raw["generation"]), int(raw["batch_id"]), dict(raw["spec"]), str(raw["server"]), runs,
                    raw.get("offset"), int(raw.get("rows", 0)), float(raw.get("created", 0)),
                    dict(raw.get("stats", {})), str(raw.get("node_id", "")))
@@ -72,13 +77,17 @@ def load(index_dir: str | os.PathLike[str] | Any) -> Manifest | None:
     """The current manifest of ``index_dir`` (a path, a URI or a ``storage.Location``), or None."""
     from .storage import Location, open_location
     where = index_dir if isinstance(index_dir, Location) else open_location(index_dir)
-    text = where.read_text(MANIFEST)
+    try:
+        text = where.read_text(MANIFEST)
+    except OSError as exc:          # a remote store that cannot be reached: name the index
+        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        raise IndexError_(redact(f"{where.display(MANIFEST)}: cannot read the manifest: {first}")) from None
     if text is None:
         return None
     try:
         raw = json.loads(text)
     except ValueError as exc:
-        raise IndexError_(f"{where.spark_path(MANIFEST)}: corrupt manifest ({exc})") from None
+        raise IndexError_(f"{where.display(MANIFEST)}: corrupt manifest ({exc})") from None
     return Manifest.from_json(raw)
 
 

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlparse
 
+from ..redact import redact
 from .manifest import IndexError_
 
 __all__ = ["Location", "StorageError", "open_location", "scheme_of"]
@@ -26,7 +27,11 @@ OBJECT_STORES = frozenset({"s3", "s3a", "gs", "gcs", "abfs", "abfss", "az"})
 
 
 class StorageError(IndexError_):
-    """An index location that cannot be opened (unknown scheme, missing client library)."""
+    """An index location that cannot be opened (unknown scheme, missing client library).
+    Its message never holds the credentials of the location's URI (``redact``)."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(redact(message))
 
 
 def _first_line(exc: BaseException) -> str:
@@ -70,6 +75,10 @@ class Location:
 
     def spark_path(self, rel: str = "") -> str:
         return self.path(rel) if self.is_local else f"{self.uri.rstrip('/')}/{rel}" if rel else self.uri
+
+    def display(self, rel: str = "") -> str:
+        """``spark_path(rel)`` for messages and logs: without the credentials a URI may carry."""
+        return redact(self.spark_path(rel))
 
     def exists(self, rel: str) -> bool:
         if self.is_local:

@@ -56,5 +56,5 @@ def load_index(spark, index_dir: str | os.PathLike[str] | Location, markers: boo
     where = index_dir if isinstance(index_dir, Location) else open_location(index_dir)
     manifest = load(where)
     if manifest is None:
-        raise FileNotFoundError(f"{where.spark_path()}: no index here (manifest.json missing)")
+        raise FileNotFoundError(f"{where.display()}: no index here (manifest.json missing)")
     return runs_frame(spark, where, manifest, markers)

@@ -74,6 +74,10 @@ def test_index_equals_brute_force_and_incremental_reads_only_changes(spark, upr_
     assert [r.key for r in query(spark, str(tmp_path / "inc"), "oslo")] == oslo
     assert lookup(tmp_path / "inc", "oslo") == [                          # the JVM-free path agrees
         {"key": r.key, "partition": r.partition, "seqno": r.seqno} for r in query(spark, str(tmp_path / "inc"), "oslo")]
+    runs = load(tmp_path / "inc").runs                             # from the sidecars, as from Parquet
+    assert runs and all(run.sidecar for run in runs)
+    for city in ("oslo", "lima", "absent"):
+        assert lookup(tmp_path / "inc", city) == lookup(tmp_path / "inc", city, sidecars=False)
     about = info(str(tmp_path / "inc"))
     assert about["generation"] == second.generation and about["lag_total"] == 0
     highs = [p["high_seqno"] for p in httpx.get(f"{srv.url}/partitions").json()["partitions"]]

@@ -6,7 +6,12 @@ wins, markers included; markers are not entries).
 """
 from __future__ import annotations
 
+import json
+import os
 import random
+import subprocess
+import sys
+from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.fs as pafs
@@ -15,7 +20,10 @@ import pytest
 
 from spark_connector.index.lookup import lookup
 from spark_connector.index.manifest import Manifest, Run, commit, load
+from spark_connector.index.sidecar import SIDECAR, seal_run
 from spark_connector.index.storage import Location, StorageError, open_location
+
+ROOT = Path(__file__).resolve().parents[2]
 
 SCHEMA = pa.schema([("value", pa.string()), ("key", pa.string()), ("partition", pa.int32()), ("seqno", pa.int64())])
 VALUES = ["oslo", "lima", "rome", None]          # None: a marker row
@@ -68,6 +76,72 @@ def test_lookup_equals_the_views_rule_on_random_generations(tmp_path, seed):
     _write_index(where, runs)
     for value in VALUES[:3] + ["absent"]:
         assert lookup(tmp_path / "idx", value) == _expected(runs, value)
+    # the same generation with a lookup sidecar per run: the stdlib path gives the same answers
+    sealed = _seal(where, load(where))
+    assert all(run.sidecar == SIDECAR for run in sealed.runs)
+    assert [run.rows for run in sealed.runs] == [len(rows) for rows, _ in runs]
+    for value in VALUES[:3] + ["absent"]:
+        assert lookup(tmp_path / "idx", value) == _expected(runs, value)
+        assert lookup(tmp_path / "idx", value, sidecars=False) == _expected(runs, value)
+
+
+def _seal(where: Location, manifest: Manifest) -> Manifest:
+    sealed = manifest.next(runs=tuple(seal_run(where, run.path, run.resets, first=i == 0)
+                                      for i, run in enumerate(manifest.runs)))
+    commit(where, sealed)
+    return sealed
+
+
+def test_a_local_query_with_sidecars_does_not_import_pyarrow(tmp_path):
+    runs = _random_runs(random.Random(7))
+    where = open_location(tmp_path / "idx")
+    _seal(where, _write_index(where, runs))
+    script = ("import sys; from app.cli import main; code = main(['index', 'query', '--index', sys.argv[1], "
+              "'--value', 'oslo', '--json']); print('pyarrow' in sys.modules, file=sys.stderr); sys.exit(code)")
+    out = subprocess.run([sys.executable, "-c", script, str(tmp_path / "idx")], cwd=ROOT, capture_output=True,
+                         text=True, timeout=60, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert out.returncode == 0, out.stderr
+    assert out.stderr.strip().splitlines()[-1] == "False"
+    assert [json.loads(line) for line in out.stdout.splitlines()] == _expected(runs, "oslo")
+
+
+@pytest.mark.parametrize("block", [1, 2, 3, 256])
+def test_sidecar_blocks_and_escapes_agree_with_the_rule(tmp_path, monkeypatch, block):
+    """Values and keys with TAB, newline, backslash and non-ASCII text, over blocks of a few lines
+    (a value's rows span several blocks; candidates sit at block edges)."""
+    import spark_connector.index.sidecar as sidecar
+    monkeypatch.setattr(sidecar, "BLOCK", block)
+    rng = random.Random(block)
+    values = ["oslo", "a\tb", "a\tb\\", "tab\there", "new\nline", "ünï", "a", "b", "", "x\\ty", "x\\y", "\\"]
+    keys = [f"k{i:02d}" for i in range(30)] + ["k\t1", "k\n2", "k\\3", "kö4", "k 5"]
+    runs, seqno = [], 0
+    for i in range(4):
+        rows = []
+        for key in rng.sample(keys, rng.randint(1, len(keys))):
+            seqno += 1
+            rows += [(v, key, len(key) % 3, seqno) for v in rng.sample(values, rng.randint(0, 3)) or [None]]
+        runs.append((rows, (1,) if i == 2 else ()))
+    where = open_location(tmp_path / "idx")
+    _seal(where, _write_index(where, runs))
+    for value in values + ["absent", "zzz", "\x00"]:
+        assert lookup(tmp_path / "idx", value) == _expected(runs, value), value
+        assert lookup(tmp_path / "idx", value, sidecars=False) == _expected(runs, value), value
+
+
+def test_a_sidecar_is_written_whole_or_not_at_all(tmp_path, monkeypatch):
+    runs = _random_runs(random.Random(3))
+    where = open_location(tmp_path / "idx")
+    manifest = _write_index(where, runs)
+    run = manifest.runs[0]
+
+    def broken(*args, **kwargs):
+        raise OSError("disk full")
+    import spark_connector.index.sidecar as sidecar
+    monkeypatch.setattr(sidecar, "_section", broken)
+    with pytest.raises(OSError, match="disk full"):
+        seal_run(where, run.path)
+    assert where.list_dir(run.path) == ["part-00000.parquet"]       # no sidecar, no temporary file
+    assert load(where) == manifest and lookup(tmp_path / "idx", "oslo") == _expected(runs, "oslo")
 
 
 def test_the_same_index_through_a_non_local_filesystem_and_a_file_uri(tmp_path):
