@@ -32,10 +32,13 @@ async def node(tmp_path: Path) -> AsyncIterator[tuple[InProcessApp, DurableWrite
         durable = DurableWrites(app.app.state.runner.engine, "n1", is_live=lambda name: name in live)
         placements = tuple(Placement("n1", ("n2",) if p == P else ()) for p in range(PARTITIONS))
         durable.follow_map(PartitionMap(1, placements))
-        # the node's cluster half as far as the bulk route reads it: its durable writes
-        app.app.state.cluster = SimpleNamespace(durable=durable)
-        collector = ClusterCollector(lambda: {"node": "n1", "nodes": [], "map": {"revision": 1, "partitions": []}},
-                                     durable=durable)
+        def view() -> dict:
+            return {"node": "n1", "nodes": [], "map": {"revision": 1, "partitions": []}}
+
+        # the node's cluster half as far as the write routes and the console read it: its durable
+        # writes, no handover under way, its view
+        app.app.state.cluster = SimpleNamespace(durable=durable, handover=SimpleNamespace(records={}), view=view)
+        collector = ClusterCollector(view, durable=durable)
         app.app.state.metrics.attach_cluster(collector)
         try:
             yield app, durable, live
