@@ -23,11 +23,12 @@ cluster: $(STAMP)
 
 # tests.ui.browser installs Debian's chromium for the console's browser tests when missing (as root)
 # Two pytest workers, each taking whole test files (module fixtures such as a cluster stay in one
-# process): the end-to-end tests spend most of their time waiting on real processes.
+# process): the end-to-end tests spend most of their time waiting on real processes.  Files go out
+# in the order tests/conftest.py sorts them, longest first (docs/testing.md, "Suite time").
 test: $(STAMP)
 	$(BIN)/lint-imports
 	$(BIN)/python -m tests.ui.browser
-	$(BIN)/python -m pytest -n 2 --dist loadfile
+	$(BIN)/python -m pytest -n 2 --dist loadfile --no-loadscope-reorder
 
 # Full size, by hand (several minutes); installs the peers' Debian packages and Python clients if missing.
 bench: $(STAMP)
