@@ -165,17 +165,22 @@ def test_follow_keeps_the_index_updated_while_writes_continue(spark, upr_server,
     keys = KEYS[:300]
     bulk(srv.url, random_ops(rng, keys, live, 300))
     job = _job(spark, tmp_path / "follow", srv)
-    runner = threading.Thread(target=lambda: job.run(follow=True, interval_s=1.0, timeout_s=25), daemon=True)
+    done = threading.Event()    # the test stops the query once it saw what it waits for
+    runner = threading.Thread(target=lambda: job.run(follow=True, interval_s=1.0, timeout_s=300, stop=done.is_set),
+                              daemon=True)
     runner.start()
-    deadline = time.monotonic() + 20
-    while (job.manifest() is None or job.manifest().batch_id < 0) and time.monotonic() < deadline:
-        time.sleep(0.2)
-    bulk(srv.url, random_ops(rng, keys, live, 100, delete_ratio=0.3))     # while the query runs
-    expected = brute_force(srv.url, keys)
-    while index_rows(spark, tmp_path / "follow") != expected and time.monotonic() < deadline + 5:
-        time.sleep(1)
-    assert index_rows(spark, tmp_path / "follow") == expected
-    runner.join(40)
+    try:
+        deadline = time.monotonic() + 180   # generous: a loaded machine is slower, not wrong
+        while (job.manifest() is None or job.manifest().batch_id < 0) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        bulk(srv.url, random_ops(rng, keys, live, 100, delete_ratio=0.3))     # while the query runs
+        expected = brute_force(srv.url, keys)
+        while index_rows(spark, tmp_path / "follow") != expected and time.monotonic() < deadline:
+            time.sleep(1)
+        assert index_rows(spark, tmp_path / "follow") == expected
+    finally:
+        done.set()
+    runner.join(120)
     assert not runner.is_alive()
 
 
