@@ -5,8 +5,10 @@ goes.  The data plane (streams, takeover) is covered end to end in test_graceful
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -27,6 +29,22 @@ from engine.engine import Engine
 from tests.cluster.etcd_server import EtcdProcess
 
 MAP = PartitionMap(1, (Placement("a", ("b",)), Placement("b", ("a",)), Placement("a", ("c",))))
+
+
+@contextlib.contextmanager
+def _engine_of(tmp_path: Path, node: str) -> Iterator[Engine]:
+    """An engine of three partitions in the states MAP gives ``node``."""
+    with Engine.open(EngineConfig(data_dir=tmp_path, partitions=3)) as engine:
+        for p in range(3):
+            engine.set_state(p, PartitionState.ACTIVE if MAP.active_of(p) == node else PartitionState.REPLICA)
+        yield engine
+
+
+def _three_writes_to_partition_0(engine: Engine) -> None:
+    """Seqnos 1-3 of partition 0, all to one key."""
+    key = next(f"k{i}" for i in range(1000) if engine.partition_of(f"k{i}") == 0)
+    for i in range(3):
+        engine.write(WriteOp(Op.MUTATION, key, b"v%d" % i))
 LIVE = frozenset({"a", "b", "c"})
 
 
@@ -90,9 +108,7 @@ async def test_a_source_stops_writes_for_its_records_and_takes_them_again_when_c
         client: EtcdClient, tmp_path: Path) -> None:
     layout = Layout(f"/upr/{uuid.uuid4().hex[:8]}")
     store = HandoverStore(client, layout)
-    with Engine.open(EngineConfig(data_dir=tmp_path, partitions=3)) as engine:
-        for p in range(3):
-            engine.set_state(p, PartitionState.ACTIVE if MAP.active_of(p) == "a" else PartitionState.REPLICA)
+    with _engine_of(tmp_path, "a") as engine:
         key = next(f"k{i}" for i in range(1000) if engine.partition_of(f"k{i}") == 0)
         seqno = engine.write(WriteOp(Op.MUTATION, key, b"v")).seqno
         node = HandoverParticipant(client, layout, engine, "a")
@@ -116,12 +132,8 @@ async def test_a_source_whose_target_acknowledged_the_fence_switches_the_map_in_
     layout = Layout(f"/upr/{uuid.uuid4().hex[:8]}")
     store, maps = HandoverStore(client, layout), MapStore(client, layout)
     assert await maps.publish(MAP, 0)
-    with Engine.open(EngineConfig(data_dir=tmp_path, partitions=3)) as engine:
-        for p in range(3):
-            engine.set_state(p, PartitionState.ACTIVE if MAP.active_of(p) == "a" else PartitionState.REPLICA)
-        key = next(f"k{i}" for i in range(1000) if engine.partition_of(f"k{i}") == 0)
-        for i in range(3):
-            engine.write(WriteOp(Op.MUTATION, key, b"v%d" % i))
+    with _engine_of(tmp_path, "a") as engine:
+        _three_writes_to_partition_0(engine)
         held = {"b": 2}  # the target acknowledged all but the last item so far
         listeners = []
         node = HandoverParticipant(client, layout, engine, "a", acked=lambda n, p: held.get(n) if p == 0 else None,
@@ -158,9 +170,7 @@ async def test_a_write_refused_during_its_handover_waits_until_the_map_names_the
         client: EtcdClient, tmp_path: Path) -> None:
     layout = Layout(f"/upr/{uuid.uuid4().hex[:8]}")
     store = HandoverStore(client, layout)
-    with Engine.open(EngineConfig(data_dir=tmp_path, partitions=3)) as engine:
-        for p in range(3):
-            engine.set_state(p, PartitionState.ACTIVE if MAP.active_of(p) == "a" else PartitionState.REPLICA)
+    with _engine_of(tmp_path, "a") as engine:
         node = HandoverParticipant(client, layout, engine, "a")
         assert not await node.until_settled(0, 5.0)  # no handover: answered at once
         await client.put(store.record_key(0), json.dumps(Handover(0, "a", "b").to_json()).encode())
@@ -182,9 +192,7 @@ async def test_a_write_refused_during_its_handover_waits_until_the_map_names_the
 async def test_a_target_holds_a_write_between_the_fence_and_its_takeover(client: EtcdClient, tmp_path: Path) -> None:
     layout = Layout(f"/upr/{uuid.uuid4().hex[:8]}")
     store = HandoverStore(client, layout)
-    with Engine.open(EngineConfig(data_dir=tmp_path, partitions=3)) as engine:
-        for p in range(3):
-            engine.set_state(p, PartitionState.ACTIVE if MAP.active_of(p) == "b" else PartitionState.REPLICA)
+    with _engine_of(tmp_path, "b") as engine:
         target = HandoverParticipant(client, layout, engine, "b")
         await client.put(store.record_key(0), json.dumps(Handover(0, "a", "b").to_json()).encode())
         await target.load()
@@ -211,9 +219,7 @@ async def test_a_target_follows_a_switched_map_with_the_fence_written_beside_it(
     layout = Layout(f"/upr/{uuid.uuid4().hex[:8]}")
     store, maps = HandoverStore(client, layout), MapStore(client, layout)
     assert await maps.publish(MAP, 0)
-    with Engine.open(EngineConfig(data_dir=tmp_path, partitions=3)) as engine:
-        for p in range(3):
-            engine.set_state(p, PartitionState.ACTIVE if MAP.active_of(p) == "b" else PartitionState.REPLICA)
+    with _engine_of(tmp_path, "b") as engine:
         record = Handover(0, "a", "b")
         await client.put(store.record_key(0), json.dumps(record.to_json()).encode())
         target = HandoverParticipant(client, layout, engine, "b")
@@ -236,12 +242,8 @@ async def test_an_acknowledgement_that_comes_late_still_lets_the_source_switch_t
     layout = Layout(f"/upr/{uuid.uuid4().hex[:8]}")
     store, maps = HandoverStore(client, layout), MapStore(client, layout)
     assert await maps.publish(MAP, 0)
-    with Engine.open(EngineConfig(data_dir=tmp_path, partitions=3)) as engine:
-        for p in range(3):
-            engine.set_state(p, PartitionState.ACTIVE if MAP.active_of(p) == "a" else PartitionState.REPLICA)
-        key = next(f"k{i}" for i in range(1000) if engine.partition_of(f"k{i}") == 0)
-        for i in range(3):
-            engine.write(WriteOp(Op.MUTATION, key, b"v%d" % i))
+    with _engine_of(tmp_path, "a") as engine:
+        _three_writes_to_partition_0(engine)
         held = {"b": 2}
         listeners = []
         node = HandoverParticipant(client, layout, engine, "a", acked=lambda n, p: held.get(n) if p == 0 else None,
@@ -274,12 +276,8 @@ async def test_the_fence_waits_briefly_for_the_target_to_come_within_a_handful_o
     layout = Layout(f"/upr/{uuid.uuid4().hex[:8]}")
     store, maps = HandoverStore(client, layout), MapStore(client, layout)
     assert await maps.publish(MAP, 0)
-    with Engine.open(EngineConfig(data_dir=tmp_path, partitions=3)) as engine:
-        for p in range(3):
-            engine.set_state(p, PartitionState.ACTIVE if MAP.active_of(p) == "a" else PartitionState.REPLICA)
-        key = next(f"k{i}" for i in range(1000) if engine.partition_of(f"k{i}") == 0)
-        for i in range(3):
-            engine.write(WriteOp(Op.MUTATION, key, b"v%d" % i))
+    with _engine_of(tmp_path, "a") as engine:
+        _three_writes_to_partition_0(engine)
         held = {"b": 1}
         listeners = []
         node = HandoverParticipant(client, layout, engine, "a", acked=lambda n, p: held.get(n) if p == 0 else None,

@@ -35,7 +35,8 @@ async def client(etcd: EtcdProcess):
     await c.aclose()
 
 
-async def test_idle_ticks_read_nothing_and_a_watched_change_reads_once(client: CountingClient) -> None:
+async def _elected(client: CountingClient) -> tuple[Layout, Membership, Election, ProgressView]:
+    """A new cluster whose one node "a" won the election, with its watch's first reading taken."""
     layout = Layout(f"/upr/{uuid.uuid4().hex[:8]}")
     await join_settings(client, layout, SETTINGS)
     node = Membership(client, layout, "a", "http://a", ttl=10)
@@ -43,7 +44,12 @@ async def test_idle_ticks_read_nothing_and_a_watched_change_reads_once(client: C
     election = Election(client, layout, "a", node.lease)
     await election.campaign()
     view = ProgressView(layout)
-    view.reset([], 1)  # the node's watch took its reading
+    view.reset([], 1)
+    return layout, node, election, view
+
+
+async def test_idle_ticks_read_nothing_and_a_watched_change_reads_once(client: CountingClient) -> None:
+    layout, node, election, view = await _elected(client)
     orchestrator = Orchestrator(client, layout, SETTINGS, election, progress=view, reread_s=3600)
     try:
         first = await orchestrator.cycle()
@@ -81,14 +87,7 @@ async def test_idle_ticks_read_nothing_and_a_watched_change_reads_once(client: C
 
 
 async def test_the_safety_reread_bounds_how_long_a_reading_is_trusted(client: CountingClient) -> None:
-    layout = Layout(f"/upr/{uuid.uuid4().hex[:8]}")
-    await join_settings(client, layout, SETTINGS)
-    node = Membership(client, layout, "a", "http://a", ttl=10)
-    await node.join()
-    election = Election(client, layout, "a", node.lease)
-    await election.campaign()
-    view = ProgressView(layout)
-    view.reset([], 1)
+    layout, node, election, view = await _elected(client)
     now = [0.0]
     orchestrator = Orchestrator(client, layout, SETTINGS, election, progress=view, reread_s=5.0,
                                 clock=lambda: now[0])
