@@ -45,6 +45,16 @@ def _three_writes_to_partition_0(engine: Engine) -> None:
     key = next(f"k{i}" for i in range(1000) if engine.partition_of(f"k{i}") == 0)
     for i in range(3):
         engine.write(WriteOp(Op.MUTATION, key, b"v%d" % i))
+
+
+def _source_acked_by_b(client: EtcdClient, layout: Layout, engine: Engine, held: dict[str, int],
+                       **options: float) -> tuple[HandoverParticipant, list]:
+    """Node "a" as a handover's source whose target "b" has acknowledged ``held["b"]`` of
+    partition 0 (read at each look), and the ack listeners it registered, for the test to call."""
+    listeners: list = []
+    node = HandoverParticipant(client, layout, engine, "a", acked=lambda n, p: held.get(n) if p == 0 else None,
+                               on_ack=lambda fn: listeners.append(fn) or (lambda: None), **options)
+    return node, listeners
 LIVE = frozenset({"a", "b", "c"})
 
 
@@ -135,10 +145,7 @@ async def test_a_source_whose_target_acknowledged_the_fence_switches_the_map_in_
     with _engine_of(tmp_path, "a") as engine:
         _three_writes_to_partition_0(engine)
         held = {"b": 2}  # the target acknowledged all but the last item so far
-        listeners = []
-        node = HandoverParticipant(client, layout, engine, "a", acked=lambda n, p: held.get(n) if p == 0 else None,
-                                   on_ack=lambda fn: listeners.append(fn) or (lambda: None), catch_up_items=0,
-                                   ack_wait_s=5.0)
+        node, listeners = _source_acked_by_b(client, layout, engine, held, catch_up_items=0, ack_wait_s=5.0)
         await client.put(store.record_key(0), json.dumps(Handover(0, "a", "b", kind="rebalance").to_json()).encode())
         published: list[tuple[bytes, int]] = []
         node.on_switched = lambda raw, revision: published.append((raw, revision))
@@ -245,10 +252,7 @@ async def test_an_acknowledgement_that_comes_late_still_lets_the_source_switch_t
     with _engine_of(tmp_path, "a") as engine:
         _three_writes_to_partition_0(engine)
         held = {"b": 2}
-        listeners = []
-        node = HandoverParticipant(client, layout, engine, "a", acked=lambda n, p: held.get(n) if p == 0 else None,
-                                   on_ack=lambda fn: listeners.append(fn) or (lambda: None), catch_up_items=8,
-                                   ack_wait_s=0.05)
+        node, listeners = _source_acked_by_b(client, layout, engine, held, catch_up_items=8, ack_wait_s=0.05)
         await client.put(store.record_key(0), json.dumps(Handover(0, "a", "b", kind="rebalance").to_json()).encode())
         await node.load()
         await node.follow(MAP)
@@ -279,10 +283,8 @@ async def test_the_fence_waits_briefly_for_the_target_to_come_within_a_handful_o
     with _engine_of(tmp_path, "a") as engine:
         _three_writes_to_partition_0(engine)
         held = {"b": 1}
-        listeners = []
-        node = HandoverParticipant(client, layout, engine, "a", acked=lambda n, p: held.get(n) if p == 0 else None,
-                                   on_ack=lambda fn: listeners.append(fn) or (lambda: None), catch_up_items=256,
-                                   settle_items=1, settle_wait_s=10.0, ack_wait_s=5.0)
+        node, listeners = _source_acked_by_b(client, layout, engine, held, catch_up_items=256, settle_items=1,
+                                             settle_wait_s=10.0, ack_wait_s=5.0)
         await client.put(store.record_key(0), json.dumps(Handover(0, "a", "b").to_json()).encode())
         await node.load()
         await node.follow(MAP)
