@@ -29,6 +29,7 @@ from app import api_docs, problems, ui
 from app.auth import TokenTable
 from app.limits import BodyLimit, BodyTooLarge
 from app.metrics import Metrics, MetricsMiddleware
+from app.stream.rawframes import RawSendScope
 from app.models import BulkItem
 from app.problems import PROBLEM_MEDIA_TYPE
 from app.routes import admin, bulk, cluster, docs, handover, health, partitions, rebalance, stream_status, status
@@ -150,6 +151,8 @@ def create_app(
     app.add_exception_handler(BodyTooLarge, _body_too_large)  # type: ignore[arg-type]
     app.add_middleware(BodyLimit, limit=settings.max_request_bytes)
     app.add_middleware(MetricsMiddleware, metrics=app.state.metrics)
+    # outermost: stream connections write their frames to the transport directly (rawframes.py)
+    app.add_middleware(RawSendScope)
     modules = (health, bulk, docs, status, partitions, stream_status, cluster, handover, rebalance, admin)
     for module in modules:
         # Added flat rather than with include_router: FastAPI's included-router matching cost

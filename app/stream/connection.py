@@ -55,6 +55,7 @@ from app.stream.cursor import PartitionCursor
 from app.stream.hub import ChangeHub
 from app.stream.outbox import Outbox
 from app.stream.passes import PassSender
+from app.stream.rawframes import RawFrames
 from app.streams_registry import ConnectionStatus, PartitionStreamStatus
 from engine.protocol import messages as M
 from engine.protocol.errors import CloseCode
@@ -186,7 +187,7 @@ class StreamConnection(PassSender):
         #: everything sent goes through the outbox (control replies queued by the reader, the
         #: sender's markers and batches, bundling when the client accepts bundles)
         self.outbox = Outbox(ws, self.session, bundle_bytes=limits.bundle_bytes, on_bytes=on_bytes,
-                             on_delivery=on_delivery)
+                             on_delivery=on_delivery, raw=RawFrames.of(getattr(ws, "scope", {})))
 
     @property
     def name(self) -> str:

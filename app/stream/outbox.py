@@ -12,6 +12,11 @@ Every frame is counted against the consumer's flow-control window as it is hande
 (``ServerSession.sent``); bundled parts are counted when added, so ``can_send`` sees them.
 ``send_since`` is when the send in progress began (None between sends): a send the socket does
 not take is a consumer that does not drain, which cursor dropping acts on.
+
+With ``raw`` (``app.stream.rawframes``) a message is framed here and written to the transport
+directly whenever the transport takes writes, and a shared pass's parts are written as they are,
+uncopied; otherwise (the transport paused, a server other than uvicorn's sans-I/O protocol) it
+goes through ASGI, which waits for the transport to drain.
 """
 from __future__ import annotations
 
@@ -22,15 +27,18 @@ from collections.abc import Callable
 from typing import Any
 
 from engine.protocol import messages as M
-from engine.protocol.bundle import Bundler, bundle_of_encoded, encode_parts
+from app.stream.rawframes import RawFrames
+from engine.protocol.binary_header import HEADER
+from engine.protocol.bundle import BUNDLE, Bundler, encode_parts
 
 __all__ = ["Outbox", "control_text"]
 
 
 class Outbox:
     def __init__(self, ws: Any, session: Any, *, bundle_bytes: int, on_bytes: Callable[[int], None],
-                 on_delivery: Callable[[float], None]) -> None:
+                 on_delivery: Callable[[float], None], raw: RawFrames | None = None) -> None:
         self.ws = ws
+        self._raw = raw
         self.session = session
         self.bytes_sent = 0
         #: when the send in progress began; None while no send is in progress
@@ -125,12 +133,19 @@ class Outbox:
         window has room and nothing is pending in the bundle.  ``notified``: when the changes it
         delivers were notified (observed once it is sent)."""
         controls = [control_text(m) for m in self._control]
-        size = sum(map(len, encoded))
+        size = HEADER.size + sum(map(len, encoded))
         tail = encode_parts(controls) if controls else b""
         if controls and size + len(tail) <= self._bundle_bytes:
             self._control.clear()
             encoded, count = [*encoded, tail], count + len(controls)
-        await self.transmit(bundle_of_encoded(count, *encoded))
+            size += len(tail)
+        parts = [BUNDLE.pack_header(0, 0, count), *encoded]
+        raw = self._raw
+        if raw is not None and raw.ready():
+            raw.write_parts(parts, size)  # the shared parts go to the socket as they are
+            self._sent(size, 0)
+        else:
+            await self.transmit(b"".join(parts))
         await self.flush_control()  # what did not fit (or was queued meanwhile) follows
         if notified:
             now = time.monotonic()
@@ -155,13 +170,19 @@ class Outbox:
     async def transmit(self, data: str | bytes, counted: int = 0) -> None:
         """Send one WebSocket message; ``counted`` of its bytes were already counted against the
         window (bundled parts are counted as they are added)."""
-        self.send_since = time.monotonic()
-        if isinstance(data, str):
-            await self.ws.send_text(data)  # pure ASCII: len(text) is the byte count acknowledged
+        raw = self._raw
+        if raw is not None and raw.ready():
+            raw.write(data)
         else:
-            await self.ws.send_bytes(data)
-        self.send_since = None
-        size = len(data)
+            self.send_since = time.monotonic()
+            if isinstance(data, str):
+                await self.ws.send_text(data)  # pure ASCII: len(text) is the byte count acknowledged
+            else:
+                await self.ws.send_bytes(data)
+            self.send_since = None
+        self._sent(len(data), counted)
+
+    def _sent(self, size: int, counted: int) -> None:
         self.session.sent(size - counted)
         self.bytes_sent += size
         self._on_bytes(size)
