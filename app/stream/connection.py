@@ -59,7 +59,7 @@ from app.stream.rawframes import RawFrames
 from app.streams_registry import ConnectionStatus, PartitionStreamStatus
 from engine.protocol import messages as M
 from engine.protocol.errors import CloseCode
-from engine.protocol.session import Close, LookupPartitions, LookupStream, ServerSession
+from engine.protocol.session import REPLICATION_PREFIX, Close, LookupPartitions, LookupStream, ServerSession
 
 log = logging.getLogger("upr.stream")
 
@@ -338,6 +338,7 @@ class StreamConnection(PassSender):
             out = pending.popleft()
             if isinstance(out, LookupPartitions):
                 self._take_ceiling()
+                self._take_pacing()
                 infos = await self._read(_partition_infos, self.engine, out.partitions)
                 pending.extendleft(reversed(self.session.partitions_info(infos)))
             elif isinstance(out, LookupStream):
@@ -354,6 +355,12 @@ class StreamConnection(PassSender):
         self._ceiling_of = self._ceilings.provider(hello.visibility)
         if self._ceiling_of is not None:
             self._ceilings.subscribe(self)
+
+    def _take_pacing(self) -> None:
+        """Hello accepted: a replication stream is woken at once, never paced (hub.py)."""
+        hello = self.session.hello
+        if hello is not None and hello.name.startswith(REPLICATION_PREFIX):
+            self.hub.set_prompt(self)
 
     def ceiling_advanced(self, partitions: frozenset[int]) -> None:
         """``VisibleCeilings`` subscriber (event loop): tell the session the new ceilings; a

@@ -13,7 +13,10 @@ whatever the write rate, and the callback hands the set of changed partitions to
 subscriber.
 
 On a busy loop the hub gathers a few milliseconds of changes before waking the streams
-(``app.stream.pacing``): fewer, fuller passes, never a held write on an idle loop.
+(``app.stream.pacing``): fewer, fuller passes, never a held write on an idle loop.  Replication
+connections are *prompt* subscribers (``set_prompt``): never paced and not counted for pacing,
+because a replica's position gates majority acknowledgements (a held wake-up is added to every
+majority write's latency) and a node's few replication streams are not what loads its loop.
 
 Ordering (needed by barrier cookies): the callback is scheduled before ``Engine.write`` returns,
 hence before the writer's HTTP acknowledgement, hence before a consumer that saw that
@@ -55,6 +58,9 @@ class ChangeHub:
         self.pacer = pacer if pacer is not None else WakePacer()
         self._release_timer: asyncio.TimerHandle | None = None
         self._subscribers: set[Subscriber] = set()
+        #: the subparts of ``_subscribers``: woken through the pacer, or always at once
+        self._paced: set[Subscriber] = set()
+        self._prompt: set[Subscriber] = set()
         #: encoded tail snapshots shared by the connections (see tailcache.py)
         self.cache = TailCache()
         #: encoded readings of the write queue for shared passes (see shared.py); None: none
@@ -69,28 +75,41 @@ class ChangeHub:
 
     # ---------------------------------------------------------------- event loop
     def _deliver(self, dirty: frozenset[int]) -> None:
-        now = self.pacer.offer(dirty, self._changes.delay, len(self._subscribers))
+        if self._prompt:
+            self._fan_out(self._prompt, dirty)
+        now = self.pacer.offer(dirty, self._changes.delay, len(self._paced))
         if now is None:
             if self._release_timer is None:
                 self._release_timer = self._loop.call_later(self.pacer.gather_s, self._release)
             return
-        self._fan_out(now)
+        self._fan_out(self._paced, now)
 
     def _release(self) -> None:
         self._release_timer = None
         held = self.pacer.release()
         if held and not self._changes.closed:
-            self._fan_out(held)
+            self._fan_out(self._paced, held)
 
-    def _fan_out(self, dirty: frozenset[int]) -> None:
-        for subscriber in tuple(self._subscribers):
+    @staticmethod
+    def _fan_out(subscribers: set[Subscriber], dirty: frozenset[int]) -> None:
+        for subscriber in tuple(subscribers):
             subscriber.notify(dirty)
 
-    def subscribe(self, subscriber: Subscriber) -> None:
+    def subscribe(self, subscriber: Subscriber, *, prompt: bool = False) -> None:
+        """``prompt``: always woken at once, and not counted for pacing (see ``set_prompt``)."""
         self._subscribers.add(subscriber)
+        (self._prompt if prompt else self._paced).add(subscriber)
+
+    def set_prompt(self, subscriber: Subscriber) -> None:
+        """``subscriber`` turned out to be a replication stream (its hello): never paced from now on."""
+        if subscriber in self._subscribers:
+            self._paced.discard(subscriber)
+            self._prompt.add(subscriber)
 
     def unsubscribe(self, subscriber: Subscriber) -> None:
         self._subscribers.discard(subscriber)
+        self._paced.discard(subscriber)
+        self._prompt.discard(subscriber)
 
     @property
     def subscribers(self) -> Iterable[Subscriber]:

@@ -13,15 +13,16 @@ how long its delivery callback waited in the loop's queue (``CoalescedPartitions
 first change of the burst to the callback running).  A short wait means the loop is idle: the
 changes are delivered at once, so a lone write is never held.  A wait of ``busy_after_s`` or more
 means the loop already has a queue, and if at least ``min_subscribers`` connections wait for
-changes (the per-write cost grows with them; a replica or a lone tailing consumer is never paced)
-the changes are gathered for ``gather_s`` (with any that
+changes (the per-write cost grows with them; a lone tailing consumer is never paced) the changes
+are gathered for ``gather_s`` (with any that
 arrive meanwhile) and delivered together, so each connection's pass carries several writes in one
 message.  The added delay is bounded by ``gather_s``, and it only happens when the loop's own
 queueing is at least ``busy_after_s`` already.
 
 Only the wake-up is deferred, never what a stream may send: a visit still reads the partition's
 state when it begins, and barrier cookies draw a visit of every stream themselves, so order,
-snapshots and barriers are as without pacing.  Pure logic (no clock, no loop): the hub owns the
+snapshots and barriers are as without pacing.  Replication streams are neither paced nor counted
+here: the hub wakes them at once (``ChangeHub.set_prompt``).  Pure logic (no clock, no loop): the hub owns the
 timer.
 """
 from __future__ import annotations

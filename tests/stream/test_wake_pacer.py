@@ -79,3 +79,54 @@ async def test_the_hub_gathers_changes_on_a_busy_loop_and_delivers_them_together
         await asyncio.sleep(0.005)
     assert got == [frozenset({2, 3})] * 8
     hub.close()
+
+
+async def test_replication_streams_are_woken_at_once_and_not_counted_for_pacing() -> None:
+    import asyncio
+    import time
+
+    from app.stream.hub import ChangeHub
+
+    listeners: list[object] = []
+
+    def add_listener(cb: object) -> object:
+        listeners.append(cb)
+        return lambda: listeners.remove(cb)
+
+    hub = ChangeHub(add_listener, asyncio.get_running_loop(), pacer=WakePacer(busy_after_s=0.2, gather_s=1.0))
+    got: dict[str, list[frozenset[int]]] = {"consumer": [], "replica": []}
+
+    class Sub:
+        def __init__(self, kind: str) -> None:
+            self.kind = kind
+
+        def notify(self, partitions: frozenset[int]) -> None:
+            got[self.kind].append(partitions)
+
+    consumers = [Sub("consumer") for _ in range(7)]
+    replicas = [Sub("replica") for _ in range(3)]
+    for sub in (*consumers, *replicas):
+        hub.subscribe(sub)
+    for replica in replicas:
+        hub.set_prompt(replica)  # their hello named them replication streams
+    mark = listeners[0]
+
+    async def busy_delivery(p: int) -> None:
+        mark(p)  # type: ignore[operator]
+        time.sleep(0.25)  # the loop is busy: the delivery callback waits behind this
+        for _ in range(3):
+            await asyncio.sleep(0)
+
+    await busy_delivery(1)
+    # 7 paced consumers (replicas not counted) are below min_subscribers: nobody is held
+    assert got == {"consumer": [frozenset({1})] * 7, "replica": [frozenset({1})] * 3}
+    hub.subscribe(Sub("consumer"))  # the eighth consumer: pacing applies to the consumers only
+    got = {"consumer": [], "replica": []}
+    await busy_delivery(2)
+    assert got == {"consumer": [], "replica": [frozenset({2})] * 3}
+    deadline = time.monotonic() + 5
+    while not got["consumer"] and time.monotonic() < deadline:
+        await asyncio.sleep(0.005)
+    assert got["consumer"] == [frozenset({2})] * 8
+    hub.unsubscribe(replicas[0])
+    hub.close()
