@@ -165,7 +165,10 @@ async def open_stream(conn: dict[str, Any], start: Start, ident: int) -> AsyncIt
     from engine.protocol.bundle import BUNDLE_MAGIC, PART_BINARY, bundle_spans
     from engine.protocol.frames import live_values
 
-    async with websockets.connect(conn["ws_url"], max_size=None, compression=None) as ws:
+    # open_timeout: with 200 consumers connecting at once on a loaded machine the server's loop
+    # answers the upgrades behind every other consumer's stream requests (websockets' default is
+    # 10 s); the suite measures lag once every consumer is connected, not how fast they connect
+    async with websockets.connect(conn["ws_url"], max_size=None, compression=None, open_timeout=120) as ws:
         await ws.send(m.encode(m.Hello(name=f"bench-{ident}", codec=m.Codec.BINARY, window_bytes=WINDOW,
                                         bundle=True)))
         logs = m.decode_server_message(await ws.recv())
