@@ -167,8 +167,11 @@ async def open_stream(conn: dict[str, Any], start: Start, ident: int) -> AsyncIt
 
     # open_timeout: with 200 consumers connecting at once on a loaded machine the server's loop
     # answers the upgrades behind every other consumer's stream requests (websockets' default is
-    # 10 s); the suite measures lag once every consumer is connected, not how fast they connect
-    async with websockets.connect(conn["ws_url"], max_size=None, compression=None, open_timeout=120) as ws:
+    # 10 s); the suite measures lag once every consumer is connected, not how fast they connect.
+    # No client keepalive: a consumer seconds behind reads the server's pong only after the data
+    # queued before it, and websockets would close the connection (1011) after 20 s of that
+    async with websockets.connect(conn["ws_url"], max_size=None, compression=None, open_timeout=120,
+                                  ping_interval=None) as ws:
         await ws.send(m.encode(m.Hello(name=f"bench-{ident}", codec=m.Codec.BINARY, window_bytes=WINDOW,
                                         bundle=True)))
         logs = m.decode_server_message(await ws.recv())
