@@ -86,7 +86,10 @@ class UprSystem(System):
             [sys.executable, "-m", "app.cli", "server", "--data-dir", str(base / "data"), "--host", "127.0.0.1",
              "--port", "0", "--ready-file", str(ready), "--log-level", "warning",
              # every consumer connects from 127.0.0.1: fan-out beyond the default per-client limit (100)
-             "--stream-max-connections-per-client", "1000"],
+             "--stream-max-connections-per-client", "1000",
+             # a consumer many seconds behind reads the server's ping only after the data queued
+             # before it: the suite measures that lag, so the dead-peer check must not end it
+             "--ws-ping-timeout-s", "600"],
             name="upr", log=log, cwd=_REPO,
         )
         deadline = time.monotonic() + 60
