@@ -26,8 +26,8 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any
 
-from engine.protocol import messages as M
 from app.stream.rawframes import RawFrames
+from engine.protocol import messages as M
 from engine.protocol.binary_header import HEADER
 from engine.protocol.bundle import BUNDLE, Bundler, encode_parts
 
