@@ -22,13 +22,18 @@ cluster: $(STAMP)
 	$(BIN)/python -m app.cluster.local
 
 # tests.ui.browser installs Debian's chromium for the console's browser tests when missing (as root)
-# Two pytest workers, each taking whole test files (module fixtures such as a cluster stay in one
-# process): the end-to-end tests spend most of their time waiting on real processes.  Files go out
+# Three pytest workers on two cores, each taking whole test files (module fixtures such as a cluster
+# stay in one process): the end-to-end tests spend much of their time waiting on real processes
+# (lease expiries, node starts), and a third worker fills that time.  Files go out
 # in the order tests/conftest.py sorts them, longest first (docs/testing.md, "Suite time").
+# The suite starts hundreds of Python processes (nodes, CLI commands, Spark's workers); compiling
+# the project's modules once here spares each of them compiling from source where the environment
+# sets PYTHONDONTWRITEBYTECODE (as this machine's does).
 test: $(STAMP)
 	$(BIN)/lint-imports
+	$(BIN)/python -m compileall -q app engine clients spark_connector tests bench
 	$(BIN)/python -m tests.ui.browser
-	$(BIN)/python -m pytest -n 2 --dist loadfile --no-loadscope-reorder
+	$(BIN)/python -m pytest -n 3 --dist loadfile --no-loadscope-reorder
 
 # Full size, by hand (several minutes); installs the peers' Debian packages and Python clients if missing.
 bench: $(STAMP)

@@ -10,7 +10,7 @@ import httpx
 
 from engine.core.keys import encode_key, partition_for_key
 from tests.support.net import free_port
-from tests.support.server import ServerProcess, start_server
+from tests.support.server import ServerProcess, spawn_server
 
 
 #: the nodes' lease TTL unless a test says otherwise.  A node renews every third of it, so it
@@ -41,11 +41,21 @@ class Cluster:
                 "--cluster-initial-nodes", str(self.initial_nodes), "--flush-interval-ms", "2", *self.extra_args]
 
     def start(self, name: str) -> ServerProcess:
-        port = free_port()
-        node = start_server(self.workdir / name, data_dir=self.workdir / name / "data", partitions=self.partitions,
-                            args=self.args(name, port), timeout=60, tokens=self.tokens, env=self.env)
-        self.nodes[name] = node
-        return node
+        return self.start_all([name])[0]
+
+    def start_all(self, names: Iterable[str]) -> list[ServerProcess]:
+        """Start the nodes side by side and wait for each: a node's start is mostly its imports, and
+        a cluster's nodes need not take turns for them.  Each is in ``nodes`` from its spawn on, so
+        ``stop_all`` reaps a node that never got ready."""
+        spawned = []
+        for name in names:
+            port = free_port()
+            started = spawn_server(self.workdir / name, data_dir=self.workdir / name / "data",
+                                   partitions=self.partitions, args=self.args(name, port), tokens=self.tokens,
+                                   env=self.env)
+            self.nodes[name] = started.server
+            spawned.append(started)
+        return [started.wait_ready(timeout=60) for started in spawned]
 
     def stop_all(self) -> None:
         for node in self.nodes.values():
@@ -97,8 +107,7 @@ def started_in_sync(cluster: "Cluster", names: Iterable[str], keys: Iterable[str
     """``names`` started, the first map placed, ``keys`` written through it, every replica in
     sync: the first map's view."""
     names = list(names)
-    for name in names:
-        cluster.start(name)
+    cluster.start_all(names)
     view = first_map(cluster, names[0])
     keys = list(keys)
     if keys:

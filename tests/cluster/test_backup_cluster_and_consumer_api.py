@@ -288,9 +288,8 @@ def test_restore_through_a_sigkill_of_an_active_loses_nothing(tmp_path: Path, cl
     active for (restore's fast path): that batch may never have reached the replica that takes
     over.  The partition is written again from its first batch on its new active and ends with a
     ``persist_majority`` batch; the restored cluster equals the archive, key by key."""
-    for name in ("n1", "n2", "n3"):  # an earlier test may have killed one: back as an empty member
-        if name not in cluster.live():
-            cluster.start(name)
+    # an earlier test may have killed one: back as an empty member
+    cluster.start_all([name for name in ("n1", "n2", "n3") if name not in cluster.live()])
     view = until(lambda: (lambda v: v if all(n["state"] == "up" for n in v["nodes"]) and placed(v)
                           and len(v["nodes"]) == 3 else None)(cluster.view(cluster.live()[0])),
                  what="three live nodes")

@@ -77,8 +77,7 @@ def test_a_real_node_reports_the_map_it_follows(tmp_path: Path, etcd: EtcdProces
     cluster = Cluster(tmp_path, etcd.url, partitions=8, replicas=1, initial_nodes=2,
                       prefix=f"/upr/{uuid.uuid4().hex[:8]}")
     try:
-        for name in ("n1", "n2"):
-            cluster.start(name)
+        cluster.start_all(("n1", "n2"))
         current = first_map(cluster, "n1")
         write_routed(cluster, current, [f"k{i}" for i in range(40)], "v")
         until(lambda: replicas_caught_up(cluster), what="every replica in sync")

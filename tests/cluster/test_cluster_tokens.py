@@ -21,8 +21,7 @@ def test_replicas_authenticate_and_a_reader_cannot_replicate(tmp_path: Path, etc
     cluster = Cluster(tmp_path, etcd.url, partitions=8, replicas=1, initial_nodes=2,
                       prefix=f"/upr/{uuid.uuid4().hex[:8]}", tokens=TOKENS, env={"UPR_CLUSTER_TOKEN": "node-secret"})
     try:
-        for name in ("n1", "n2"):
-            cluster.start(name)
+        cluster.start_all(("n1", "n2"))
         view = until(lambda: (v := cluster.view("n1")) and placed(v) and v, what="the first map")
         urls = {n["name"]: n["url"] for n in view["nodes"]}
         admin = {"Authorization": "Bearer node-secret"}

@@ -166,8 +166,7 @@ def test_consumer_follows_the_map_through_a_node_fault(tmp_path: Path, etcd: Etc
     cluster = Cluster(tmp_path, etcd.url, partitions=PARTS, replicas=1, initial_nodes=3,
                       prefix=f"/upr/{uuid.uuid4().hex[:8]}")
     try:
-        for name in ("n1", "n2", "n3"):
-            cluster.start(name)
+        cluster.start_all(("n1", "n2", "n3"))
         view = first_map(cluster, "n1")
         first_urls = [cluster.nodes[n].url for n in ("n1", "n2", "n3")]
         theirs = asyncio.run(_scenario(cluster, view, tmp_path, fault))
@@ -338,8 +337,7 @@ def test_cluster_barrier_covers_every_write_acknowledged_before_it(tmp_path: Pat
     cluster = Cluster(tmp_path, etcd.url, partitions=PARTS, replicas=1, initial_nodes=3, lease_ttl_s=6,
                       prefix=f"/upr/{uuid.uuid4().hex[:8]}")
     try:
-        for name in ("n1", "n2", "n3"):
-            cluster.start(name)
+        cluster.start_all(("n1", "n2", "n3"))
         view = first_map(cluster, "n1")
         asyncio.run(_barriers(cluster, view))
     finally:

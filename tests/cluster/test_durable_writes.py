@@ -26,8 +26,7 @@ def test_majority_writes_wait_for_the_replica_and_are_ambiguous_while_it_is_paus
     cluster = Cluster(tmp_path, etcd.url, partitions=8, replicas=1, initial_nodes=2, lease_ttl_s=30,
                       prefix=f"/upr/{uuid.uuid4().hex[:8]}")
     try:
-        for name in ("n1", "n2"):
-            cluster.start(name)
+        cluster.start_all(("n1", "n2"))
         view = first_map(cluster, "n1")
         until(lambda: replicas_caught_up(cluster), what="every replica in sync")
         p = next(e["partition"] for e in view["map"]["partitions"] if e["active"] == "n1")

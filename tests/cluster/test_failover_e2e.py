@@ -57,8 +57,7 @@ def test_sigkill_of_an_active_node_fails_over_without_losing_in_sync_writes(tmp_
     cluster = Cluster(tmp_path, etcd.url, partitions=16, replicas=1, initial_nodes=3,
                       prefix=f"/upr/{uuid.uuid4().hex[:8]}")
     try:
-        for name in ("n1", "n2", "n3"):
-            cluster.start(name)
+        cluster.start_all(("n1", "n2", "n3"))
         view = first_map(cluster, "n1")
         actives = {p["active"] for p in view["map"]["partitions"]}
         assert actives == {"n1", "n2", "n3"}, actives  # a cluster started at once begins balanced

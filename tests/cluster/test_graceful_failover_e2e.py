@@ -92,8 +92,7 @@ def test_graceful_failover_moves_every_active_partition_without_losing_a_write(
                       prefix=f"/upr/{uuid.uuid4().hex[:8]}")
     writer = None
     try:
-        for name in ("n1", "n2", "n3"):
-            cluster.start(name)
+        cluster.start_all(("n1", "n2", "n3"))
         view = first_map(cluster, "n1")
         n1, n2 = cluster.nodes["n1"].url, cluster.nodes["n2"].url
         owned = [e["partition"] for e in view["map"]["partitions"] if e["active"] == "n1"]

@@ -153,8 +153,7 @@ def one_round(workdir: Path, etcd: EtcdProcess, seed: int) -> None:
     cluster = Cluster(workdir, etcd.url, partitions=PARTITIONS, replicas=1, initial_nodes=3,
                       prefix=f"/upr/{uuid.uuid4().hex[:8]}", extra_args=["--replica-replace-after-s", "1"])
     try:
-        for name in NODES:
-            cluster.start(name)
+        cluster.start_all(NODES)
         view = first_map(cluster, "n1")
         until(lambda: replicas_caught_up(cluster), what="every replica in sync")
         victim = rng.choice(NODES)

@@ -46,8 +46,7 @@ async def test_a_majority_consumer_gets_nothing_a_paused_replica_does_not_hold(
     cluster = Cluster(tmp_path, etcd.url, partitions=PARTITIONS, replicas=1, initial_nodes=2, lease_ttl_s=30,
                       prefix=f"/upr/{uuid.uuid4().hex[:8]}")
     try:
-        for name in ("n1", "n2"):
-            cluster.start(name)
+        cluster.start_all(("n1", "n2"))
         view = first_map(cluster, "n1")
         until(lambda: replicas_caught_up(cluster), what="every replica in sync")
         p = next(e["partition"] for e in view["map"]["partitions"] if e["active"] == "n1")

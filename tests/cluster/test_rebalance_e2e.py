@@ -142,8 +142,7 @@ def test_rebalance_two_to_three_to_two_nodes_loses_nothing_and_forks_nothing(
                       prefix=f"/upr/{uuid.uuid4().hex[:8]}")
     writer = tail = None
     try:
-        cluster.start("n1")
-        cluster.start("n2")
+        cluster.start_all(["n1", "n2"])
         view = first_map(cluster, "n1")
         n1, n2 = cluster.nodes["n1"].url, cluster.nodes["n2"].url
         servers = f"{n1},{n2}"

@@ -36,8 +36,7 @@ def test_a_killed_node_restarted_within_the_grace_rolls_back_every_copy_it_held(
     cluster = Cluster(tmp_path, etcd.url, partitions=PARTITIONS, replicas=1, initial_nodes=3, lease_ttl_s=LEASE_TTL_S,
                       prefix=f"/upr/{uuid.uuid4().hex[:8]}")
     try:
-        for name in ("n1", "n2", "n3"):
-            cluster.start(name)
+        cluster.start_all(("n1", "n2", "n3"))
         view = first_map(cluster, "n1")
         keys = [f"doc-{i}" for i in range(300)]
         write_routed(cluster, view, keys, "v1")

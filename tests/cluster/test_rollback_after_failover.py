@@ -77,8 +77,7 @@ def test_a_consumer_rolls_back_to_the_promotion_seqno_after_the_active_dies(tmp_
     cluster = Cluster(tmp_path, etcd.url, partitions=PARTS, replicas=1, initial_nodes=3, lease_ttl_s=10,
                       prefix=f"/upr/{uuid.uuid4().hex[:8]}")
     try:
-        for name in ("n1", "n2", "n3"):
-            cluster.start(name)
+        cluster.start_all(("n1", "n2", "n3"))
         view = first_map(cluster, "n1")
         entry = next(e for e in view["map"]["partitions"] if e["active"] == "n1")
         p, active, replica = entry["partition"], "n1", entry["replicas"][0]["node"]

@@ -29,8 +29,7 @@ def test_document_commands_follow_the_map_from_any_node(tmp_path: Path, etcd: Et
     cluster = Cluster(tmp_path, etcd.url, partitions=8, replicas=1, initial_nodes=2,
                       prefix=f"/upr/{uuid.uuid4().hex[:8]}")
     try:
-        for name in ("n1", "n2"):
-            cluster.start(name)
+        cluster.start_all(("n1", "n2"))
         view = first_map(cluster, "n1")
         n1, n2 = cluster.nodes["n1"].url, cluster.nodes["n2"].url
         refused = f"http://127.0.0.1:{free_port()}"  # nothing listens there

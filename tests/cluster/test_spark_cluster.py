@@ -61,8 +61,7 @@ def test_indexer_reads_a_cluster_through_a_node_failure(spark, tmp_path: Path, e
     cluster = Cluster(tmp_path, etcd.url, partitions=PARTS, replicas=1, initial_nodes=3,
                       prefix=f"/upr/{uuid.uuid4().hex[:8]}")
     try:
-        for name in ("n1", "n2", "n3"):
-            cluster.start(name)
+        cluster.start_all(("n1", "n2", "n3"))
         view = first_map(cluster, "n1")
         rng = random.Random(3)
         live: set[str] = set()

@@ -116,6 +116,37 @@ def start_server(
     ``args`` are extra flags, ``env`` extra environment (the caller's ``UPR_*`` are dropped),
     ``tokens`` maps token -> role and is written to a tokens file; the first admin token becomes
     ``headers``.  Files live in ``workdir`` (``server-N.log``, ``server-N.url``)."""
+    return spawn_server(workdir, data_dir=data_dir, partitions=partitions, args=args, env=env,
+                        tokens=tokens).wait_ready(timeout)
+
+
+@dataclass
+class SpawnedServer:
+    """A server process started but not yet known to be ready: several of them start side by side
+    (a cluster's nodes), each then waited for."""
+
+    server: ServerProcess
+    ready_file: Path
+
+    def wait_ready(self, timeout: float = 30.0) -> ServerProcess:
+        try:
+            self.server.url = wait_for_url(self.server.proc, self.ready_file, self.server.log_path, timeout)
+        except RuntimeError:
+            self.server.kill()  # wait_for_url only signals it; reap it before the test fails
+            raise
+        return self.server
+
+
+def spawn_server(
+    workdir: Path,
+    *,
+    data_dir: Path | None = None,
+    partitions: int = 8,
+    args: Sequence[str] = (),
+    env: Mapping[str, str] | None = None,
+    tokens: Mapping[str, str] | None = None,
+) -> SpawnedServer:
+    """``start_server`` without the wait: the process runs, its URL is not known yet."""
     workdir.mkdir(parents=True, exist_ok=True)
     n = len(list(workdir.glob("server-*.log")))
     data_dir = data_dir or workdir / "data"
@@ -135,10 +166,4 @@ def start_server(
     full_env = {**server_env(), **(env or {})}
     with open(log_path, "wb") as log:
         proc = subprocess.Popen(cmd, cwd=ROOT, env=full_env, stdout=log, stderr=subprocess.STDOUT)
-    server = ServerProcess("", proc, data_dir, log_path, headers)
-    try:
-        server.url = wait_for_url(proc, ready_file, log_path, timeout)
-    except RuntimeError:
-        server.kill()  # wait_for_url only signals it; reap it before the test fails
-        raise
-    return server
+    return SpawnedServer(ServerProcess("", proc, data_dir, log_path, headers), ready_file)
