@@ -394,6 +394,7 @@ class ClusterNode:
             # here by ``until_active``) until it does, the other changes cost no one a pause
             ordered = sorted(changes(pmap, self.name, states),
                              key=lambda c: not (c.change is Change.PROMOTE and self.handover.takes_over(c.partition)))
+            staged = False  # a takeover's stored state waits for the end of the pass (``take_over``)
             for change in ordered:
                 if self.fenced:  # stalled past the lease meanwhile: nothing becomes active now
                     break
@@ -402,11 +403,13 @@ class ClusterNode:
                 self._fenced_actives.discard(p)
                 if change.change is Change.PROMOTE and self.handover.takes_over(p):
                     started = time.monotonic()
-                    await asyncio.to_thread(engine.take_over, p)
+                    # active in memory only: the held writes go now, the state commit after them
+                    await asyncio.to_thread(engine.take_over, p, commit=False)
+                    staged = True
                     self.handover.taken_over_soon(p)
                     revision, arrived = self._map_arrived
                     now = time.monotonic()
-                    # the wait to follow the map, then the engine's own step (a state commit)
+                    # the wait to follow the map, then the engine's own step (in memory; its commit follows)
                     after = (f", {(now - arrived) * 1000:.0f} ms after the map came, "
                              f"{(now - started) * 1000:.0f} ms of them in take_over") if revision == pmap.revision else ""
                     log.warning("node %s: partition %d taken over as active (map revision %d%s), failover log kept",
@@ -430,6 +433,8 @@ class ClusterNode:
                     await asyncio.to_thread(engine.set_state, p, PartitionState.DEAD)
                 if self.fenced and engine.state(p) is PartitionState.ACTIVE:  # fenced while it ran
                     await asyncio.to_thread(self._fence, p)
+            if staged:  # one commit for the pass's takeovers, unless a flush carried them already
+                await asyncio.to_thread(engine.commit_states)
             if not self.fenced:
                 await self.handover.follow(pmap)
             self.durable.follow_map(pmap)
