@@ -148,7 +148,7 @@ class _Probes:
                     if p in self.first_refused:
                         self.pauses[p] = max(self.pauses.get(p, 0.0), now - self.first_refused.pop(p))
                         if self.phases is not None:
-                            self.phases.probe_accepted(p, now)
+                            self.phases.probe_accepted(p, now, sent)
                     n += 1
                     break
                 self.refused += 1
