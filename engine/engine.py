@@ -475,7 +475,7 @@ class Engine:
     def writes_stopped(self, partition: int) -> bool:
         return self._part(partition).writes_stopped
 
-    def take_over(self, partition: int, *, commit: bool = True) -> None:
+    def take_over(self, partition: int, *, commit: bool = True, wait: bool = True) -> bool:
         """Handover: replica ``partition`` becomes active keeping its failover log as is (the old
         active streamed it everything and stopped taking writes first; no new branch).
 
@@ -486,15 +486,25 @@ class Engine:
         leaves the replica's state with none of those writes on disk, or the active state.
         With ``commit=False`` the caller commits (``commit_states``) once it has let the
         waiting writes go; until then a crash restarts the copy as the replica it was, which a
-        cluster node resolves from the map anyway."""
+        cluster node resolves from the map anyway.
+
+        With ``wait=False`` nothing changes and False is returned when the writer lock is busy:
+        with ``commit=False`` the call never blocks on I/O, so an event loop may make it itself
+        and hop to a thread only when the lock is taken (a thread hop on a busy node costs more
+        than the takeover, see docs/benchmarks.md "Cluster")."""
         part = self._replica(partition)
-        with self._lock:
+        if not self._lock.acquire(blocking=wait):
+            return False
+        try:
             self._check_open()
             self._replica(partition)
             self._activate(part, failover_policy.TakenOver(), staged=True)
+        finally:
+            self._lock.release()
         self._notify((partition,))
         if commit:
             self.commit_states()
+        return True
 
     def commit_states(self) -> bool:
         """Commit the partition states ``take_over`` staged, unless a flush already carried them;

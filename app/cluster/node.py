@@ -6,8 +6,11 @@ What runs, all on the server's event loop, from the app's lifespan (``app.main``
 * **the orchestrator** (``app.cluster.orchestrator``): every node campaigns, one acts;
 * **the map watcher**: one watch of the cluster's prefix.  The replicas' progress reports, the
   most frequent change by far, are applied from the watch's events (``ProgressView``: read in
-  full only when the watch starts); any other change triggers a refresh (coalesced, so a burst
-  costs one) that reads the live nodes, the map and the orchestrator, then makes the engine
+  full only when the watch starts); a new map and the handover records are followed from their
+  events too (the event is the whole news: a takeover's pause pays for no read of etcd, and a
+  rebalance costs no full read per step on every node); any other change triggers a refresh
+  (coalesced, so a burst costs one) that reads the live nodes, the map and the orchestrator,
+  then makes the engine
   follow the newest map (``engine.cluster.roles``: promote, activate, become replica, retire)
   and starts or stops the replication streams (``app.cluster.replication``).  A map is only ever
   replaced by a newer revision: a watcher that reads an old one late does not go back.  The
@@ -133,6 +136,8 @@ class ClusterNode:
         #: keys that exist while partitions move (graceful failover, rebalance): their handovers
         #: wait for a replica's seqno, so every progress report matters to the orchestrator then
         self._moving_prefixes = (f"{root}/handover/".encode(), f"{root}/rebalance/request".encode())
+        #: handover records: the watch's events carry all a node follows of them (no refresh)
+        self._records_prefix = f"{root}/handover/partitions/".encode()
         #: keys the orchestrator's handover and rebalance drivers read (``ProgressView.saw``)
         self._move_prefixes = (f"{root}/handover/".encode(), f"{root}/rebalance/".encode())
         self.orchestrator: str | None = None
@@ -292,15 +297,20 @@ class ClusterNode:
                             view.notify()
                         continue
                     view.saw(move=key.startswith(self._move_prefixes))
-                    self.handover.apply_event(event)
-                    if event.kind == "put" and key == self.layout.map:
+                    record = self.handover.apply_event(event)
+                    is_map = event.kind == "put" and key == self.layout.map
+                    if is_map:
                         self._map_event(event.kv.value)
                     if key.startswith(self._moving_prefixes):
                         if event.kind == "delete":
                             moving.discard(key)
                         else:
                             moving.add(key)
-                    self._refresh_soon()
+                    if record:
+                        # the event is the news: follow it, without reading the cluster again
+                        self._follow_soon("handover record")
+                    elif not is_map and not key.startswith(self._records_prefix):
+                        self._refresh_soon()
                     view.notify()
             except EtcdError as exc:
                 outage.failed(exc)
@@ -315,21 +325,29 @@ class ClusterNode:
         try:
             new = PartitionMap.from_json(json.loads(raw))
         except (ValueError, KeyError, TypeError):
-            return  # the refresh reads it again and says what is wrong
-        if new.revision <= self.map.revision or new.num_partitions != self.config.partitions:
+            self._refresh_soon()  # reads it again and says what is wrong
+            return
+        if new.num_partitions != self.config.partitions:
+            self._refresh_soon()
+            return
+        if new.revision <= self.map.revision:
             return
         self.map = new
         self._map_arrived = (new.revision, time.monotonic())
         self.handover.map_seen(new)  # after ``self.map``: the writes it releases get 421s naming the new active
-        task = asyncio.create_task(self._follow_quietly(), name="cluster follow (map event)")
+        self._follow_soon("map event")
+
+    def _follow_soon(self, why: str) -> None:
+        task = asyncio.create_task(self._follow_quietly(), name=f"cluster follow ({why})")
         self._tasks.append(task)
         task.add_done_callback(lambda t: self._tasks.remove(t) if t in self._tasks else None)
 
     async def _follow_quietly(self) -> None:
         try:
             await self._follow()
-        except Exception:  # the refresh that follows the same event retries and logs it
-            log.debug("node %s: following a map event failed; the refresh retries", self.name, exc_info=True)
+        except Exception:  # a full refresh retries it (and logs what keeps failing)
+            log.debug("node %s: following a watched change failed; a refresh retries", self.name, exc_info=True)
+            self._refresh_soon()
 
     def _refresh_soon(self) -> None:
         self._stale = True
@@ -403,8 +421,10 @@ class ClusterNode:
                 self._fenced_actives.discard(p)
                 if change.change is Change.PROMOTE and self.handover.takes_over(p):
                     started = time.monotonic()
-                    # active in memory only: the held writes go now, the state commit after them
-                    await asyncio.to_thread(engine.take_over, p, commit=False)
+                    # active in memory only: the held writes go now, the state commit after them;
+                    # on this thread unless the writer lock is busy (no I/O, no wait)
+                    if not engine.take_over(p, commit=False, wait=False):
+                        await asyncio.to_thread(engine.take_over, p, commit=False)
                     staged = True
                     self.handover.taken_over_soon(p)
                     revision, arrived = self._map_arrived

@@ -135,6 +135,29 @@ def test_takeover_commit_writes_the_state_when_no_flush_did(make_engine) -> None
     assert engine.commit_states() is False
 
 
+def test_takeover_without_waiting_changes_nothing_while_the_writer_lock_is_held(make_engine) -> None:
+    import threading
+
+    engine = as_replica(make_engine(flush_interval_ms=60_000.0))
+    held, release = threading.Event(), threading.Event()
+
+    def hold() -> None:
+        with engine._lock:
+            held.set()
+            release.wait(10)
+
+    holder = threading.Thread(target=hold)
+    holder.start()
+    held.wait(10)
+    try:
+        assert engine.take_over(P, commit=False, wait=False) is False
+        assert engine.state(P) is PartitionState.REPLICA and engine._store.staged == 0
+    finally:
+        release.set()
+        holder.join()
+    assert engine.take_over(P, commit=False, wait=False) is True and engine.state(P) is PartitionState.ACTIVE
+
+
 def test_a_staged_state_survives_a_failed_transaction_and_goes_first_in_the_next(make_engine) -> None:
     engine = as_replica(make_engine(flush_interval_ms=60_000.0))
     store = engine._store
