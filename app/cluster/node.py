@@ -453,14 +453,25 @@ class ClusterNode:
                     await asyncio.to_thread(engine.set_state, p, PartitionState.DEAD)
                 if self.fenced and engine.state(p) is PartitionState.ACTIVE:  # fenced while it ran
                     await asyncio.to_thread(self._fence, p)
-            if staged:  # one commit for the pass's takeovers, unless a flush carried them already
-                await asyncio.to_thread(engine.commit_states)
+            if staged:
+                # one commit for the pass's takeovers (unless a flush carries them first), off the
+                # follow lock: the next map's takeover must not wait for this fsync
+                task = asyncio.create_task(self._commit_states(), name="cluster: commit taken-over states")
+                self._tasks.append(task)
+                task.add_done_callback(lambda t: self._tasks.remove(t) if t in self._tasks else None)
             if not self.fenced:
                 await self.handover.follow(pmap)
             self.durable.follow_map(pmap)
             # a copy whose active just died keeps streaming until the map moves the partition
             # (``replica_sources``): dropping it would withdraw the progress the orchestrator promotes by
             self.replication.update(replica_sources(pmap, self.name, self._urls))
+
+    async def _commit_states(self) -> None:
+        try:
+            await asyncio.to_thread(self.engine.commit_states)
+        except Exception as exc:  # staged still: the next write transaction (a flush) carries it
+            log.warning("node %s: committing the taken-over partitions' states failed (the next flush "
+                        "carries them): %s", self.name, exc)
 
     # ------------------------------------------------------------------ routing and status
     def misdirected(self, partition: int) -> dict[str, Any]:
