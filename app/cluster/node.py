@@ -155,6 +155,8 @@ class ClusterNode:
         self.durable = DurableWrites(engine, self.name, is_live=lambda node: node in self.nodes)
         self._orchestrator_task: asyncio.Task[None] | None = None
         self._tasks: list[asyncio.Task[Any]] = []
+        #: a follow pass is scheduled and has not started yet (``_follow_soon``)
+        self._follow_queued = False
         self._apply_lock = asyncio.Lock()
         #: graceful failover: where this node stops writes or takes over (``app.cluster.handover``)
         self.handover = HandoverParticipant(self.etcd, self.layout, engine, self.name, acked=self._replica_received,
@@ -338,11 +340,17 @@ class ClusterNode:
         self._follow_soon("map event")
 
     def _follow_soon(self, why: str) -> None:
+        """Follow what the node knows now, on a task; a burst of events that arrives before that
+        task has started costs one pass (the pass reads the newest map and records)."""
+        if self._follow_queued:
+            return
+        self._follow_queued = True
         task = asyncio.create_task(self._follow_quietly(), name=f"cluster follow ({why})")
         self._tasks.append(task)
         task.add_done_callback(lambda t: self._tasks.remove(t) if t in self._tasks else None)
 
     async def _follow_quietly(self) -> None:
+        self._follow_queued = False  # an event from now on gets a pass of its own
         try:
             await self._follow()
         except Exception:  # a full refresh retries it (and logs what keeps failing)
