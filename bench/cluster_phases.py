@@ -35,6 +35,8 @@ class HandoverMarks:
     taken_over: float | None = None
     first_refused: float | None = None
     first_misdirected: float | None = None
+    #: when the write that was accepted was sent (after the 421: the hop to the target)
+    accepted_sent: float | None = None
     accepted: float | None = None
 
 
@@ -48,6 +50,8 @@ PHASES = (
     ("map switched -> probe's accepted write", "switched", "accepted"),
     ("target took over -> probe's accepted write", "taken_over", "accepted"),
     ("probe's first 421 -> accepted write", "first_misdirected", "accepted"),
+    ("probe's first 421 -> accepted write sent", "first_misdirected", "accepted_sent"),
+    ("accepted write sent -> answered", "accepted_sent", "accepted"),
     ("first refused write sent -> accepted", "first_refused", "accepted"),
 )
 
@@ -108,10 +112,10 @@ class PhaseWatch:
         if status == 421:
             marks.first_misdirected = marks.first_misdirected or answered
 
-    def probe_accepted(self, p: int, now: float) -> None:
+    def probe_accepted(self, p: int, now: float, sent: float | None = None) -> None:
         marks = self.marks.get(p)
         if marks is not None and marks.first_refused is not None and marks.accepted is None:
-            marks.accepted = now
+            marks.accepted, marks.accepted_sent = now, sent
 
 
 def _actives(raw: bytes) -> dict[int, str]:

@@ -61,6 +61,9 @@ class RebalanceRun:
     #: etcd requests served during the rebalance, and per second on the idle cluster after it
     etcd_during: dict[str, float] = field(default_factory=dict)
     etcd_idle_per_s: dict[str, float] = field(default_factory=dict)
+    #: seconds from send to answer of every accepted probe write while the rebalance ran: the
+    #: baseline the hop to a new active ("accepted write sent -> answered") is read against
+    accepted_s: list[float] = field(default_factory=list)
 
 
 def _seed(cluster: BenchCluster, items: int, partitions: int, batch: int = 1000) -> None:
@@ -113,6 +116,9 @@ class _Probes:
         #: partition -> status -> refused answers (421 redirects, 503 retries): hops per handover,
         #: a count the machine's load does not change
         self.answers: dict[int, dict[int, int]] = {}
+        #: send-to-answer seconds of accepted writes, while ``timing`` is set
+        self.accepted_s: list[float] = []
+        self.timing = False
 
     async def read_map(self, client: httpx.AsyncClient) -> None:
         for url in self.urls:
@@ -145,10 +151,12 @@ class _Probes:
                 now = time.monotonic()
                 if r.status_code in (200, 201):
                     self.actives[p] = url
+                    if self.timing:
+                        self.accepted_s.append(now - sent)
                     if p in self.first_refused:
                         self.pauses[p] = max(self.pauses.get(p, 0.0), now - self.first_refused.pop(p))
                         if self.phases is not None:
-                            self.phases.probe_accepted(p, now)
+                            self.phases.probe_accepted(p, now, sent)
                     n += 1
                     break
                 self.refused += 1
@@ -187,6 +195,7 @@ async def _rebalance(cluster: BenchCluster, new: Node, args: argparse.Namespace)
     async with httpx.AsyncClient(timeout=10) as client:
         counts_before = await etcd_counts(client, cluster.etcd_url)
         started = time.monotonic()
+        probes.timing = True
         r = await client.post(f"{base}/cluster/rebalance", json={"add": [new.name]})
         r.raise_for_status()
         run = r.json()["request"]["id"]
@@ -207,6 +216,7 @@ async def _rebalance(cluster: BenchCluster, new: Node, args: argparse.Namespace)
                 raise RuntimeError("the rebalance did not finish in time")
             await asyncio.sleep(0.05)
         ended = time.monotonic()
+        probes.timing = False
         counts_after = await etcd_counts(client, cluster.etcd_url)
         await asyncio.sleep(0.5)
         probes.stop.set()
@@ -234,7 +244,8 @@ async def _rebalance(cluster: BenchCluster, new: Node, args: argparse.Namespace)
                         answers={p: probes.answers.get(p, {}) for p in moved},
                         marks=phases.marks, moved_partitions=moved,
                         etcd_during={k: counts_after[k] - counts_before.get(k, 0) for k in counts_after},
-                        etcd_idle_per_s={k: (idle_to[k] - idle_from.get(k, 0)) / idle_s for k in idle_to})
+                        etcd_idle_per_s={k: (idle_to[k] - idle_from.get(k, 0)) / idle_s for k in idle_to},
+                        accepted_s=probes.accepted_s)
 
 
 def measure_rebalance(group: ProcessGroup, work: Path, etcd: str, args: argparse.Namespace) -> RebalanceRun:
@@ -289,6 +300,9 @@ def rebalance_figures(run: RebalanceRun, args: argparse.Namespace) -> list[Figur
                "independent of the machine's load"),
         *(Figure(f"handover phase: {label}", result, "—", "—")
           for label, result in phase_rows(run.marks, run.moved_partitions)),
+        Figure("any accepted probe write during the rebalance: sent -> answered", _latency(run.accepted_s), "—", "—",
+               "every partition's probe, moving or not: the baseline for 'accepted write sent -> answered' "
+               "(the first write a new active answers)"),
         Figure("etcd requests during the rebalance",
                f"{run.etcd_during.get('range', 0):,.0f} ranges, {run.etcd_during.get('txn', 0):,.0f} txns, "
                f"{run.etcd_during.get('put', 0):,.0f} puts", "—", "—",
@@ -298,6 +312,13 @@ def rebalance_figures(run: RebalanceRun, args: argparse.Namespace) -> list[Figur
                f"{run.etcd_idle_per_s.get('put', 0):.1f} puts/s", "—", "—",
                f"over {args.idle_seconds:.0f} s with no writes and nothing moving (lease keep-alives are not counted)"),
     ]
+
+
+def _latency(values: list[float]) -> str:
+    if not values:
+        return "none"
+    s = summary_ms(sorted(values))
+    return f"p50 {s['p50']:.0f} ms, p99 {s['p99']:.0f} ms, max {s['p100']:.0f} ms over {len(values):,} writes"
 
 
 def _answers(run: RebalanceRun) -> str:

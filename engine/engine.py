@@ -475,15 +475,43 @@ class Engine:
     def writes_stopped(self, partition: int) -> bool:
         return self._part(partition).writes_stopped
 
-    def take_over(self, partition: int) -> None:
+    def take_over(self, partition: int, *, commit: bool = True, wait: bool = True) -> bool:
         """Handover: replica ``partition`` becomes active keeping its failover log as is (the old
-        active streamed it everything and stopped taking writes first; no new branch)."""
+        active streamed it everything and stopped taking writes first; no new branch).
+
+        The partition takes writes as soon as its state changes in memory; the stored state is
+        staged (``Store.stage``) and committed after, so the writes paused by the handover do not
+        wait for the flusher's transaction and an fsync.  The stored state still lands first:
+        any flush of a write taken as active is a later transaction and carries it, so a crash
+        leaves the replica's state with none of those writes on disk, or the active state.
+        With ``commit=False`` the caller commits (``commit_states``) once it has let the
+        waiting writes go; until then a crash restarts the copy as the replica it was, which a
+        cluster node resolves from the map anyway.
+
+        With ``wait=False`` nothing changes and False is returned when the writer lock is busy:
+        with ``commit=False`` the call never blocks on I/O, so an event loop may make it itself
+        and hop to a thread only when the lock is taken (a thread hop on a busy node costs more
+        than the takeover, see docs/benchmarks.md "Cluster")."""
         part = self._replica(partition)
-        with self._lock:
+        if not self._lock.acquire(blocking=wait):
+            return False
+        try:
             self._check_open()
             self._replica(partition)
-            self._activate(part, failover_policy.TakenOver())
+            self._activate(part, failover_policy.TakenOver(), staged=True)
+        finally:
+            self._lock.release()
         self._notify((partition,))
+        if commit:
+            self.commit_states()
+        return True
+
+    def commit_states(self) -> bool:
+        """Commit the partition states ``take_over`` staged, unless a flush already carried them;
+        True if this call wrote them.  Cheap when there is nothing to commit."""
+        if self._closed:  # ``close`` commits them with its clean marker
+            return False
+        return self._store.commit_staged()
 
     def reset_partition(self, partition: int) -> None:
         """Empty replica ``partition`` (items, meta, failover log) so it streams again from 0: a
@@ -542,7 +570,7 @@ class Engine:
             self._notify((partition,))
         return result
 
-    def _activate(self, part: Partition, event: failover_policy.Event) -> None:
+    def _activate(self, part: Partition, event: failover_policy.Event, *, staged: bool = False) -> None:
         log_ = failover_policy.apply(part.failover_log, event, self.config.failover_log_cap)
         store = self._store
 
@@ -550,7 +578,10 @@ class Engine:
             store.put_state(txn, part.id, PartitionState.ACTIVE)  # type: ignore[arg-type]
             store.put_failover(txn, part.id, log_)  # type: ignore[arg-type]
 
-        store.write(put)
+        if staged:  # under the writer lock, so before any write this state lets in
+            store.stage(put)  # type: ignore[arg-type]
+        else:
+            store.write(put)
         part.failover_log = log_
         part.writes_stopped = False
         part.state = PartitionState.ACTIVE

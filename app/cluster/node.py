@@ -6,8 +6,11 @@ What runs, all on the server's event loop, from the app's lifespan (``app.main``
 * **the orchestrator** (``app.cluster.orchestrator``): every node campaigns, one acts;
 * **the map watcher**: one watch of the cluster's prefix.  The replicas' progress reports, the
   most frequent change by far, are applied from the watch's events (``ProgressView``: read in
-  full only when the watch starts); any other change triggers a refresh (coalesced, so a burst
-  costs one) that reads the live nodes, the map and the orchestrator, then makes the engine
+  full only when the watch starts); a new map and the handover records are followed from their
+  events too (the event is the whole news: a takeover's pause pays for no read of etcd, and a
+  rebalance costs no full read per step on every node); any other change triggers a refresh
+  (coalesced, so a burst costs one) that reads the live nodes, the map and the orchestrator,
+  then makes the engine
   follow the newest map (``engine.cluster.roles``: promote, activate, become replica, retire)
   and starts or stops the replication streams (``app.cluster.replication``).  A map is only ever
   replaced by a newer revision: a watcher that reads an old one late does not go back.  The
@@ -133,6 +136,8 @@ class ClusterNode:
         #: keys that exist while partitions move (graceful failover, rebalance): their handovers
         #: wait for a replica's seqno, so every progress report matters to the orchestrator then
         self._moving_prefixes = (f"{root}/handover/".encode(), f"{root}/rebalance/request".encode())
+        #: handover records: the watch's events carry all a node follows of them (no refresh)
+        self._records_prefix = f"{root}/handover/partitions/".encode()
         #: keys the orchestrator's handover and rebalance drivers read (``ProgressView.saw``)
         self._move_prefixes = (f"{root}/handover/".encode(), f"{root}/rebalance/".encode())
         self.orchestrator: str | None = None
@@ -150,6 +155,8 @@ class ClusterNode:
         self.durable = DurableWrites(engine, self.name, is_live=lambda node: node in self.nodes)
         self._orchestrator_task: asyncio.Task[None] | None = None
         self._tasks: list[asyncio.Task[Any]] = []
+        #: a follow pass is scheduled and has not started yet (``_follow_soon``)
+        self._follow_queued = False
         self._apply_lock = asyncio.Lock()
         #: graceful failover: where this node stops writes or takes over (``app.cluster.handover``)
         self.handover = HandoverParticipant(self.etcd, self.layout, engine, self.name, acked=self._replica_received,
@@ -292,15 +299,20 @@ class ClusterNode:
                             view.notify()
                         continue
                     view.saw(move=key.startswith(self._move_prefixes))
-                    self.handover.apply_event(event)
-                    if event.kind == "put" and key == self.layout.map:
+                    record = self.handover.apply_event(event)
+                    is_map = event.kind == "put" and key == self.layout.map
+                    if is_map:
                         self._map_event(event.kv.value)
                     if key.startswith(self._moving_prefixes):
                         if event.kind == "delete":
                             moving.discard(key)
                         else:
                             moving.add(key)
-                    self._refresh_soon()
+                    if record:
+                        # the event is the news: follow it, without reading the cluster again
+                        self._follow_soon("handover record")
+                    elif not is_map and not key.startswith(self._records_prefix):
+                        self._refresh_soon()
                     view.notify()
             except EtcdError as exc:
                 outage.failed(exc)
@@ -315,21 +327,35 @@ class ClusterNode:
         try:
             new = PartitionMap.from_json(json.loads(raw))
         except (ValueError, KeyError, TypeError):
-            return  # the refresh reads it again and says what is wrong
-        if new.revision <= self.map.revision or new.num_partitions != self.config.partitions:
+            self._refresh_soon()  # reads it again and says what is wrong
+            return
+        if new.num_partitions != self.config.partitions:
+            self._refresh_soon()
+            return
+        if new.revision <= self.map.revision:
             return
         self.map = new
         self._map_arrived = (new.revision, time.monotonic())
         self.handover.map_seen(new)  # after ``self.map``: the writes it releases get 421s naming the new active
-        task = asyncio.create_task(self._follow_quietly(), name="cluster follow (map event)")
+        self._follow_soon("map event")
+
+    def _follow_soon(self, why: str) -> None:
+        """Follow what the node knows now, on a task; a burst of events that arrives before that
+        task has started costs one pass (the pass reads the newest map and records)."""
+        if self._follow_queued:
+            return
+        self._follow_queued = True
+        task = asyncio.create_task(self._follow_quietly(), name=f"cluster follow ({why})")
         self._tasks.append(task)
         task.add_done_callback(lambda t: self._tasks.remove(t) if t in self._tasks else None)
 
     async def _follow_quietly(self) -> None:
+        self._follow_queued = False  # an event from now on gets a pass of its own
         try:
             await self._follow()
-        except Exception:  # the refresh that follows the same event retries and logs it
-            log.debug("node %s: following a map event failed; the refresh retries", self.name, exc_info=True)
+        except Exception:  # a full refresh retries it (and logs what keeps failing)
+            log.debug("node %s: following a watched change failed; a refresh retries", self.name, exc_info=True)
+            self._refresh_soon()
 
     def _refresh_soon(self) -> None:
         self._stale = True
@@ -394,6 +420,7 @@ class ClusterNode:
             # here by ``until_active``) until it does, the other changes cost no one a pause
             ordered = sorted(changes(pmap, self.name, states),
                              key=lambda c: not (c.change is Change.PROMOTE and self.handover.takes_over(c.partition)))
+            staged = False  # a takeover's stored state waits for the end of the pass (``take_over``)
             for change in ordered:
                 if self.fenced:  # stalled past the lease meanwhile: nothing becomes active now
                     break
@@ -402,11 +429,15 @@ class ClusterNode:
                 self._fenced_actives.discard(p)
                 if change.change is Change.PROMOTE and self.handover.takes_over(p):
                     started = time.monotonic()
-                    await asyncio.to_thread(engine.take_over, p)
+                    # active in memory only: the held writes go now, the state commit after them;
+                    # on this thread unless the writer lock is busy (no I/O, no wait)
+                    if not engine.take_over(p, commit=False, wait=False):
+                        await asyncio.to_thread(engine.take_over, p, commit=False)
+                    staged = True
                     self.handover.taken_over_soon(p)
                     revision, arrived = self._map_arrived
                     now = time.monotonic()
-                    # the wait to follow the map, then the engine's own step (a state commit)
+                    # the wait to follow the map, then the engine's own step (in memory; its commit follows)
                     after = (f", {(now - arrived) * 1000:.0f} ms after the map came, "
                              f"{(now - started) * 1000:.0f} ms of them in take_over") if revision == pmap.revision else ""
                     log.warning("node %s: partition %d taken over as active (map revision %d%s), failover log kept",
@@ -430,12 +461,25 @@ class ClusterNode:
                     await asyncio.to_thread(engine.set_state, p, PartitionState.DEAD)
                 if self.fenced and engine.state(p) is PartitionState.ACTIVE:  # fenced while it ran
                     await asyncio.to_thread(self._fence, p)
+            if staged:
+                # one commit for the pass's takeovers (unless a flush carries them first), off the
+                # follow lock: the next map's takeover must not wait for this fsync
+                task = asyncio.create_task(self._commit_states(), name="cluster: commit taken-over states")
+                self._tasks.append(task)
+                task.add_done_callback(lambda t: self._tasks.remove(t) if t in self._tasks else None)
             if not self.fenced:
                 await self.handover.follow(pmap)
             self.durable.follow_map(pmap)
             # a copy whose active just died keeps streaming until the map moves the partition
             # (``replica_sources``): dropping it would withdraw the progress the orchestrator promotes by
             self.replication.update(replica_sources(pmap, self.name, self._urls))
+
+    async def _commit_states(self) -> None:
+        try:
+            await asyncio.to_thread(self.engine.commit_states)
+        except Exception as exc:  # staged still: the next write transaction (a flush) carries it
+            log.warning("node %s: committing the taken-over partitions' states failed (the next flush "
+                        "carries them): %s", self.name, exc)
 
     # ------------------------------------------------------------------ routing and status
     def misdirected(self, partition: int) -> dict[str, Any]:

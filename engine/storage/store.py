@@ -112,6 +112,9 @@ class Store:
         self.node_id = node_id
         self.map_size = map_size
         self._write_lock = threading.Lock()
+        #: puts that the next write transaction, whoever makes it, runs first (``stage``)
+        self._staged: list[Callable[[lmdb.Transaction], None]] = []
+        self._staged_lock = threading.Lock()
         self._gate = _ReadGate()
         self.meta_db = env.open_db(b"meta")
         self.block_dbs = []
@@ -233,12 +236,50 @@ class Store:
         doubled and ``fn`` called again.  A commit the disk refuses (full, over quota, a write
         cut short) raises ``DiskFull``: the transaction was aborted, nothing changed.
         """
-        compaction = self.compaction
         with self._write_lock:
+            return self._write_locked(fn)
+
+    def stage(self, fn: Callable[[lmdb.Transaction], None]) -> None:
+        """Queue ``fn`` (a few puts) to run first inside the next write transaction, whoever
+        makes it, without waiting for the write lock.
+
+        WHY: a caller that must change a partition's stored state before anything written under
+        the new state reaches the disk, but must not wait for the flusher's transaction and an
+        fsync first (``Engine.take_over``), stages the change, acts on it in memory, then
+        commits it (``commit_staged``).  Any flush of what it took meanwhile is a later write
+        transaction, so it carries the staged puts in the same commit: a crash leaves either
+        neither or both.  Staged puts run in the order staged, before the transaction's own."""
+        with self._staged_lock:
+            self._staged.append(fn)
+
+    def commit_staged(self) -> bool:
+        """Commit what ``stage`` queued, unless another write transaction already carried it;
+        True if this call committed something."""
+        if not self._staged:
+            return False
+        with self._write_lock:
+            if not self._staged:
+                return False
+            self._write_locked(lambda txn: None)
+            return True
+
+    @property
+    def staged(self) -> int:
+        """How many staged puts wait for a write transaction."""
+        return len(self._staged)
+
+    def _write_locked(self, fn: Callable[[lmdb.Transaction], T]) -> T:
+        compaction = self.compaction
+        with self._staged_lock:
+            staged, self._staged = self._staged, []
+        done = False
+        try:
             while True:
                 compaction.begin()
                 try:
                     with self.env.begin(write=True) as txn:
+                        for put in staged:
+                            put(txn)
                         result = fn(txn)
                 except lmdb.MapFullError:
                     self._grow()
@@ -255,7 +296,12 @@ class Store:
                     raise
                 compaction.commit()
                 self.fsyncs += 1
+                done = True
                 return result
+        finally:
+            if not done and staged:  # aborted: the next transaction carries them, still first
+                with self._staged_lock:
+                    self._staged = staged + self._staged
 
     def _grow(self) -> None:
         with self._gate.exclusive():

@@ -105,6 +105,93 @@ def test_takeover_keeps_the_failover_log(make_engine) -> None:
     assert engine.failover_log(P) == log and engine.state(P) is PartitionState.ACTIVE
 
 
+def stored_state(engine, partition: int = P) -> bytes:
+    store = engine._store  # the state on disk, read beside the running engine
+    with store.read_txn() as txn:
+        return bytes(txn.get(b"state/%d" % partition, db=store.meta_db))
+
+
+def test_takeover_takes_writes_before_its_state_commit_which_the_first_flush_carries(make_engine) -> None:
+    log = (FailoverEntry(77, 0),)
+    engine = as_replica(make_engine(flush_interval_ms=60_000.0), log)
+    a, b = key_in(engine, P, 2)
+    engine.replica_marker(P, 1, 6)
+    engine.apply_replicated(P, [item(a, 6, 10)], last=True)
+    engine.flush_now()
+    engine.take_over(P, commit=False)
+    assert engine.state(P) is PartitionState.ACTIVE and stored_state(engine) == b"replica"
+    written = engine.write(WriteOp(Op.MUTATION, b, b"taken as active"))
+    assert engine.persisted_seqno(P) == 6 and stored_state(engine) == b"replica"
+    engine.flush_now()  # the flush of a write taken as active commits the state with it
+    assert engine.persisted_seqno(P) == written.seqno and stored_state(engine) == b"active"
+    assert engine.commit_states() is False and engine.failover_log(P) == log
+
+
+def test_takeover_commit_writes_the_state_when_no_flush_did(make_engine) -> None:
+    engine = as_replica(make_engine(flush_interval_ms=60_000.0))
+    engine.take_over(P, commit=False)
+    assert stored_state(engine) == b"replica"
+    assert engine.commit_states() is True and stored_state(engine) == b"active"
+    assert engine.commit_states() is False
+
+
+def test_takeover_without_waiting_changes_nothing_while_the_writer_lock_is_held(make_engine) -> None:
+    import threading
+
+    engine = as_replica(make_engine(flush_interval_ms=60_000.0))
+    held, release = threading.Event(), threading.Event()
+
+    def hold() -> None:
+        with engine._lock:
+            held.set()
+            release.wait(10)
+
+    holder = threading.Thread(target=hold)
+    holder.start()
+    held.wait(10)
+    try:
+        assert engine.take_over(P, commit=False, wait=False) is False
+        assert engine.state(P) is PartitionState.REPLICA and engine._store.staged == 0
+    finally:
+        release.set()
+        holder.join()
+    assert engine.take_over(P, commit=False, wait=False) is True and engine.state(P) is PartitionState.ACTIVE
+
+
+def test_a_staged_state_survives_a_failed_transaction_and_goes_first_in_the_next(make_engine) -> None:
+    engine = as_replica(make_engine(flush_interval_ms=60_000.0))
+    store = engine._store
+    engine.take_over(P, commit=False)
+
+    def fails(txn) -> None:
+        raise RuntimeError("the transaction's own step failed")
+
+    with pytest.raises(RuntimeError):
+        store.write(fails)
+    assert store.staged == 1 and stored_state(engine) == b"replica"
+    engine.set_state(P, PartitionState.DEAD)  # a later change in the same transaction wins
+    assert store.staged == 0 and stored_state(engine) == b"dead"
+
+
+@pytest.mark.parametrize("when", ["before-flush", "after-flush"])
+def test_a_crash_between_takeover_and_its_state_commit_keeps_state_and_writes_together(
+        make_engine, tmp_path: Path, when: str) -> None:
+    script = Path(__file__).with_name("takeover_crash.py")
+    proc = subprocess.run([sys.executable, str(script), str(tmp_path / "data"), when], capture_output=True,
+                          timeout=60)
+    assert proc.returncode == -9, proc.stderr.decode()
+    key = proc.stdout.decode().strip()
+    engine = make_engine()
+    if when == "before-flush":  # the replica it was, with nothing it took as active
+        assert engine.state(P) is PartitionState.REPLICA and engine.high_seqno(P) == 6
+        assert engine.failover_log(P) == (FailoverEntry(77, 0),)
+        with pytest.raises(KeyNotFound):
+            engine.get(key)
+    else:  # the active it became, with the write (an unclean stop of an active starts a branch)
+        assert engine.state(P) is PartitionState.ACTIVE and engine.get(key).seqno == 7
+        assert engine.failover_log(P)[-1] == FailoverEntry(77, 0)
+
+
 def test_reset_empties_the_partition_and_survives_restart(make_engine, tmp_path: Path) -> None:
     engine = make_engine()
     a, b = key_in(engine, P, 2)
