@@ -135,7 +135,11 @@ async def test_progress_of_more_copies_than_one_transaction_holds_is_published_a
             del streams.syncs[p]
             streams._gone.add(p)
         streams.syncs[copies - 1].snapshot_applied(10 * copies)
-        await streams.publish_once()
+        await streams.publish_once()  # withdraws at once; a seqno that just moved waits
+        kvs, _ = await client.get_prefix(layout.progress)
+        got = {layout.progress_owner(kv.key): json.loads(kv.value)["seqno"] for kv in kvs}
+        assert got == {(p, "r1"): p for p in range(PUBLISH_OPS + 3, copies)}
+        await streams.publish_once()  # ... until it stayed for a tick
         kvs, _ = await client.get_prefix(layout.progress)
         got = {layout.progress_owner(kv.key): json.loads(kv.value)["seqno"] for kv in kvs}
         assert got == {(p, "r1"): 10 * copies if p == copies - 1 else p for p in range(PUBLISH_OPS + 3, copies)}
