@@ -36,8 +36,8 @@ batches applied so far, all of them in one bundle; the flusher's progress wakes 
 the engine's persist listener (once per flush round that persisted one of its partitions), so
 it reaches the active without an ack per item and without the acker polling while writes flow.  Progress (last whole snapshot end,
 in sync) goes to etcd under the node's lease, looked at every ``publish_interval_s``: a change of
-in sync, or a seqno that settled, at once; a seqno that keeps moving at most every
-``publish_max_age_s`` (``app.cluster.progress_pacing``).
+in sync, a lost stream, or a seqno that stayed put ``publish_settle_s``, at once; a seqno that
+keeps moving at most every ``publish_max_age_s`` (``app.cluster.progress_pacing``).
 """
 from __future__ import annotations
 
@@ -108,7 +108,8 @@ class ReplicationStreams:
     """The replica copies this node holds and the streams that feed them."""
 
     def __init__(self, engine: Engine, node: str, etcd: EtcdClient, layout: Layout, lease: Callable[[], int], *,
-                 publish_interval_s: float = 0.2, publish_max_age_s: float = 1.0, open_timeout_s: float = 5.0, max_backoff_s: float = 2.0,
+                 publish_interval_s: float = 0.2, publish_max_age_s: float = 1.0,
+                 publish_settle_s: float = 0.6, open_timeout_s: float = 5.0, max_backoff_s: float = 2.0,
                  max_frame_bytes: int = 64 << 20, max_down_s: float = 10.0,
                  is_live: Callable[[str], bool] = lambda node: True, ack_poll_s: float | None = None,
                  token: str | None = None) -> None:
@@ -134,7 +135,7 @@ class ReplicationStreams:
         self._gone: set[int] = set()
         self._publisher: asyncio.Task[None] | None = None
         #: which changed progress is worth an etcd write this tick (``app.cluster.progress_pacing``)
-        self._pacer = PublishPacer(publish_max_age_s)
+        self._pacer = PublishPacer(publish_max_age_s, publish_settle_s)
         #: rollbacks answered by undo, and by a reset (a resync from 0)
         self.undos = 0
         self.resets = 0
@@ -216,7 +217,7 @@ class ReplicationStreams:
             source = self._source_of.get(p)
             sync.tick(now, source is not None and self.is_live(source), self.max_down_s)
             progress = sync.changed()
-            if progress is None or not pacer.due(p, now, progress):
+            if progress is None or not pacer.due(p, now, progress, stream_lost=sync.down_since is not None):
                 continue
             ops.append(Put(self.layout.replica_progress(p, self.node), json.dumps(progress.to_json()).encode(),
                            lease))
