@@ -20,11 +20,35 @@ import tempfile
 import time
 from pathlib import Path
 
+import httpx
 import psutil
 
 from bench.cluster_lag import CpuWindow, paced_writer
 from bench.cluster_procs import BenchCluster, start_etcd
 from bench.suite.procs import ProcessGroup
+
+
+def etcd_requests(url: str) -> dict[str, float]:
+    """etcd's handled gRPC requests so far, per method (the JSON gateway's calls land there too)."""
+    counts: dict[str, float] = {}
+    for line in httpx.get(f"{url}/metrics", timeout=10).text.splitlines():
+        if line.startswith("grpc_server_handled_total{"):
+            method = line.split('grpc_method="', 1)[1].split('"', 1)[0]
+            counts[method] = counts.get(method, 0.0) + float(line.rsplit(" ", 1)[1])
+    return counts
+
+
+def node_counters(url: str) -> dict[str, float]:
+    """The replication counters of one node's ``/metrics`` (absent on a tree without them: 0)."""
+    wanted = {'upr_cluster_replica_applies_total{path="inline"}': "inline",
+              'upr_cluster_replica_applies_total{path="thread"}': "thread",
+              "upr_cluster_replica_progress_writes_total": "progress txns"}
+    out = {name: 0.0 for name in wanted.values()}
+    for line in httpx.get(f"{url}/metrics", timeout=10).text.splitlines():
+        head, _, value = line.rpartition(" ")
+        if head in wanted:
+            out[wanted[head]] = float(value)
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -59,10 +83,18 @@ def main(argv: list[str] | None = None) -> int:
                 start_at = time.monotonic() + 1.0
                 stop_at = start_at + args.seconds
                 cpu = CpuWindow(procs, start_at, stop_at)
+                etcd_before = etcd_requests(etcd)
+                nodes_before = [node_counters(n.url) for n in nodes]
                 acks, sent, errors = asyncio.run(paced_writer(actives, args.partitions, rate, args.tick_ms / 1000,
                                                               start_at, stop_at, cpu))
+                etcd_after = etcd_requests(etcd)
+                moved = {k: sum(node_counters(n.url)[k] - b[k] for n, b in zip(nodes, nodes_before))
+                         for k in nodes_before[0]}
                 for s in spies:
                     s.wait()
+                # writes last about the window plus its 1 s lead
+                etcd_rate = {m: (etcd_after.get(m, 0) - n) / (args.seconds + 1) for m, n in etcd_before.items()}
+                etcd_txt = ", ".join(f"{m} {r:.1f}/s" for m, r in sorted(etcd_rate.items()) if r >= 0.05)
                 used = cpu.used()
                 bulks = args.seconds / (args.tick_ms / 1000)  # per node
                 parts = ", ".join(f"{c:.0%}" for c in used)
@@ -70,7 +102,8 @@ def main(argv: list[str] | None = None) -> int:
                 per_write = sum(used) * args.seconds / max(sent, 1) * 1e6
                 print(f"{rate:,.0f}/s: nodes' CPU {parts}; per bulk (per node) {per_bulk:.2f} ms; "
                       f"per write (both nodes) {per_write:.0f} µs; {sent} sent, {errors} errors; "
-                      f"load {os.getloadavg()[0]:.1f}", flush=True)
+                      f"etcd requests {etcd_txt}; replica runs applied inline {moved['inline']:.0f}, on a "
+                      f"thread {moved['thread']:.0f}, progress txns {moved['progress txns']:.0f}; load {os.getloadavg()[0]:.1f}", flush=True)
                 time.sleep(2)
     finally:
         shutil.rmtree(work, ignore_errors=True)

@@ -142,6 +142,8 @@ class ReplicationStreams:
         #: received runs applied on the event loop, and on a worker thread (locks busy, or a large run)
         self.inline = 0
         self.hops = 0
+        #: etcd transactions that published progress
+        self.progress_txns = 0
         #: the lag benchmark's stamps (``app.cluster.lag_trace``), None unless asked for
         self.trace = ReplicationTrace.from_env()
 
@@ -224,6 +226,7 @@ class ReplicationStreams:
             changed.append((p, sync, progress))
         for i in range(0, len(ops), PUBLISH_OPS):
             await self.etcd.txn((), ops[i:i + PUBLISH_OPS])
+            self.progress_txns += 1
         self._gone.difference_update(gone)
         for p, sync, progress in changed:
             sync.published(progress)
