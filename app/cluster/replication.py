@@ -359,12 +359,15 @@ class ReplicationStreams:
 
     async def _apply_messages(self, messages: list[Any], whole: list[int], acker: ReplicaAcker) -> None:
         if messages:
-            steps, items = _steps_of(messages)
-            if not (items <= INLINE_ITEMS and self.engine.try_apply_replica_run(steps)):
-                await asyncio.to_thread(_apply_steps, self.engine, steps)
-                self.hops += 1
-            else:
+            # counted before decoding: a large run is decoded on the worker thread, off the loop
+            items = sum(len(m) for m in messages if type(m) is ItemBatch)
+            steps = _steps_of(messages)[0] if items <= INLINE_ITEMS else None
+            if steps is not None and self.engine.try_apply_replica_run(steps):
                 self.inline += 1
+            else:
+                await asyncio.to_thread(_apply_all if steps is None else _apply_steps, self.engine,
+                                        messages if steps is None else steps)
+                self.hops += 1
         for p in whole:
             self._snapshot_applied(p)
             acker.applied(p)
