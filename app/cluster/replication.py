@@ -419,7 +419,7 @@ class ReplicationStreams:
         return session.finish_rollback(replace(plan, reset=True))
 
     async def _apply(self, session: ClientSession, batch: ItemBatch) -> None:
-        await asyncio.to_thread(_apply_steps, self.engine, _steps_of([batch])[0])
+        await asyncio.to_thread(_apply_all, self.engine, [batch])
         if self._moved(session, batch):
             self._snapshot_applied(batch.partition)
 
