@@ -383,25 +383,53 @@ class Engine:
             self._replica(step.partition)
         moved: dict[int, None] = {}
         try:
-            with self._lock:
-                self._check_open()
-                reader = ByKeyReader(self._store)
-                try:
-                    with self._turn:
-                        for step in steps:
-                            part = self._replica(step.partition)
-                            if type(step) is MarkerStep:
-                                part.snapshots = part.snapshots.marker(step.start, step.end, part.high_seqno)
-                                continue
-                            assert type(step) is ItemsStep
-                            max_cas = append_items(part, reader, step.items, last=step.last)
-                            moved[step.partition] = None
-                            if max_cas > self._writer.last_cas:  # a promoted copy's CAS must keep increasing
-                                self._writer.last_cas = max_cas
-                finally:
-                    reader.close()
+            with self._lock, self._turn:
+                self._apply_steps(steps, moved)
         finally:
             self._notify(moved)
+
+    def try_apply_replica_run(self, steps: Sequence[ReplicaStep]) -> bool:
+        """``apply_replica_run`` if the writer lock and the LMDB turn are free at once, else
+        nothing (False).  WHY: the replication applier runs on the event loop; a small run
+        applied there costs no thread hop (a hop per received batch was the replica's largest
+        fixed cost per write, docs/benchmarks.md "Cluster"), but the loop must never wait for
+        a lock the flusher or a writer holds: then the caller hops to a thread as before."""
+        for step in steps:
+            self._replica(step.partition)
+        if not self._lock.acquire(blocking=False):
+            return False
+        if not self._turn.acquire(blocking=False):
+            self._lock.release()
+            return False
+        moved: dict[int, None] = {}
+        try:
+            try:
+                self._apply_steps(steps, moved)
+            finally:
+                self._turn.release()
+                self._lock.release()
+        finally:
+            self._notify(moved)
+        return True
+
+    def _apply_steps(self, steps: Sequence[ReplicaStep], moved: dict[int, None]) -> None:
+        """``apply_replica_run``'s work, under the writer lock and the LMDB turn; the
+        partitions it appended to go into ``moved`` (the caller announces them unlocked)."""
+        self._check_open()
+        reader = ByKeyReader(self._store)
+        try:
+            for step in steps:
+                part = self._replica(step.partition)
+                if type(step) is MarkerStep:
+                    part.snapshots = part.snapshots.marker(step.start, step.end, part.high_seqno)
+                    continue
+                assert type(step) is ItemsStep
+                max_cas = append_items(part, reader, step.items, last=step.last)
+                moved[step.partition] = None
+                if max_cas > self._writer.last_cas:  # a promoted copy's CAS must keep increasing
+                    self._writer.last_cas = max_cas
+        finally:
+            reader.close()
 
     def adopt_failover_log(self, partition: int, log: Sequence[FailoverEntry]) -> None:
         """Replica ``partition``'s history is its active's: store the active's failover log."""

@@ -94,6 +94,17 @@ class ClusterCollector(Collector):
             rollbacks.add_metric(["undo"], float(self._replication.undos))
             rollbacks.add_metric(["resync"], float(self._replication.resets))
             yield rollbacks
+            applies = CounterMetricFamily("upr_cluster_replica_applies",
+                                          "received runs applied to this node's replica copies, by where: on the "
+                                          "event loop (inline) or on a worker thread (its locks were busy, or a large "
+                                          "run)", labels=["path"])
+            applies.add_metric(["inline"], float(self._replication.inline))
+            applies.add_metric(["thread"], float(self._replication.hops))
+            yield applies
+            published = CounterMetricFamily("upr_cluster_replica_progress_writes",
+                                            "etcd transactions that published this node's replica progress")
+            published.add_metric([], float(self._replication.progress_txns))
+            yield published
         if self._durable is not None:
             failures = CounterMetricFamily("upr_cluster_durable_write_failures",
                                            "durable writes on this node answered ambiguous (504: may have been applied) "

@@ -35,7 +35,9 @@ Acks are coalesced: one per partition whose figures moved since the last one, se
 batches applied so far, all of them in one bundle; the flusher's progress wakes the acker through
 the engine's persist listener (once per flush round that persisted one of its partitions), so
 it reaches the active without an ack per item and without the acker polling while writes flow.  Progress (last whole snapshot end,
-in sync) goes to etcd under the node's lease, at most every ``publish_interval_s`` per copy.
+in sync) goes to etcd under the node's lease, looked at every ``publish_interval_s``: a change of
+in sync, a lost stream, or a seqno that stayed put ``publish_settle_s``, at once; a seqno that
+keeps moving at most every ``publish_max_age_s`` (``app.cluster.progress_pacing``).
 """
 from __future__ import annotations
 
@@ -51,6 +53,7 @@ from typing import Any
 from app.cluster.etcd import Delete, EtcdClient, EtcdError, Put
 from app.cluster.lag_trace import ReplicationTrace
 from app.cluster.layout import Layout
+from app.cluster.progress_pacing import PublishPacer
 from clients.connection import ReconnectNeeded, StreamConnection, stream_url
 from engine.cluster.replica_rollback import Resync, Undo, resume_uuid
 from engine.cluster.replica_sync import Progress, ReplicaSync
@@ -84,6 +87,11 @@ ACKS_PER_MESSAGE = 256
 #: items applied per engine call (one writer lock hold) at most, give or take one batch
 RUN_ITEMS = 1024
 
+#: items a received run may carry to be applied on the event loop (when the engine's locks are
+#: free): a steady stream's runs are a few batches of a few items, where the thread hop cost
+#: more than the apply; a catch-up's large runs go to a thread, off the loop
+INLINE_ITEMS = 256
+
 #: how long an acker trusts the persist listener alone while a held seqno is not yet persisted
 ACK_SAFETY_S = 1.0
 
@@ -100,7 +108,8 @@ class ReplicationStreams:
     """The replica copies this node holds and the streams that feed them."""
 
     def __init__(self, engine: Engine, node: str, etcd: EtcdClient, layout: Layout, lease: Callable[[], int], *,
-                 publish_interval_s: float = 0.2, open_timeout_s: float = 5.0, max_backoff_s: float = 2.0,
+                 publish_interval_s: float = 0.2, publish_max_age_s: float = 1.0,
+                 publish_settle_s: float = 0.6, open_timeout_s: float = 5.0, max_backoff_s: float = 2.0,
                  max_frame_bytes: int = 64 << 20, max_down_s: float = 10.0,
                  is_live: Callable[[str], bool] = lambda node: True, ack_poll_s: float | None = None,
                  token: str | None = None) -> None:
@@ -125,9 +134,16 @@ class ReplicationStreams:
         self._streams: dict[tuple[str, str], tuple[frozenset[int], asyncio.Task[None]]] = {}
         self._gone: set[int] = set()
         self._publisher: asyncio.Task[None] | None = None
+        #: which changed progress is worth an etcd write this tick (``app.cluster.progress_pacing``)
+        self._pacer = PublishPacer(publish_max_age_s, publish_settle_s)
         #: rollbacks answered by undo, and by a reset (a resync from 0)
         self.undos = 0
         self.resets = 0
+        #: received runs applied on the event loop, and on a worker thread (locks busy, or a large run)
+        self.inline = 0
+        self.hops = 0
+        #: etcd transactions that published progress
+        self.progress_txns = 0
         #: the lag benchmark's stamps (``app.cluster.lag_trace``), None unless asked for
         self.trace = ReplicationTrace.from_env()
 
@@ -195,21 +211,26 @@ class ReplicationStreams:
         ops += [Delete(self.layout.replica_progress(p, self.node)) for p in gone]
         lease = self.lease()
         now = asyncio.get_running_loop().time()
-        changed: list[tuple[ReplicaSync, Progress]] = []
+        changed: list[tuple[int, ReplicaSync, Progress]] = []
+        pacer = self._pacer
+        for p in gone:
+            pacer.forget(p)
         for p, sync in list(self.syncs.items()):
             source = self._source_of.get(p)
             sync.tick(now, source is not None and self.is_live(source), self.max_down_s)
             progress = sync.changed()
-            if progress is None:
+            if progress is None or not pacer.due(p, now, progress, stream_lost=sync.down_since is not None):
                 continue
             ops.append(Put(self.layout.replica_progress(p, self.node), json.dumps(progress.to_json()).encode(),
                            lease))
-            changed.append((sync, progress))
+            changed.append((p, sync, progress))
         for i in range(0, len(ops), PUBLISH_OPS):
             await self.etcd.txn((), ops[i:i + PUBLISH_OPS])
+            self.progress_txns += 1
         self._gone.difference_update(gone)
-        for sync, progress in changed:
+        for p, sync, progress in changed:
             sync.published(progress)
+            pacer.published(p, now, progress)
 
     # ------------------------------------------------------------------ streams
     async def _run(self, active: str, url: str, partitions: frozenset[int]) -> None:
@@ -338,7 +359,15 @@ class ReplicationStreams:
 
     async def _apply_messages(self, messages: list[Any], whole: list[int], acker: ReplicaAcker) -> None:
         if messages:
-            await asyncio.to_thread(_apply_all, self.engine, messages)
+            # counted before decoding: a large run is decoded on the worker thread, off the loop
+            items = sum(len(m) for m in messages if type(m) is ItemBatch)
+            steps = _steps_of(messages)[0] if items <= INLINE_ITEMS else None
+            if steps is not None and self.engine.try_apply_replica_run(steps):
+                self.inline += 1
+            else:
+                await asyncio.to_thread(_apply_all if steps is None else _apply_steps, self.engine,
+                                        messages if steps is None else steps)
+                self.hops += 1
         for p in whole:
             self._snapshot_applied(p)
             acker.applied(p)
@@ -411,10 +440,8 @@ class ReplicationStreams:
             sync.snapshot_applied(self.engine.replica_mark(p)[1].complete_end)
 
 
-def _apply_all(engine: Engine, messages: list[Any]) -> None:
-    """Apply replicated markers and batches in order (on a worker thread: it takes the engine's
-    locks and may read LMDB): one engine call per ``RUN_ITEMS`` items or so, so that a large
-    take never holds the writer lock long against this node's own writes."""
+def _steps_of(messages: list[Any]) -> tuple[list[ItemsStep | MarkerStep], int]:
+    """Received markers and batches as engine steps, in order, and how many items they carry."""
     steps: list[ItemsStep | MarkerStep] = []
     items = 0
     for msg in messages:
@@ -424,11 +451,29 @@ def _apply_all(engine: Engine, messages: list[Any]) -> None:
             items += len(batch)
         else:
             steps.append(MarkerStep(msg.partition, msg.start, msg.end))
+    return steps, items
+
+
+def _apply_all(engine: Engine, messages: list[Any]) -> None:
+    """Apply replicated markers and batches in order, on a worker thread (``_apply_steps``)."""
+    _apply_steps(engine, _steps_of(messages)[0])
+
+
+def _apply_steps(engine: Engine, steps: list[ItemsStep | MarkerStep]) -> None:
+    """Apply replicated steps in order (on a worker thread: it waits for the engine's locks and
+    may read LMDB): one engine call per ``RUN_ITEMS`` items or so, so that a large take never
+    holds the writer lock long against this node's own writes."""
+    run: list[ItemsStep | MarkerStep] = []
+    items = 0
+    for step in steps:
+        run.append(step)
+        if type(step) is ItemsStep:
+            items += len(step.items)
         if items >= RUN_ITEMS:
-            engine.apply_replica_run(steps)
-            steps, items = [], 0
-    if steps:
-        engine.apply_replica_run(steps)
+            engine.apply_replica_run(run)
+            run, items = [], 0
+    if run:
+        engine.apply_replica_run(run)
 
 
 class Inbox:

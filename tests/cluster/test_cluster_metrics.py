@@ -93,3 +93,17 @@ def test_a_real_node_reports_the_map_it_follows(tmp_path: Path, etcd: EtcdProces
             assert samples[("upr_cluster_nodes", (("state", "up"),))] == 2
     finally:
         cluster.stop_all()
+
+
+def test_replication_counters_are_counters() -> None:
+    class Replication:
+        undos, resets, inline, hops, progress_txns = 1, 2, 30, 4, 5
+
+    registry = CollectorRegistry()
+    registry.register(ClusterCollector(lambda: view(), Replication()))
+    got = {(s.name, tuple(sorted(s.labels.items()))): s.value
+           for family in text_string_to_metric_families(generate_latest(registry).decode()) for s in family.samples}
+    assert got[("upr_cluster_replica_applies_total", (("path", "inline"),))] == 30.0
+    assert got[("upr_cluster_replica_applies_total", (("path", "thread"),))] == 4.0
+    assert got[("upr_cluster_replica_progress_writes_total", ())] == 5.0
+    assert got[("upr_cluster_replica_rollbacks_total", (("path", "resync"),))] == 2.0

@@ -124,7 +124,7 @@ async def test_progress_of_more_copies_than_one_transaction_holds_is_published_a
     try:
         lease, _ttl = await client.grant(10)
         streams = ReplicationStreams(None, "r1", client, layout, lambda: lease,  # type: ignore[arg-type]
-                                     ack_poll_s=0.01)
+                                     ack_poll_s=0.01, publish_settle_s=0.0)  # every change at once
         copies = 2 * PUBLISH_OPS + 5
         streams.syncs = {p: ReplicaSync(p) for p in range(copies)}
         await streams.publish_once()

@@ -113,3 +113,33 @@ def test_a_bad_step_changes_nothing_of_its_own_and_the_steps_before_it_stay(tmp_
         assert scan(engine, 0) == [tuple(good)]
         assert engine.high_seqno(0) == 1
         assert seen == [0]  # listeners hear of what was applied
+
+
+def test_try_apply_takes_nothing_while_a_lock_is_held_and_applies_once_they_are_free(tmp_path: Path) -> None:
+    import threading
+
+    with replica(tmp_path / "r") as engine:
+        seen: list[int] = []
+        engine.add_listener(seen.append)
+        steps = [MarkerStep(0, 1, 1), ItemsStep(0, [Item(b"a", 1, 100, 1, False, b"v")], True)]
+        for lock in (engine._lock, engine._turn):  # the writer lock, then the LMDB turn, held elsewhere
+            held, release = threading.Event(), threading.Event()
+
+            def hold(lock=lock) -> None:
+                with lock:
+                    held.set()
+                    release.wait(5)
+
+            holder = threading.Thread(target=hold)
+            holder.start()
+            held.wait(5)
+            assert engine.try_apply_replica_run(steps) is False
+            release.set()
+            holder.join()
+            assert engine.high_seqno(0) == 0 and seen == []
+        assert engine.try_apply_replica_run(steps) is True
+        assert scan(engine, 0) == [tuple(steps[1].items[0])] and engine.high_seqno(0) == 1
+        assert seen == [0]
+        assert engine._lock.acquire(blocking=False) and engine._turn.acquire(blocking=False)  # both released
+        engine._turn.release()
+        engine._lock.release()

@@ -1,0 +1,114 @@
+"""CPU of a replicating pair per bulk request and per write, at a paced ``memory`` write rate,
+without an observer: the load-independent signal for the replication path.
+
+Two nodes, one replica each way (as ``bench.bench_cluster --only lag``), the same paced writer
+(one bulk per node every ``--tick-ms``), each node's CPU seconds over the window divided by the
+bulks and the writes it took.  ``--pyspy DIR`` also records both nodes with py-spy (raw, idle
+samples left out) into DIR for the window::
+
+    PYTHONPATH=. python -m bench.cluster_cpu --rates 500,5000 --seconds 10
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import httpx
+import psutil
+
+from bench.cluster_lag import CpuWindow, paced_writer
+from bench.cluster_procs import BenchCluster, start_etcd
+from bench.suite.procs import ProcessGroup
+
+
+def etcd_requests(url: str) -> dict[str, float]:
+    """etcd's handled gRPC requests so far, per method (the JSON gateway's calls land there too)."""
+    counts: dict[str, float] = {}
+    for line in httpx.get(f"{url}/metrics", timeout=10).text.splitlines():
+        if line.startswith("grpc_server_handled_total{"):
+            method = line.split('grpc_method="', 1)[1].split('"', 1)[0]
+            counts[method] = counts.get(method, 0.0) + float(line.rsplit(" ", 1)[1])
+    return counts
+
+
+def node_counters(url: str) -> dict[str, float]:
+    """The replication counters of one node's ``/metrics`` (absent on a tree without them: 0)."""
+    wanted = {'upr_cluster_replica_applies_total{path="inline"}': "inline",
+              'upr_cluster_replica_applies_total{path="thread"}': "thread",
+              "upr_cluster_replica_progress_writes_total": "progress txns"}
+    out = {name: 0.0 for name in wanted.values()}
+    for line in httpx.get(f"{url}/metrics", timeout=10).text.splitlines():
+        head, _, value = line.rpartition(" ")
+        if head in wanted:
+            out[wanted[head]] = float(value)
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--rates", default="500,5000", help="offered memory writes/s, comma-separated")
+    p.add_argument("--seconds", type=float, default=10.0)
+    p.add_argument("--tick-ms", type=float, default=10.0)
+    p.add_argument("--partitions", type=int, default=64)
+    p.add_argument("--pyspy", type=Path, help="record both nodes with py-spy into this directory")
+    args = p.parse_args(argv)
+    work = Path(tempfile.mkdtemp(prefix="upr-bench-cpu-"))
+    print(f"load average {os.getloadavg()[0]:.1f} at the start", flush=True)
+    try:
+        with ProcessGroup() as group:
+            etcd = start_etcd(group, work)
+            pair = BenchCluster(group, work, etcd, "cpu", args.partitions, replicas=1, size=2, lease_ttl_s=6).start()
+            pair.wait_until(pair.placed_and_followed, 300, "every replica in sync")
+            actives = pair.actives()
+            nodes = [n for n in pair.live() if n.proc is not None]
+            procs = [psutil.Process(n.proc.pid) for n in nodes]  # type: ignore[union-attr]
+            for rate in (float(r) for r in args.rates.split(",")):
+                spies = []
+                if args.pyspy:
+                    args.pyspy.mkdir(parents=True, exist_ok=True)
+                    spy = shutil.which("py-spy") or str(Path(sys.executable).parent / "py-spy")
+                    for n in nodes:
+                        assert n.proc is not None
+                        spies.append(subprocess.Popen(
+                            [spy, "record", "-r", "200", "-f", "raw", "--nonblocking", "--gil", "-d",
+                             str(int(args.seconds + 1)), "-o", str(args.pyspy / f"{n.name}-{rate:.0f}.txt"),
+                             "--pid", str(n.proc.pid)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+                start_at = time.monotonic() + 1.0
+                stop_at = start_at + args.seconds
+                cpu = CpuWindow(procs, start_at, stop_at)
+                etcd_before = etcd_requests(etcd)
+                nodes_before = [node_counters(n.url) for n in nodes]
+                acks, sent, errors = asyncio.run(paced_writer(actives, args.partitions, rate, args.tick_ms / 1000,
+                                                              start_at, stop_at, cpu))
+                etcd_after = etcd_requests(etcd)
+                moved = {k: sum(node_counters(n.url)[k] - b[k] for n, b in zip(nodes, nodes_before))
+                         for k in nodes_before[0]}
+                for s in spies:
+                    s.wait()
+                # writes last about the window plus its 1 s lead
+                etcd_rate = {m: (etcd_after.get(m, 0) - n) / (args.seconds + 1) for m, n in etcd_before.items()}
+                etcd_txt = ", ".join(f"{m} {r:.1f}/s" for m, r in sorted(etcd_rate.items()) if r >= 0.05)
+                used = cpu.used()
+                bulks = args.seconds / (args.tick_ms / 1000)  # per node
+                parts = ", ".join(f"{c:.0%}" for c in used)
+                per_bulk = sum(used) * args.seconds / (bulks * len(nodes)) * 1e3
+                per_write = sum(used) * args.seconds / max(sent, 1) * 1e6
+                print(f"{rate:,.0f}/s: nodes' CPU {parts}; per bulk (per node) {per_bulk:.2f} ms; "
+                      f"per write (both nodes) {per_write:.0f} µs; {sent} sent, {errors} errors; "
+                      f"etcd requests {etcd_txt}; replica runs applied inline {moved['inline']:.0f}, on a "
+                      f"thread {moved['thread']:.0f}, progress txns {moved['progress txns']:.0f}; load {os.getloadavg()[0]:.1f}", flush=True)
+                time.sleep(2)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
