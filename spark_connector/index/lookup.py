@@ -119,7 +119,9 @@ def _lookup_sidecars(where: Location, runs: tuple[Run, ...], value: str) -> list
         dead = {p for p, j in last_reset.items() if j > i}  # a later run resets them
         if dead and not dead.isdisjoint(parts):
             alive = [p not in dead for p in parts]
-            keys, parts, seqnos = (list(compress(column, alive)) for column in (keys, parts, seqnos))
+            keys = list(compress(keys, alive))
+            parts = list(compress(parts, alive))
+            seqnos = list(compress(seqnos, alive))
         if keys:
             first = min(first, i)
             candidates.update(zip(keys, zip(repeat(i), parts, seqnos)))    # a later run's row of a key wins
