@@ -17,8 +17,10 @@ import importlib
 import json
 import sys
 from collections.abc import Sequence
-from pathlib import Path
-from typing import Any
+
+TYPE_CHECKING = False   # typing only for the checkers: `upr index query` imports this module (docs/benchmarks.md)
+if TYPE_CHECKING:
+    from typing import Any
 
 #: Modules that contribute subcommands, each with ``register(subparsers)``.
 PLUGIN_MODULES = ("clients.cli", "clients.cluster_cli", "spark_connector.cli")
@@ -72,6 +74,8 @@ def _cmd_server(args: argparse.Namespace) -> int:
 
 
 def _openapi_parser(sub: Any) -> None:
+    from pathlib import Path        # here: `upr index query` never builds this parser
+
     p = sub.add_parser("openapi", help="print the OpenAPI document (JSON)",
                        description="Print the OpenAPI document; `upr openapi > openapi/openapi.json`.")
     p.add_argument("-o", "--output", type=Path, help="write to this file instead of stdout")

@@ -4,7 +4,9 @@ Imports are lazy so ``upr`` subcommands that never touch Spark do not pay for im
 """
 from __future__ import annotations
 
-from typing import Any
+TYPE_CHECKING = False   # typing only for the checkers: `upr index query` imports this module (docs/benchmarks.md)
+if TYPE_CHECKING:
+    from typing import Any
 
 __all__ = ["FieldIndex", "IndexJob", "UprDataSource", "load_index", "local_session"]
 

@@ -11,7 +11,10 @@ import json
 import os
 import sys
 from collections.abc import Iterator, Sequence
-from typing import Any
+
+TYPE_CHECKING = False   # typing only for the checkers: `upr index query` imports this module (docs/benchmarks.md)
+if TYPE_CHECKING:
+    from typing import Any
 
 
 EXIT_ERROR = 1
@@ -143,7 +146,7 @@ def _expected_errors() -> tuple[type[BaseException], ...]:
     from engine.core.errors import UprError
 
     from .executor_env import EnvError
-    from .index.manifest import IndexError_
+    from .index.errors import IndexError_
     return (UprError, IndexError_, EnvError, FileNotFoundError, ValueError)
 
 
@@ -319,8 +322,9 @@ def _cmd_query(args: argparse.Namespace) -> int:
         with _pyarrow_without_numpy():
             from .index.lookup import lookup
             rows = lookup(args.index, args.value)
-    for row in rows:
-        print(json.dumps(row) if args.json else row["key"])
+    lines = [json.dumps(row) for row in rows] if args.json else [row["key"] for row in rows]
+    if lines:
+        sys.stdout.write("\n".join(lines) + "\n")
     return 0
 
 

@@ -56,13 +56,22 @@ KNOWN = {
     "minPartitions": "Spark tasks to aim for; large backlogs are split into seqno ranges",
     "onRollback": "fail, resetPartition (default) or refetch",
     "failOnDataLoss": "Kafka's name: true = onRollback=fail, false = onRollback=resetPartition",
-    "batchRows": "rows per Arrow record batch yielded by read() (default 8192)",
+    "batchRows": "rows per Arrow record batch yielded by read() (default 65536)",
+    "batchBytes": "bytes per Arrow record batch at most (default 33554432): big documents end a batch before batchRows",
     "timeout": "seconds for HTTP calls and stream inactivity (default 30)",
     "fetchOffset.numRetries": "retries of a trigger's metadata fetch or stream connect (default 3), as Kafka's",
     "fetchOffset.retryIntervalMs": "wait before the first retry, doubling after each (default 1000)",
     "path": "ignored (Spark passes load(path) here)",
 }
 _LOWER = {k.lower(): k for k in KNOWN}
+
+#: Rows per Arrow batch a task yields: Spark pays per batch it receives from a Python worker (the
+#: executor's Arrow-to-row path), so larger batches cost less CPU per row (docs/benchmarks.md,
+#: Spark: batch size on the standalone cluster).
+BATCH_ROWS = 65536
+#: ... and at most this many bytes, whatever the row count: a batch is held (and copied once, to
+#: merge the stream's frames) in the Python worker, so documents of 100 kB must not make 6 GB batches.
+BATCH_BYTES = 32 * 1024 * 1024
 
 
 @dataclass(frozen=True)
@@ -75,7 +84,8 @@ class SourceOptions:
     max_offsets_per_trigger: int | None = None
     min_partitions: int | None = None
     on_rollback: OnRollback = OnRollback.RESET_PARTITION
-    batch_rows: int = 8192
+    batch_rows: int = BATCH_ROWS
+    batch_bytes: int = BATCH_BYTES
     timeout: float = 30.0
     retry: RetryPolicy = RetryPolicy()
     raw: Mapping[str, str] = field(default_factory=dict)
@@ -108,7 +118,8 @@ def parse_options(options: Mapping[str, str]) -> SourceOptions:
         max_offsets_per_trigger=_positive_int(opts, "maxOffsetsPerTrigger"),
         min_partitions=_positive_int(opts, "minPartitions"),
         on_rollback=_on_rollback(opts),
-        batch_rows=_positive_int(opts, "batchRows") or 8192,
+        batch_rows=_positive_int(opts, "batchRows") or BATCH_ROWS,
+        batch_bytes=_positive_int(opts, "batchBytes") or BATCH_BYTES,
         timeout=_positive_float(opts, "timeout") or 30.0,
         retry=RetryPolicy(_count(opts, "fetchOffset.numRetries", 3),
                           _count(opts, "fetchOffset.retryIntervalMs", 1000) / 1000),

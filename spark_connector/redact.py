@@ -18,19 +18,22 @@ __all__ = ["redact", "MASK"]
 
 MASK = "***"
 
+# The patterns are texts that ``re`` compiles (and caches) on first use: most processes that
+# import this module never redact anything, and compiling both costs a one-shot lookup's start-up.
+
 #: ``scheme://user:password@``: the user has no ``/``, ``:`` or ``@``; the password runs to the
 #: ``@`` that ends the authority (an unencoded ``/`` or ``+`` is common in S3 secret keys).
-_USERINFO = re.compile(r"(?P<head>\b[A-Za-z][A-Za-z0-9+.\-]*://[^\s:/@?#]*):(?P<secret>[^\s@]*)@")
+_USERINFO = r"(?P<head>\b[A-Za-z][A-Za-z0-9+.\-]*://[^\s:/@?#]*):(?P<secret>[^\s@]*)@"
 
 #: ``name=value`` in a query string, where the name says it holds a secret.
-_SECRET_PARAM = re.compile(
-    r"(?P<head>[?&;](?:[A-Za-z0-9_.\-]*(?:secret|password|passwd|token|credential|signature|"
-    r"access_key|accesskey|sas|sig)[A-Za-z0-9_.\-]*)=)(?P<secret>[^&#\s'\"]*)", re.IGNORECASE)
+_SECRET_PARAM = (
+    r"(?i)(?P<head>[?&;](?:[A-Za-z0-9_.\-]*(?:secret|password|passwd|token|credential|signature|"
+    r"access_key|accesskey|sas|sig)[A-Za-z0-9_.\-]*)=)(?P<secret>[^&#\s'\"]*)")
 
 
 def redact(text: str) -> str:
     """``text`` with the credentials of every URI in it replaced by ``MASK``."""
     if "://" not in text and "=" not in text:
         return text
-    text = _USERINFO.sub(lambda m: f"{m['head']}:{MASK}@", text)
-    return _SECRET_PARAM.sub(lambda m: f"{m['head']}{MASK}" if m["secret"] else m[0], text)
+    text = re.sub(_USERINFO, lambda m: f"{m['head']}:{MASK}@", text)
+    return re.sub(_SECRET_PARAM, lambda m: f"{m['head']}{MASK}" if m["secret"] else m[0], text)

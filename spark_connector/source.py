@@ -19,7 +19,7 @@ from pyspark.sql.types import StructType
 
 from .meta import fetch_routed, local_check
 from .offsets import SourceOffset
-from .options import Position, SourceOptions, parse_options
+from .options import BATCH_BYTES, Position, SourceOptions, parse_options
 from .planning import WorkItem, plan_tasks
 from .progress import (
     ServerMeta,
@@ -51,6 +51,7 @@ class UprInputPartition(InputPartition):
     #: (partition, active node URL) as planning saw the map; empty: a single server, or unknown
     #: (a batch replayed by a new driver process), in which case the task reads the map itself
     routes: tuple[tuple[int, str], ...] = ()
+    batch_bytes: int = BATCH_BYTES
 
 
 def _input_partitions(opts: SourceOptions, start: SourceOffset, end: SourceOffset,
@@ -60,7 +61,7 @@ def _input_partitions(opts: SourceOptions, start: SourceOffset, end: SourceOffse
         wanted = {w.partition for w in group}
         hint = tuple(sorted((p, url) for p, url in (routes or {}).items() if p in wanted))
         out.append(UprInputPartition(opts.server, opts.token, tuple(group), opts.batch_rows, opts.timeout,
-                                     opts.retry, opts.seeds, hint))
+                                     opts.retry, opts.seeds, hint, opts.batch_bytes))
     return out
 
 

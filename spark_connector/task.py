@@ -154,7 +154,7 @@ def read_task(partition: Any) -> Iterator[pa.RecordBatch]:
         yield control_batch(control.partition, control.control, control.start)
     if not any(w.end > w.start for w in items):
         return
-    yield from coalesce(_follow(partition, items), partition.batch_rows)
+    yield from coalesce(_follow(partition, items), partition.batch_rows, partition.batch_bytes)
 
 
 Keyed = tuple[tuple[int, int], WorkItem]   # (planned partition, planned start) and the item to read now
@@ -276,19 +276,37 @@ def _stream(partition: Any, url_base: str, items: list[Keyed],
         raise StreamReadError(str(exc)) from None
 
 
-def coalesce(batches: Iterator[pa.RecordBatch], rows: int) -> Iterator[pa.RecordBatch]:
+def coalesce(batches: Iterator[pa.RecordBatch], rows: int, max_bytes: int) -> Iterator[pa.RecordBatch]:
     """Merge small record batches (one per stream frame) into ~``rows``-row ones: Spark pays a fixed
-    cost per Arrow batch it receives from a Python worker."""
+    cost per Arrow batch it receives from a Python worker.  No batch yielded holds more than
+    ``max_bytes`` (Arrow buffer bytes) unless it is a single row: frames are cut to fit, and a
+    batch ends before the frame that would push it past the cap."""
     held: list[pa.RecordBatch] = []
-    count = 0
+    count = size = 0
     for rb in batches:
-        held.append(rb)
-        count += rb.num_rows
-        if count >= rows:
-            yield _concat(held)
-            held, count = [], 0
-    if count:
+        for piece in _within(rb, max_bytes):
+            n = piece.nbytes
+            if held and size + n > max_bytes:
+                yield _concat(held)
+                held, count, size = [], 0, 0
+            held.append(piece)
+            count += piece.num_rows
+            size += n
+            if count >= rows:
+                yield _concat(held)
+                held, count, size = [], 0, 0
+    if held:
         yield _concat(held)
+
+
+def _within(rb: pa.RecordBatch, max_bytes: int) -> Iterator[pa.RecordBatch]:
+    """``rb`` as zero-copy slices of at most ``max_bytes`` each (or one row), halving as needed."""
+    if rb.num_rows <= 1 or rb.nbytes <= max_bytes:
+        yield rb
+        return
+    half = rb.num_rows // 2
+    yield from _within(rb.slice(0, half), max_bytes)
+    yield from _within(rb.slice(half), max_bytes)
 
 
 def _concat(held: list[pa.RecordBatch]) -> pa.RecordBatch:

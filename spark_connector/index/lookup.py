@@ -16,10 +16,15 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable
-from typing import Any
 
-from .manifest import Manifest, load
+from .runs import Run, read_manifest, runs_from_json
 from .storage import Location, open_location
+
+TYPE_CHECKING = False   # typing only for the checkers: `upr index query` imports this module (docs/benchmarks.md)
+if TYPE_CHECKING:
+    from typing import Any
+
+    from .manifest import Manifest
 
 __all__ = ["lookup"]
 
@@ -83,48 +88,61 @@ def lookup(index: str | os.PathLike[str] | Location, value: str, manifest: Manif
     """Entries ``{"key", "partition", "seqno"}`` whose indexed value equals ``value``, by key.
     ``sidecars=False`` reads the Parquet runs even where sidecars exist (they must agree)."""
     where = index if isinstance(index, Location) else open_location(index)
-    manifest = manifest or load(where)
-    if manifest is None:
-        raise FileNotFoundError(f"{where.display()}: no index here (manifest.json missing)")
-    if sidecars and where.is_local and all(run.sidecar for run in manifest.runs):
-        return _lookup_sidecars(where, manifest, value)
-    return _lookup_parquet(where, manifest, value)
+    if manifest is not None:
+        runs = manifest.runs
+    else:           # the runs alone: the manifest model costs a one-shot lookup (runs.py)
+        raw = read_manifest(where)
+        if raw is None:
+            raise FileNotFoundError(f"{where.display()}: no index here (manifest.json missing)")
+        runs = runs_from_json(raw)
+    if sidecars and where.is_local and all(run.sidecar for run in runs):
+        return _lookup_sidecars(where, runs, value)
+    return _lookup_parquet(where, runs, value)
 
 
-def _last_resets(manifest: Manifest) -> dict[int, int]:
+def _last_resets(runs: tuple[Run, ...]) -> dict[int, int]:
     """Partition -> index of the newest run that resets it: older runs' rows of it are dead."""
-    return {p: i for i, run in enumerate(manifest.runs) for p in run.resets}
+    return {p: i for i, run in enumerate(runs) for p in run.resets}
 
 
-def _lookup_sidecars(where: Location, manifest: Manifest, value: str) -> list[dict[str, Any]]:
-    from .sidecar import Sidecar
+def _lookup_sidecars(where: Location, runs: tuple[Run, ...], value: str) -> list[dict[str, Any]]:
+    from itertools import compress, repeat
 
-    runs = manifest.runs
-    last_reset = _last_resets(manifest)
+    from .sidecar import CandidateKeys, Sidecar
+
+    last_reset = _last_resets(runs)
     candidates: dict[str, tuple[int, int, int]] = {}       # key -> (run, partition, seqno)
+    first = len(runs)
     for i, run in enumerate(runs):
         with Sidecar(where.path(f"{run.path}/{run.sidecar}")) as side:
-            for key, p, s in side.entries(value):
-                if i >= last_reset.get(p, 0):
-                    candidates[key] = (i, p, s)             # a later run's row of the key wins
+            keys, parts, seqnos = side.entries(value)
+        dead = {p for p, j in last_reset.items() if j > i}  # a later run resets them
+        if dead and not dead.isdisjoint(parts):
+            alive = [p not in dead for p in parts]
+            keys = list(compress(keys, alive))
+            parts = list(compress(parts, alive))
+            seqnos = list(compress(seqnos, alive))
+        if keys:
+            first = min(first, i)
+            candidates.update(zip(keys, zip(repeat(i), parts, seqnos)))    # a later run's row of a key wins
     if not candidates:
         return []
-    newest = {key: run for key, (run, _, _) in candidates.items()}
-    keys = list(candidates)
-    for j in range(min(newest.values()) + 1, len(runs)):
+    asked = CandidateKeys(candidates)
+    superseded: set[str] = set()
+    for j in range(first + 1, len(runs)):
+        dead = {p for p, r in last_reset.items() if r > j}
         with Sidecar(where.path(f"{runs[j].path}/{runs[j].sidecar}")) as side:
-            for key, p in side.holders(keys):
-                if j >= last_reset.get(p, 0) and j > newest[key]:
-                    newest[key] = j
-    return [{"key": key, "partition": p, "seqno": s} for key, (run, p, s) in sorted(candidates.items())
-            if newest[key] == run]
+            for key, p in side.holders(asked):
+                if p not in dead and candidates[key][0] < j:
+                    superseded.add(key)
+    return [{"key": key, "partition": p, "seqno": s} for key, (_, p, s) in sorted(candidates.items())
+            if key not in superseded]
 
 
-def _lookup_parquet(where: Location, manifest: Manifest, value: str) -> list[dict[str, Any]]:
+def _lookup_parquet(where: Location, runs: tuple[Run, ...], value: str) -> list[dict[str, Any]]:
     call, set_lookup = _compute()
     wanted = strings([value])[0]
-    runs = manifest.runs
-    last_reset = _last_resets(manifest)
+    last_reset = _last_resets(runs)
     candidates: dict[str, tuple[int, int, int]] = {}       # key -> (run, partition, seqno)
     for i, run in enumerate(runs):
         t = _read(where, run.path, ["value", "key", "partition", "seqno"], lambda t: call("equal", [t["value"], wanted]))

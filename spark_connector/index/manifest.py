@@ -23,22 +23,10 @@ import time
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
-from ..redact import redact
+from .errors import IndexError_
+from .runs import FORMAT, MANIFEST, Run, read_manifest, runs_from_json
 
-FORMAT = 1
-MANIFEST = "manifest.json"
-
-
-class IndexError_(Exception):
-    """An index directory that is missing, corrupt, or built with another function/server."""
-
-
-@dataclass(frozen=True)
-class Run:
-    path: str                                  # relative to the index directory
-    resets: tuple[int, ...] = ()               # partitions whose older rows this run kills
-    rows: int = 0
-    sidecar: str = ""                          # lookup sidecar in the run directory ("" = none)
+__all__ = ["FORMAT", "MANIFEST", "IndexError_", "Manifest", "Run", "collect_garbage", "commit", "load"]
 
 
 @dataclass(frozen=True)
@@ -55,7 +43,8 @@ class Manifest:
     node_id: str = ""                          # the server's data-dir id: the index follows that keyspace
 
     def to_json(self) -> dict[str, Any]:
-        out = asdict(self)
+        out = asdict(self)          # runs are plain objects: asdict copies them as they are
+        out["runs"] = [run.to_json() for run in self.runs]
         out["format"] = FORMAT
         return out
 
@@ -63,8 +52,7 @@ class Manifest:
     def from_json(cls, raw: dict[str, Any]) -> Manifest:
         if raw.get("format") != FORMAT:
             raise IndexError_(f"unsupported index format {raw.get('format')!r}")
-        runs = tuple(Run(r["path"], tuple(r.get("resets", ())), int(r.get("rows", 0)), str(r.get("sidecar", "")))
-                     for r in raw["runs"])
+        runs = runs_from_json(raw)
         return cls(int(raw["generation"]), int(raw["batch_id"]), dict(raw["spec"]), str(raw["server"]), runs,
                    raw.get("offset"), int(raw.get("rows", 0)), float(raw.get("created", 0)),
                    dict(raw.get("stats", {})), str(raw.get("node_id", "")))
@@ -77,18 +65,8 @@ def load(index_dir: str | os.PathLike[str] | Any) -> Manifest | None:
     """The current manifest of ``index_dir`` (a path, a URI or a ``storage.Location``), or None."""
     from .storage import Location, open_location
     where = index_dir if isinstance(index_dir, Location) else open_location(index_dir)
-    try:
-        text = where.read_text(MANIFEST)
-    except OSError as exc:          # a remote store that cannot be reached: name the index
-        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
-        raise IndexError_(redact(f"{where.display(MANIFEST)}: cannot read the manifest: {first}")) from None
-    if text is None:
-        return None
-    try:
-        raw = json.loads(text)
-    except ValueError as exc:
-        raise IndexError_(f"{where.display(MANIFEST)}: corrupt manifest ({exc})") from None
-    return Manifest.from_json(raw)
+    raw = read_manifest(where)
+    return None if raw is None else Manifest.from_json(raw)
 
 
 def commit(index_dir: str | os.PathLike[str] | Any, manifest: Manifest) -> None:

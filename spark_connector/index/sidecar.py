@@ -28,12 +28,17 @@ from __future__ import annotations
 import json
 import os
 from bisect import bisect_left, bisect_right
-from typing import Any
+from collections.abc import Iterable, Iterator
 
-from .manifest import IndexError_, Run
+from .errors import IndexError_
+from .runs import Run
 from .storage import Location
 
-__all__ = ["BLOCK", "SIDECAR", "Sidecar", "seal_run", "write_sidecar"]
+TYPE_CHECKING = False   # typing only for the checkers: `upr index query` imports this module (docs/benchmarks.md)
+if TYPE_CHECKING:
+    from typing import Any
+
+__all__ = ["BLOCK", "SIDECAR", "CandidateKeys", "Sidecar", "seal_run", "write_sidecar"]
 
 #: Spark's file readers skip names starting with "_" (or "."): the run directory stays a Parquet dataset
 SIDECAR = "_lookup.v1"
@@ -51,6 +56,20 @@ def escape(text: str) -> str:
     for raw, escaped in _ESCAPES:
         text = text.replace(raw, escaped)
     return text
+
+
+class CandidateKeys:
+    """The keys a lookup asks later runs about (``Sidecar.holders``), escaped once for all runs:
+    as a set, and in order to find the blocks that can hold them."""
+
+    __slots__ = ("members", "ordered")
+
+    def __init__(self, keys: Iterable[str]) -> None:
+        keys = list(keys)
+        joined = "".join(keys)      # one scan instead of a Python call per key, in the common case
+        needs = "\\" in joined or "\t" in joined or "\n" in joined
+        self.members: set[str] = {escape(k) for k in keys} if needs else set(keys)
+        self.ordered: list[str] = sorted(self.members)
 
 
 def unescape(text: str) -> str:
@@ -182,48 +201,41 @@ class Sidecar:
         self._values: dict[str, Any] = header["values"]
         self._keys: dict[str, Any] | None = header["keys"]
 
-    def _lines(self, section: dict[str, Any], lo: int, hi: int) -> list[str]:
-        """The lines of blocks ``lo`` .. ``hi - 1`` of ``section``."""
+    def _text(self, section: dict[str, Any], lo: int, hi: int) -> str:
+        """The lines of blocks ``lo`` .. ``hi - 1`` of ``section``, as one text."""
         starts = section["starts"]
         begin = starts[lo]
         end = starts[hi] if hi < len(starts) else section["size"]
         self._fh.seek(self._base + section["at"] + begin)
-        return self._fh.read(end - begin).decode().split("\n")[:-1]
+        return self._fh.read(end - begin).decode()
 
-    def entries(self, value: str) -> list[tuple[str, int, int]]:
-        """``(key, partition, seqno)`` of the run's rows whose value is ``value``."""
+    def entries(self, value: str) -> tuple[list[str], list[int], list[int]]:
+        """The run's rows whose value is ``value``: their keys, partitions and seqnos (columns)."""
         wanted = escape(value)
         firsts = self._values["firsts"]
         hi = bisect_right(firsts, wanted)             # blocks from here on start past the value
         if hi == 0:
-            return []
-        out = []
-        for line in self._lines(self._values, max(0, bisect_left(firsts, wanted) - 1), hi):
-            v, key, p, s = line.split("\t")
-            if v == wanted:
-                out.append((unescape(key), int(p), int(s)))
-            elif v > wanted:
-                break
-        return out
+            return [], [], []
+        text = self._text(self._values, max(0, bisect_left(firsts, wanted) - 1), hi)
+        # every field of every line in one list (value, key, partition, seqno, ..., ""): the
+        # lines are sorted by value, so the value's rows are one slice of it, found by bisection
+        fields = text.replace("\t", "\n").split("\n")
+        values = fields[0:-1:4]
+        first, last = 4 * bisect_left(values, wanted), 4 * bisect_right(values, wanted)
+        keys = fields[first + 1:last:4]
+        if "\\" in text:
+            keys = [unescape(k) for k in keys]
+        return keys, list(map(int, fields[first + 2:last:4])), list(map(int, fields[first + 3:last:4]))
 
-    def holders(self, keys: list[str]) -> list[tuple[str, int]]:
-        """``(key, partition)`` of the run's rows (entries or markers) whose key is in ``keys``."""
+    def holders(self, keys: CandidateKeys) -> list[tuple[str, int]]:
+        """``(key, partition)`` of the run's rows (entries or markers) whose key is one of ``keys``."""
         if self._keys is None:
             raise IndexError_(f"{self._fh.name}: the sidecar of a first run has no keys section")
-        wanted = {escape(k) for k in keys}
-        firsts = self._keys["firsts"]
-        blocks = sorted({b for b in (bisect_right(firsts, k) - 1 for k in wanted) if b >= 0})
         out = []
-        i = 0
-        while i < len(blocks):                         # consecutive blocks in one read
-            j = i
-            while j + 1 < len(blocks) and blocks[j + 1] == blocks[j] + 1:
-                j += 1
-            for line in self._lines(self._keys, blocks[i], blocks[j] + 1):
-                key, _, p = line.partition("\t")
-                if key in wanted:
-                    out.append((unescape(key), int(p)))
-            i = j + 1
+        for lo, hi in _spans(_blocks_holding(self._keys["firsts"], keys.ordered)):   # consecutive blocks: one read
+            fields = self._text(self._keys, lo, hi).replace("\t", "\n").split("\n")   # key, partition, ..., ""
+            partition_of = dict(zip(fields[0:-1:2], fields[1::2]))
+            out += [(unescape(key), int(partition_of[key])) for key in keys.members.intersection(partition_of)]
         return out
 
     def close(self) -> None:
@@ -234,3 +246,29 @@ class Sidecar:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _blocks_holding(firsts: list[str], ordered: list[str]) -> list[int]:
+    """The blocks (ascending) whose key range holds one of the sorted keys ``ordered``: block
+    ``i`` holds the keys from ``firsts[i]`` up to, not including, ``firsts[i + 1]``.  Bisects the
+    shorter list into the longer: thousands of candidate keys against a run of a few blocks cost
+    a few bisections, a few keys against a large run a few too."""
+    if len(ordered) <= len(firsts):
+        return sorted({b for b in (bisect_right(firsts, k) - 1 for k in ordered) if b >= 0})
+    out = []
+    for i, first in enumerate(firsts):
+        at = bisect_left(ordered, first)
+        if at < len(ordered) and (i + 1 == len(firsts) or ordered[at] < firsts[i + 1]):
+            out.append(i)
+    return out
+
+
+def _spans(blocks: list[int]) -> Iterator[tuple[int, int]]:
+    """Ascending block numbers as ``(lo, hi)`` ranges of consecutive ones."""
+    i = 0
+    while i < len(blocks):
+        j = i
+        while j + 1 < len(blocks) and blocks[j + 1] == blocks[j] + 1:
+            j += 1
+        yield blocks[i], blocks[j] + 1
+        i = j + 1

@@ -13,12 +13,13 @@ A scheme whose client library is missing is refused with one line naming what to
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
-from typing import Any
-from urllib.parse import urlparse
 
 from ..redact import redact
-from .manifest import IndexError_
+from .errors import IndexError_
+
+TYPE_CHECKING = False   # typing only for the checkers: `upr index query` imports this module (docs/benchmarks.md)
+if TYPE_CHECKING:
+    from typing import Any
 
 __all__ = ["Location", "StorageError", "open_location", "scheme_of"]
 
@@ -40,24 +41,50 @@ def _first_line(exc: BaseException) -> str:
 
 
 def scheme_of(location: str) -> str:
+    if ":" not in location:
+        return ""               # a plain path: no need to load the URL parser
+    from urllib.parse import urlparse
     parsed = urlparse(location)
     # "C:\\x" and plain paths have no scheme of two letters or more
     return parsed.scheme.lower() if len(parsed.scheme) > 1 else ""
 
 
-@dataclass(frozen=True)
 class Location:
     """An index directory: ``fs`` (a ``pyarrow.fs.FileSystem``), ``base`` (the path in it) and
     ``uri`` (what Spark's readers and writers are given).
 
     A local directory makes its ``LocalFileSystem`` only when asked: reading a local index
     (``upr index query``) goes through ``os`` and plain paths, so a one-shot lookup does not pay
-    for importing ``pyarrow.fs``.  Picklable: executors write remote runs through it."""
+    for importing ``pyarrow.fs``.  Picklable: executors write remote runs through it.  Immutable;
+    a plain class rather than a dataclass for the same one-shot lookup (``runs.py`` says why)."""
 
+    __slots__ = ("filesystem", "base", "uri", "scheme")
     filesystem: Any
     base: str
     uri: str
-    scheme: str = ""
+    scheme: str
+
+    def __init__(self, filesystem: Any, base: str, uri: str, scheme: str = "") -> None:
+        for name, value in zip(self.__slots__, (filesystem, base, uri, scheme)):
+            object.__setattr__(self, name, value)
+
+    def __setattr__(self, name: str, value: object) -> None:
+        raise AttributeError(f"cannot assign to field {name!r} of an immutable Location")
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Location):
+            return NotImplemented
+        return (self.filesystem, self.base, self.uri, self.scheme) == \
+            (other.filesystem, other.base, other.uri, other.scheme)
+
+    def __hash__(self) -> int:
+        return hash((self.base, self.uri, self.scheme))
+
+    def __repr__(self) -> str:
+        return f"Location({self.display()!r}, scheme={self.scheme!r})"
+
+    def __reduce__(self) -> tuple[type[Location], tuple[Any, str, str, str]]:
+        return (Location, (self.filesystem, self.base, self.uri, self.scheme))
 
     @property
     def fs(self) -> Any:
@@ -198,7 +225,11 @@ def open_location(location: str | os.PathLike[str], filesystem: Any = None) -> L
         return Location(filesystem, text, text, scheme=getattr(filesystem, "type_name", "custom"))
     scheme = scheme_of(text)
     if scheme in ("", "file"):
-        path = urlparse(text).path if scheme == "file" else text
+        if scheme == "file":
+            from urllib.parse import urlparse
+            path = urlparse(text).path
+        else:
+            path = text
         path = os.path.abspath(path)
         return Location(None, path, path, scheme="")
     from pyarrow import fs as pafs

@@ -86,6 +86,7 @@ def test_stream_start(start, end, expect_seqno, expect_control):
     ({"server": S, "maxOffsetsPerTrigger": "0"}, "maxOffsetsPerTrigger", "positive"),
     ({"server": S, "maxOffsetsPerTrigger": "ten"}, "maxOffsetsPerTrigger", "positive"),
     ({"server": S, "minPartitions": "-1"}, "minPartitions", "positive"),
+    ({"server": S, "batchBytes": "0"}, "batchBytes", "positive"),
     ({"server": S, "onRollback": "ignore"}, "onRollback", "resetPartition"),
     ({"server": S, "partitions": "3-1"}, "partitions", "end before start"),
     ({"server": S, "partitions": "[1, \"a\"]"}, "partitions", "list of integers"),
@@ -105,6 +106,7 @@ def test_options_are_case_insensitive_and_typed():
     assert o.server == S and o.max_offsets_per_trigger == 100 and o.on_rollback is OnRollback.REFETCH
     assert o.starting == {3: PartitionOffset(7, 5, 5, 5), 4: Position.LATEST, 5: Position.EARLIEST}
     assert o.partitions == (3, 4, 5)
+    assert parse_options({"server": S, "batchbytes": "1048576"}).batch_bytes == 1048576
     defaults = parse_options({"server": S})
     assert (defaults.starting, defaults.ending, defaults.on_rollback) == (
         Position.EARLIEST, Position.LATEST, OnRollback.RESET_PARTITION)
