@@ -1,11 +1,30 @@
 """WakePacer: changes go out at once on an idle loop, gathered on a busy one with many consumers."""
 from __future__ import annotations
 
+import asyncio
+import time
+from collections.abc import Callable
+
 import pytest
 
+from app.stream.hub import ChangeHub
 from app.stream.pacing import WakePacer
 
 A, B = frozenset({1}), frozenset({2, 3})
+
+
+def _paced_hub() -> tuple[ChangeHub, Callable[[int], None]]:
+    """A hub on the running loop whose pacer holds deliveries once the loop is 0.2 s late (long
+    enough for a loaded machine), and the engine's change mark it listens to."""
+    listeners: list[Callable[[int], None]] = []
+
+    def add_listener(cb: Callable[[int], None]) -> Callable[[], None]:
+        listeners.append(cb)
+        return lambda: listeners.remove(cb)
+
+    hub = ChangeHub(add_listener, asyncio.get_running_loop(),  # type: ignore[arg-type]
+                    pacer=WakePacer(busy_after_s=0.2, gather_s=1.0))
+    return hub, listeners[0]
 
 
 @pytest.mark.parametrize("waited_s, subscribers, gather_s, held", [
@@ -41,18 +60,7 @@ def test_negative_settings_are_refused() -> None:
 
 
 async def test_the_hub_gathers_changes_on_a_busy_loop_and_delivers_them_together() -> None:
-    import asyncio
-    import time
-
-    from app.stream.hub import ChangeHub
-
-    listeners: list[object] = []
-
-    def add_listener(cb: object) -> object:
-        listeners.append(cb)
-        return lambda: listeners.remove(cb)
-
-    hub = ChangeHub(add_listener, asyncio.get_running_loop(), pacer=WakePacer(busy_after_s=0.2, gather_s=1.0))
+    hub, mark = _paced_hub()
     # generous times: the machine may be loaded; only the order of events is asserted
     got: list[frozenset[int]] = []
 
@@ -62,16 +70,15 @@ async def test_the_hub_gathers_changes_on_a_busy_loop_and_delivers_them_together
 
     for _ in range(8):
         hub.subscribe(Sub())
-    mark = listeners[0]
-    mark(1)  # type: ignore[operator]
+    mark(1)
     for _ in range(3):
         await asyncio.sleep(0)
     assert got == [frozenset({1})] * 8  # idle loop: at once
     got.clear()
-    mark(2)  # type: ignore[operator]
+    mark(2)
     time.sleep(0.25)  # the loop is busy: the delivery callback waits behind this
     await asyncio.sleep(0)
-    mark(3)  # type: ignore[operator]
+    mark(3)
     await asyncio.sleep(0)
     assert got == []  # held (with the change that arrived meanwhile)
     deadline = time.monotonic() + 5
@@ -82,18 +89,7 @@ async def test_the_hub_gathers_changes_on_a_busy_loop_and_delivers_them_together
 
 
 async def test_replication_streams_are_woken_at_once_and_not_counted_for_pacing() -> None:
-    import asyncio
-    import time
-
-    from app.stream.hub import ChangeHub
-
-    listeners: list[object] = []
-
-    def add_listener(cb: object) -> object:
-        listeners.append(cb)
-        return lambda: listeners.remove(cb)
-
-    hub = ChangeHub(add_listener, asyncio.get_running_loop(), pacer=WakePacer(busy_after_s=0.2, gather_s=1.0))
+    hub, mark = _paced_hub()
     got: dict[str, list[frozenset[int]]] = {"consumer": [], "replica": []}
 
     class Sub:
@@ -109,10 +105,9 @@ async def test_replication_streams_are_woken_at_once_and_not_counted_for_pacing(
         hub.subscribe(sub)
     for replica in replicas:
         hub.set_prompt(replica)  # their hello named them replication streams
-    mark = listeners[0]
 
     async def busy_delivery(p: int) -> None:
-        mark(p)  # type: ignore[operator]
+        mark(p)
         time.sleep(0.25)  # the loop is busy: the delivery callback waits behind this
         for _ in range(3):
             await asyncio.sleep(0)

@@ -101,23 +101,14 @@ class ServerProcess:
         return self.proc.returncode
 
 
-def start_server(
-    workdir: Path,
-    *,
-    data_dir: Path | None = None,
-    partitions: int = 8,
-    args: Sequence[str] = (),
-    env: Mapping[str, str] | None = None,
-    tokens: Mapping[str, str] | None = None,
-    timeout: float = 30.0,
-) -> ServerProcess:
+def start_server(workdir: Path, *, timeout: float = 30.0, **options: Any) -> ServerProcess:
     """Start ``python -m app.cli server`` and wait until it is ready (or raise with its log).
 
-    ``args`` are extra flags, ``env`` extra environment (the caller's ``UPR_*`` are dropped),
-    ``tokens`` maps token -> role and is written to a tokens file; the first admin token becomes
-    ``headers``.  Files live in ``workdir`` (``server-N.log``, ``server-N.url``)."""
-    return spawn_server(workdir, data_dir=data_dir, partitions=partitions, args=args, env=env,
-                        tokens=tokens).wait_ready(timeout)
+    ``options`` are ``spawn_server``'s: ``data_dir``, ``partitions``, ``args`` (extra flags),
+    ``env`` (extra environment; the caller's ``UPR_*`` are dropped) and ``tokens`` (token -> role,
+    written to a tokens file; the first admin token becomes ``headers``).  Files live in
+    ``workdir`` (``server-N.log``, ``server-N.url``)."""
+    return spawn_server(workdir, **options).wait_ready(timeout)
 
 
 @dataclass
