@@ -152,9 +152,9 @@ def create_app(
     app.add_exception_handler(BodyTooLarge, _body_too_large)  # type: ignore[arg-type]
     app.add_middleware(BodyLimit, limit=settings.max_request_bytes)
     app.add_middleware(MetricsMiddleware, metrics=app.state.metrics)
-    # outermost: stream connections write their frames to the transport directly (rawframes.py)
+    # stream connections write their frames to the transport directly (rawframes.py)
     app.add_middleware(RawSendScope)
-    # outside everything: the bulk route answered without the stack above (app/fast_bulk.py)
+    # outermost: the bulk route answered without the layers inside it (app/fast_bulk.py)
     app.add_middleware(BulkFastPath, owner=app, limit=settings.max_request_bytes)
     modules = (health, bulk, docs, status, partitions, stream_status, cluster, handover, rebalance, admin)
     for module in modules:
