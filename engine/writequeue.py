@@ -33,9 +33,10 @@ from engine.core.types import Item
 ITEM_OVERHEAD = 200
 _REBASE_MIN = 1024
 #: a flush of at most this many seqnos (and ``KEEP_BYTES`` of values) stays readable in memory
-#: after it persisted everything queued (``_maybe_rebase``)
+#: after it persisted everything queued (``_maybe_rebase``); bounded so that what every
+#: partition keeps stays small next to the queue's own limit
 KEEP_ITEMS = 256
-KEEP_BYTES = 256 * 1024
+KEEP_BYTES = 64 * 1024
 _EMPTY: PVector = pvector()
 _key_of = itemgetter(0)  # Item.key
 _value_of = itemgetter(5)  # Item.value
