@@ -62,26 +62,31 @@ class BodyLimit:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        scope[BODY_LIMIT] = (self.limit, "the request body")
-        seen = -1  # -1: nothing read yet, so the declared length is still to be checked
+        await self.app(scope, limited(scope, receive, self.limit), send)
 
-        async def limited_receive() -> Message:
-            nonlocal seen
-            limit, what = scope[BODY_LIMIT]
-            if seen < 0:
-                declared = _declared_length(scope)
-                if declared is not None and declared > limit:
-                    raise BodyTooLarge(too_large(what, limit, f"{declared} bytes"))
-                seen = 0
-            message = await receive()
-            body = message.get("body")
-            if body:
-                seen += len(body)
-                if seen > limit:
-                    raise BodyTooLarge(too_large(what, limit, f"over {seen} bytes"))
-            return message
 
-        await self.app(scope, limited_receive, send)
+def limited(scope: Scope, receive: Receive, limit: int) -> Receive:
+    """``receive`` under ``limit`` (or the one a route sets in ``scope[BODY_LIMIT]`` later)."""
+    scope[BODY_LIMIT] = (limit, "the request body")
+    seen = -1  # -1: nothing read yet, so the declared length is still to be checked
+
+    async def limited_receive() -> Message:
+        nonlocal seen
+        limit, what = scope[BODY_LIMIT]
+        if seen < 0:
+            declared = _declared_length(scope)
+            if declared is not None and declared > limit:
+                raise BodyTooLarge(too_large(what, limit, f"{declared} bytes"))
+            seen = 0
+        message = await receive()
+        body = message.get("body")
+        if body:
+            seen += len(body)
+            if seen > limit:
+                raise BodyTooLarge(too_large(what, limit, f"over {seen} bytes"))
+        return message
+
+    return limited_receive
 
 
 async def read_body(request: Request, limit: int, what: str = "request body") -> bytes:

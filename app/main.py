@@ -27,6 +27,7 @@ from starlette.responses import Response
 
 from app import api_docs, problems, ui
 from app.auth import TokenTable
+from app.fast_bulk import BulkFastPath
 from app.limits import BodyLimit, BodyTooLarge
 from app.metrics import Metrics, MetricsMiddleware
 from app.stream.rawframes import RawSendScope
@@ -151,8 +152,10 @@ def create_app(
     app.add_exception_handler(BodyTooLarge, _body_too_large)  # type: ignore[arg-type]
     app.add_middleware(BodyLimit, limit=settings.max_request_bytes)
     app.add_middleware(MetricsMiddleware, metrics=app.state.metrics)
-    # outermost: stream connections write their frames to the transport directly (rawframes.py)
+    # stream connections write their frames to the transport directly (rawframes.py)
     app.add_middleware(RawSendScope)
+    # outermost: the bulk route answered without the layers inside it (app/fast_bulk.py)
+    app.add_middleware(BulkFastPath, owner=app, limit=settings.max_request_bytes)
     modules = (health, bulk, docs, status, partitions, stream_status, cluster, handover, rebalance, admin)
     for module in modules:
         # Added flat rather than with include_router: FastAPI's included-router matching cost

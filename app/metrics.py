@@ -109,13 +109,34 @@ class EngineCollector(Collector):
         yield lag
 
 
+class RequestCounts:
+    """Each request counted and timed by method, route template (bounded labels) and status;
+    the label children are looked up once per combination."""
+
+    def __init__(self, metrics: Metrics) -> None:
+        self.metrics = metrics
+        self._children: dict[tuple[str, str, int], tuple[Any, Any]] = {}
+
+    def done(self, method: str, template: str, status: int, seconds: float) -> None:
+        key = (method, template, status)
+        children = self._children.get(key)
+        if children is None:
+            children = (
+                self.metrics.requests.labels(method, template, str(status)),
+                self.metrics.latency.labels(method, template),
+            )
+            self._children[key] = children
+        children[0].inc()
+        children[1].observe(seconds)
+
+
 class MetricsMiddleware:
     """Counts and times each request by route template (not raw path: bounded labels)."""
 
     def __init__(self, app: ASGIApp, metrics: Metrics) -> None:
         self.app = app
         self.metrics = metrics
-        self._children: dict[tuple[str, str, int], tuple[Any, Any]] = {}
+        self.counts = RequestCounts(metrics)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -135,16 +156,7 @@ class MetricsMiddleware:
         finally:
             route = scope.get("route")
             template = getattr(route, "path", None) or "unmatched"
-            key = (scope["method"], template, status)
-            children = self._children.get(key)
-            if children is None:
-                children = (
-                    self.metrics.requests.labels(scope["method"], template, str(status)),
-                    self.metrics.latency.labels(scope["method"], template),
-                )
-                self._children[key] = children
-            children[0].inc()
-            children[1].observe(time.perf_counter() - start)
+            self.counts.done(scope["method"], template, status, time.perf_counter() - start)
 
 
 def middleware_factory(metrics: Metrics) -> Callable[[ASGIApp], MetricsMiddleware]:

@@ -9,7 +9,7 @@ from fastapi import APIRouter, Request
 from starlette.responses import Response
 
 from app import bulk
-from app.deps import WriteCtx
+from app.deps import Ctx, WriteCtx
 from app.limits import read_body
 from app.cluster.durable import DurabilityImpossible, majority_wait, problem_of
 from app.params import (
@@ -27,6 +27,8 @@ from app.routes.responses import problems
 from engine.core.types import Durability
 
 router = APIRouter(prefix="/docs", tags=["documents"])
+#: the route's path, as ``app.fast_bulk`` matches it
+PATH = "/docs/_bulk"
 
 _ITEM_REF = {"$ref": "#/components/schemas/BulkItem"}
 _BULK_BODY: dict[str, Any] = {
@@ -81,6 +83,11 @@ async def post_bulk(
     copies hold them; 504 `durability-ambiguous` past `durability_timeout_ms`; 503 `durability-impossible`, with nothing
     applied, when an item's partition has too few live copies to form a majority); on a full disk it is 507 (the items were applied and stay queued in
     memory until space returns; `unpersisted` names each partition and seqno)."""
+    return await answer(request, ctx)
+
+
+async def answer(request: Request, ctx: Ctx) -> Response:
+    """The route's work for an authorised caller: shared by the route and ``app.fast_bulk``."""
     settings, runner, metrics = ctx.settings, ctx.runner, ctx.metrics
     durability = durability_of(request, BULK_QUERY)
     timeout_s = durability_timeout_of(request, settings.durability_timeout_ms)
@@ -107,4 +114,4 @@ async def post_bulk(
     return Response(out, 200, media_type="application/json")
 
 
-__all__ = ["router", "BulkItem"]
+__all__ = ["router", "answer", "BulkItem", "PATH"]
