@@ -21,8 +21,8 @@ from bisect import bisect_left
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from functools import partial
-from itertools import accumulate, chain, compress, islice
-from operator import eq, itemgetter
+from itertools import accumulate, chain, islice
+from operator import itemgetter
 
 from engine.protocol.frames import Columns
 from engine.protocol.message_types import SnapshotSource
@@ -33,7 +33,6 @@ from engine.storage.stale_marks import StaleMarks
 from engine.storage.store import LongRead, Store
 from engine.writequeue import QueueRoot
 
-_key_of = itemgetter(0)
 _value_of = itemgetter(5)
 _item_of = partial(tuple.__new__, Item)
 
@@ -175,18 +174,15 @@ def _cut(blocks: Iterator[Cols], max_items: int, max_bytes: int) -> Iterator[Col
 
 
 class _MemoryReader:
-    __slots__ = ("_root", "_start", "_end", "_dedup")
+    __slots__ = ("_root", "_start", "_end")
 
-    def __init__(self, root: QueueRoot, start: int, end: int, dedup: bool = False) -> None:
+    def __init__(self, root: QueueRoot, start: int, end: int) -> None:
         self._root = root
         self._start = start
         self._end = end
-        self._dedup = dedup
 
     def batches(self, max_items: int, max_bytes: int) -> Iterator[list[Item]]:
         items = self._root.items(self._start, self._end)
-        if self._dedup:
-            items = iter(_latest_only(list(items)))
         while True:
             chunk = list(islice(items, max_items))
             if not chunk:
@@ -264,22 +260,10 @@ def capture(store: Store, partition: int, root_of: Callable[[], QueueRoot], afte
 
 
 def memory_backlog(root: QueueRoot, after_seqno: int) -> int | None:
-    """Items a snapshot after ``after_seqno`` covers when it needs no disk part, else None
-    (the root's slots no longer reach back to ``after_seqno + 1``)."""
-    if after_seqno + 1 < root.base:
+    """Items a snapshot after ``after_seqno`` covers when it needs no disk part, else None."""
+    if root.persisted > after_seqno or after_seqno + 1 < root.base:
         return None
     return max(0, root.high - after_seqno)
-
-
-def _latest_only(items: list[Item]) -> list[Item]:
-    """``items`` (in seqno order) without any version that a later one of the same key supersedes.
-
-    C-level passes: the dict keeps each key's last position, an item survives when it is there."""
-    keys = list(map(_key_of, items))
-    last = dict(zip(keys, range(len(keys))))
-    if len(last) == len(keys):
-        return items
-    return list(compress(items, map(eq, map(last.__getitem__, keys), range(len(keys)))))
 
 
 def capture_memory_only(partition: int, root: QueueRoot, after_seqno: int,
@@ -288,20 +272,13 @@ def capture_memory_only(partition: int, root: QueueRoot, after_seqno: int,
     part; None when it may (the caller then takes a full ``capture`` off the event loop).
 
     WHY: a consumer that keeps up asks on every wake-up for a few items still in the write queue;
-    no LMDB read transaction (nor a thread hop to take one) is needed for them.  A root is
-    deduplicated above its own persisted seqno, and its slots start no later than
-    ``persisted + 1``, so from there on the memory part alone is exact.  A consumer that tails
-    just behind the flusher asks from below the root's persisted seqno: the root still holds
-    those slots (persisted items stay until a rebase slices them off), but a key rewritten
-    after its older version was flushed keeps both slots.  That range is read deduplicated
-    against the whole snapshot (``_latest_only``): one memory part in which each key appears
-    once, at its latest seqno, which is what a DCP snapshot over that range may hold (the disk
-    reader's stale marks drop the same older versions once their successor is flushed)."""
+    a root is deduplicated above its own persisted seqno and its slots start no later than
+    ``persisted + 1``, so at or above that seqno the memory part alone is exact, and no LMDB read
+    transaction (nor a thread hop to take one) is needed."""
     if memory_backlog(root, after_seqno) is None or after_seqno > root.high:
         return None
     parts: list[SnapshotPart] = []
     if root.high > after_seqno:
         start = after_seqno + 1
-        reader = _MemoryReader(root, start, root.high, dedup=after_seqno < root.persisted)
-        parts.append(SnapshotPart(SnapshotSource.MEMORY, start, root.high, reader))
+        parts.append(SnapshotPart(SnapshotSource.MEMORY, start, root.high, _MemoryReader(root, start, root.high)))
     return PartitionSnapshot(partition, parts[-1].end if parts else after_seqno, purge_seqno, parts)

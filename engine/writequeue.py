@@ -32,11 +32,6 @@ from engine.core.types import Item
 #: Python object overhead counted per queued item for backpressure (tuple, ints, bytes headers).
 ITEM_OVERHEAD = 200
 _REBASE_MIN = 1024
-#: a flush of at most this many seqnos (and ``KEEP_BYTES`` of values) stays readable in memory
-#: after it persisted everything queued (``_maybe_rebase``); bounded so that what every
-#: partition keeps stays small next to the queue's own limit
-KEEP_ITEMS = 256
-KEEP_BYTES = 64 * 1024
 _EMPTY: PVector = pvector()
 _key_of = itemgetter(0)  # Item.key
 _value_of = itemgetter(5)  # Item.value
@@ -156,33 +151,19 @@ class WriteQueue:
             deque(map(index.__delitem__, done_keys), 0)
             self.bytes -= (sum(map(len, done_keys)) + sum(map(len, map(_value_of, done)))
                            + ITEM_OVERHEAD * len(done))
-        keep_from = upto + 1
-        if (upto - self.persisted <= KEEP_ITEMS and items
-                and sum(map(len, map(_value_of, items))) <= KEEP_BYTES):
-            keep_from = max(self.persisted + 1, root.base)
         if upto > self.persisted:
             self.persisted = upto
-        return self._maybe_rebase(keep_from)
+        return self._maybe_rebase()
 
-    def _maybe_rebase(self, keep_from: int) -> QueueRoot | None:
+    def _maybe_rebase(self) -> QueueRoot | None:
         """Publish a root carrying the new persisted seqno, slicing off the persisted prefix
-        when it is large (returns the replaced root if that freed anything).
-
-        WHY ``keep_from``: when a flush persisted everything queued, the slots of that flush
-        alone (when it was small, ``KEEP_ITEMS``/``KEEP_BYTES``) stay in the root, so a stream
-        that tails just behind the flusher still reads them from memory
-        (``engine.snapshot.capture_memory_only``) rather than taking an LMDB read on a thread;
-        they go with the next flush's rebase."""
+        when it is large (returns the replaced root if that freed anything)."""
         root = self.root
         persisted = self.persisted
         prefix = persisted - root.base + 1
         size = len(root.vec)
         if prefix >= size:
-            keep_from = min(keep_from, persisted + 1)
-            if keep_from <= root.base:
-                self.root = root._replace(persisted=persisted)
-                return None
-            self.root = QueueRoot(root.vec[keep_from - root.base:], keep_from, root.high, persisted)
+            self.root = QueueRoot(_EMPTY, persisted + 1, root.high, persisted)
         elif prefix >= _REBASE_MIN and prefix * 2 >= size:
             self.root = QueueRoot(root.vec[prefix:], persisted + 1, root.high, persisted)
         else:
