@@ -64,6 +64,28 @@ class RebalanceRun:
     #: seconds from send to answer of every accepted probe write while the rebalance ran: the
     #: baseline the hop to a new active ("accepted write sent -> answered") is read against
     accepted_s: list[float] = field(default_factory=list)
+    #: node -> its lock-hold figures over the rebalance (``engine.lock_holds``, ``_holds``)
+    holds: dict[str, dict[str, float]] = field(default_factory=dict)
+
+
+#: debug figures the nodes count (``engine.lock_holds``), read from ``/metrics``
+HOLD_PREFIXES = ("hold_", "wait_", "loop_lag", "replica_run", "replica_apply_")
+
+
+async def _holds(client: httpx.AsyncClient, url: str) -> dict[str, float]:
+    """A node's lock-hold figures, by their ``engine_stats`` names."""
+    out: dict[str, float] = {}
+    r = await client.get(f"{url}/metrics")
+    for line in r.text.splitlines():
+        if not line.startswith("upr_engine_") or line.endswith("_created") or " " not in line:
+            continue
+        name, value = line.rsplit(" ", 1)
+        if name.endswith("_created"):
+            continue
+        key = name.removeprefix("upr_engine_")
+        if key.startswith(HOLD_PREFIXES):
+            out[key.removesuffix("_total")] = float(value)
+    return out
 
 
 def _seed(cluster: BenchCluster, items: int, partitions: int, batch: int = 1000) -> None:
@@ -194,6 +216,7 @@ async def _rebalance(cluster: BenchCluster, new: Node, args: argparse.Namespace)
     copies: dict[tuple[int, str], list] = {}
     async with httpx.AsyncClient(timeout=10) as client:
         counts_before = await etcd_counts(client, cluster.etcd_url)
+        holds_before = {n.name: await _holds(client, n.url) for n in cluster.live()}
         started = time.monotonic()
         probes.timing = True
         r = await client.post(f"{base}/cluster/rebalance", json={"add": [new.name]})
@@ -218,6 +241,11 @@ async def _rebalance(cluster: BenchCluster, new: Node, args: argparse.Namespace)
         ended = time.monotonic()
         probes.timing = False
         counts_after = await etcd_counts(client, cluster.etcd_url)
+        holds: dict[str, dict[str, float]] = {}
+        for name, before_figures in holds_before.items():
+            after_figures = await _holds(client, cluster.nodes[name].url)
+            holds[name] = {k: v if k.endswith("max_seconds") else v - before_figures.get(k, 0.0)
+                           for k, v in after_figures.items()}
         await asyncio.sleep(0.5)
         probes.stop.set()
         await probing
@@ -245,12 +273,12 @@ async def _rebalance(cluster: BenchCluster, new: Node, args: argparse.Namespace)
                         marks=phases.marks, moved_partitions=moved,
                         etcd_during={k: counts_after[k] - counts_before.get(k, 0) for k in counts_after},
                         etcd_idle_per_s={k: (idle_to[k] - idle_from.get(k, 0)) / idle_s for k in idle_to},
-                        accepted_s=probes.accepted_s)
+                        accepted_s=probes.accepted_s, holds=holds)
 
 
 def measure_rebalance(group: ProcessGroup, work: Path, etcd: str, args: argparse.Namespace) -> RebalanceRun:
     cluster = BenchCluster(group, work, etcd, "rb", args.partitions, replicas=1, size=2,
-                           lease_ttl_s=args.lease_ttl).start()
+                           lease_ttl_s=args.lease_ttl, env={"UPR_LOCK_HOLDS": "1"}).start()
     try:
         progress(f"rebalance: seeding {args.rebalance_items:,} items over {args.partitions} partitions")
         _seed(cluster, args.rebalance_items, args.partitions)
@@ -303,6 +331,7 @@ def rebalance_figures(run: RebalanceRun, args: argparse.Namespace) -> list[Figur
         Figure("any accepted probe write during the rebalance: sent -> answered", _latency(run.accepted_s), "—", "—",
                "every partition's probe, moving or not: the baseline for 'accepted write sent -> answered' "
                "(the first write a new active answers)"),
+        *hold_figures(run),
         Figure("etcd requests during the rebalance",
                f"{run.etcd_during.get('range', 0):,.0f} ranges, {run.etcd_during.get('txn', 0):,.0f} txns, "
                f"{run.etcd_during.get('put', 0):,.0f} puts", "—", "—",
@@ -312,6 +341,31 @@ def rebalance_figures(run: RebalanceRun, args: argparse.Namespace) -> list[Figur
                f"{run.etcd_idle_per_s.get('put', 0):.1f} puts/s", "—", "—",
                f"over {args.idle_seconds:.0f} s with no writes and nothing moving (lease keep-alives are not counted)"),
     ]
+
+
+def hold_figures(run: RebalanceRun) -> list[Figure]:
+    """Per node, over the rebalance: how long each holder kept the writer lock and the LMDB
+    turn, how long writes waited for them, and the event loop's lag (``engine.lock_holds``).
+    Counts of long holds do not depend on the machine's load the way latencies do."""
+    rows = []
+    for node, f in sorted(run.holds.items()):
+        parts = []
+        for name in ("replica_run", "hold_writer_lock_worker", "hold_writer_lock_loop", "hold_writer_lock_flusher",
+                     "hold_lmdb_turn_flusher", "hold_lmdb_turn_worker", "hold_lmdb_turn_loop",
+                     "hold_lmdb_turn_writer", "wait_writer_lock_writer", "wait_lmdb_turn_writer", "loop_lag"):
+            n = f.get(f"{name}_count", 0.0)
+            if not n:
+                continue
+            parts.append(f"{name}: {n:,.0f}, mean {f.get(f'{name}_seconds', 0.0) / n * 1000:.2f} ms, "
+                         f"max {f.get(f'{name}_max_seconds', 0.0) * 1000:.0f} ms, "
+                         f">5/20/100 ms {f.get(f'{name}_over_5ms_count', 0):.0f}/"
+                         f"{f.get(f'{name}_over_20ms_count', 0):.0f}/{f.get(f'{name}_over_100ms_count', 0):.0f}")
+        items = f.get("replica_apply_items", 0.0)
+        runs = f.get("replica_apply_holds", 0.0)
+        parts.append(f"replica items applied {items:,.0f} in {runs:,.0f} holds")
+        rows.append(Figure(f"lock holds during the rebalance, node {node}", "; ".join(parts), "—", "—",
+                           "engine.lock_holds (UPR_LOCK_HOLDS=1): maxima over the node's life, counts over the rebalance"))
+    return rows
 
 
 def _latency(values: list[float]) -> str:

@@ -52,6 +52,7 @@ from engine.core.types import (
     WriteResult,
 )
 from engine.flush_health import FlushFault
+from engine import lock_holds
 from engine.flusher import Flusher, lmdb_turn
 from engine.partition import Partition
 from engine.cluster.replica_rollback import Resync, Undo
@@ -91,9 +92,12 @@ class Engine:
         self.opened_clean = was_clean
         self._store = store
         self._parts = partitions
-        self._lock = threading.RLock()
-        self._turn = lmdb_turn()
+        self._lock = lock_holds.timed(threading.RLock(), "writer_lock")
+        self._turn = lock_holds.timed(lmdb_turn(), "lmdb_turn")
         self._closed = False
+        #: replica runs applied (one writer lock hold each) and the items they carried
+        self.replica_apply_holds = 0
+        self.replica_apply_items = 0
         self._listeners: list[Callable[[int], None]] = []
         self._writer = BatchWriter(partitions, store, self._turn, max_key_bytes=config.max_key_bytes,
                                    max_value_bytes=config.max_value_bytes,
@@ -417,6 +421,8 @@ class Engine:
         partitions it appended to go into ``moved`` (the caller announces them unlocked)."""
         self._check_open()
         reader = ByKeyReader(self._store)
+        began = time.perf_counter()
+        self.replica_apply_holds += 1
         try:
             for step in steps:
                 part = self._replica(step.partition)
@@ -425,11 +431,14 @@ class Engine:
                     continue
                 assert type(step) is ItemsStep
                 max_cas = append_items(part, reader, step.items, last=step.last)
+                self.replica_apply_items += len(step.items)
                 moved[step.partition] = None
                 if max_cas > self._writer.last_cas:  # a promoted copy's CAS must keep increasing
                     self._writer.last_cas = max_cas
         finally:
             reader.close()
+            if lock_holds.ENABLED:
+                lock_holds.note("replica_run", time.perf_counter() - began)
 
     def adopt_failover_log(self, partition: int, log: Sequence[FailoverEntry]) -> None:
         """Replica ``partition``'s history is its active's: store the active's failover log."""
@@ -703,6 +712,9 @@ class Engine:
             "persist_waiters": float(f.pending_waiters),
             "lmdb_commits_total": float(self._store.fsyncs),
             "lmdb_map_size": float(self._store.map_size),
+            "replica_apply_holds_total": float(self.replica_apply_holds),
+            "replica_apply_items_total": float(self.replica_apply_items),
+            **lock_holds.figures(),
         }
 
     # ------------------------------------------------------------------ internals

@@ -58,6 +58,7 @@ from clients.connection import ReconnectNeeded, StreamConnection, stream_url
 from engine.cluster.replica_rollback import Resync, Undo, resume_uuid
 from engine.cluster.replica_sync import Progress, ReplicaSync
 from engine.core.errors import UprError
+from engine import lock_holds
 from engine.engine import Engine
 from engine.protocol import messages as M
 from engine.protocol.client.actions import (
@@ -134,6 +135,7 @@ class ReplicationStreams:
         self._streams: dict[tuple[str, str], tuple[frozenset[int], asyncio.Task[None]]] = {}
         self._gone: set[int] = set()
         self._publisher: asyncio.Task[None] | None = None
+        self._loop_lag: asyncio.Task[None] | None = None
         #: which changed progress is worth an etcd write this tick (``app.cluster.progress_pacing``)
         self._pacer = PublishPacer(publish_max_age_s, publish_settle_s)
         #: rollbacks answered by undo, and by a reset (a resync from 0)
@@ -176,6 +178,8 @@ class ReplicationStreams:
                 self._streams[source] = (frozen, task)
         if self._publisher is None:
             self._publisher = asyncio.create_task(self._publish_loop(), name="replica progress")
+        if self._loop_lag is None and lock_holds.ENABLED:
+            self._loop_lag = asyncio.create_task(_sample_loop_lag(), name="loop lag")
 
     def progress(self, partition: int) -> Progress | None:
         sync = self.syncs.get(partition)
@@ -185,6 +189,9 @@ class ReplicationStreams:
         tasks = [task for _parts, task in self._streams.values()]
         if self._publisher is not None:
             tasks.append(self._publisher)
+        if self._loop_lag is not None:
+            tasks.append(self._loop_lag)
+            self._loop_lag = None
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
@@ -438,6 +445,15 @@ class ReplicationStreams:
         sync = self.syncs.get(p)
         if sync is not None:
             sync.snapshot_applied(self.engine.replica_mark(p)[1].complete_end)
+
+
+async def _sample_loop_lag(period_s: float = 0.01) -> None:
+    """Debug figures (``engine.lock_holds``): how late the event loop wakes a sleeper, i.e. how
+    long something ran on the loop without yielding."""
+    while True:
+        began = time.perf_counter()
+        await asyncio.sleep(period_s)
+        lock_holds.note("loop_lag", max(0.0, time.perf_counter() - began - period_s))
 
 
 def _steps_of(messages: list[Any]) -> tuple[list[ItemsStep | MarkerStep], int]:
