@@ -64,6 +64,8 @@ class RebalanceRun:
     #: seconds from send to answer of every accepted probe write while the rebalance ran: the
     #: baseline the hop to a new active ("accepted write sent -> answered") is read against
     accepted_s: list[float] = field(default_factory=list)
+    #: the probing process's own event-loop lag samples during the rebalance
+    probe_loop_lag_s: list[float] = field(default_factory=list)
     #: node -> its lock-hold figures over the rebalance (``engine.lock_holds``, ``_holds``)
     holds: dict[str, dict[str, float]] = field(default_factory=dict)
 
@@ -85,6 +87,16 @@ async def _holds(client: httpx.AsyncClient, url: str) -> dict[str, float]:
         key = name.removeprefix("upr_engine_")
         if key.startswith(HOLD_PREFIXES):
             out[key.removesuffix("_total")] = float(value)
+    for line in r.text.splitlines():  # the PUT route's own time, as the node's middleware measured it
+        if line.startswith("upr_http_request_duration_seconds") and 'method="PUT"' in line and "/docs/" in line:
+            name, value = line.rsplit(" ", 1)
+            if "_bucket" in name:
+                le = name.split('le="', 1)[1].split('"', 1)[0]
+                out[f"put_le_{le}"] = out.get(f"put_le_{le}", 0.0) + float(value)
+            elif name.startswith("upr_http_request_duration_seconds_sum"):
+                out["put_seconds"] = out.get("put_seconds", 0.0) + float(value)
+            elif name.startswith("upr_http_request_duration_seconds_count"):
+                out["put_count"] = out.get("put_count", 0.0) + float(value)
     return out
 
 
@@ -141,6 +153,15 @@ class _Probes:
         #: send-to-answer seconds of accepted writes, while ``timing`` is set
         self.accepted_s: list[float] = []
         self.timing = False
+        #: the probing process's own event-loop lag while ``timing`` (its share of a write's time)
+        self.loop_lag_s: list[float] = []
+
+    async def sample_loop_lag(self, period_s: float = 0.01) -> None:
+        while not self.stop.is_set():
+            began = time.perf_counter()
+            await asyncio.sleep(period_s)
+            if self.timing:
+                self.loop_lag_s.append(max(0.0, time.perf_counter() - began - period_s))
 
     async def read_map(self, client: httpx.AsyncClient) -> None:
         for url in self.urls:
@@ -199,7 +220,7 @@ class _Probes:
         limits = httpx.Limits(max_connections=self.partitions + 8)
         async with httpx.AsyncClient(limits=limits) as client:
             await self.read_map(client)
-            await asyncio.gather(*(self.probe(client, p) for p in range(self.partitions)))
+            await asyncio.gather(self.sample_loop_lag(), *(self.probe(client, p) for p in range(self.partitions)))
 
 
 async def _rebalance(cluster: BenchCluster, new: Node, args: argparse.Namespace) -> RebalanceRun:
@@ -273,7 +294,8 @@ async def _rebalance(cluster: BenchCluster, new: Node, args: argparse.Namespace)
                         marks=phases.marks, moved_partitions=moved,
                         etcd_during={k: counts_after[k] - counts_before.get(k, 0) for k in counts_after},
                         etcd_idle_per_s={k: (idle_to[k] - idle_from.get(k, 0)) / idle_s for k in idle_to},
-                        accepted_s=probes.accepted_s, holds=holds)
+                        accepted_s=probes.accepted_s, holds=holds,
+                        probe_loop_lag_s=probes.loop_lag_s)
 
 
 def measure_rebalance(group: ProcessGroup, work: Path, etcd: str, args: argparse.Namespace) -> RebalanceRun:
@@ -331,6 +353,8 @@ def rebalance_figures(run: RebalanceRun, args: argparse.Namespace) -> list[Figur
         Figure("any accepted probe write during the rebalance: sent -> answered", _latency(run.accepted_s), "—", "—",
                "every partition's probe, moving or not: the baseline for 'accepted write sent -> answered' "
                "(the first write a new active answers)"),
+        Figure("the probing process's own event-loop lag during the rebalance", _lag(run.probe_loop_lag_s), "—", "—",
+               "a 10 ms sleep's overshoot in the bench process: the client's share of 'sent -> answered'"),
         *hold_figures(run),
         Figure("etcd requests during the rebalance",
                f"{run.etcd_during.get('range', 0):,.0f} ranges, {run.etcd_during.get('txn', 0):,.0f} txns, "
@@ -360,12 +384,26 @@ def hold_figures(run: RebalanceRun) -> list[Figure]:
                          f"max {f.get(f'{name}_max_seconds', 0.0) * 1000:.0f} ms, "
                          f">5/20/100 ms {f.get(f'{name}_over_5ms_count', 0):.0f}/"
                          f"{f.get(f'{name}_over_20ms_count', 0):.0f}/{f.get(f'{name}_over_100ms_count', 0):.0f}")
+        n = f.get("put_count", 0.0)
+        if n:
+            within = {float(k.removeprefix("put_le_")): v for k, v in f.items() if k.startswith("put_le_")}
+            p50 = min((le for le, c in within.items() if c >= 0.5 * n), default=float("inf"))
+            p99 = min((le for le, c in within.items() if c >= 0.99 * n), default=float("inf"))
+            parts.append(f"PUT route's own time (middleware): {n:,.0f}, mean {f.get('put_seconds', 0.0) / n * 1000:.1f} ms, "
+                         f"p50 <= {p50 * 1000:g} ms, p99 <= {p99 * 1000:g} ms")
         items = f.get("replica_apply_items", 0.0)
         runs = f.get("replica_apply_holds", 0.0)
         parts.append(f"replica items applied {items:,.0f} in {runs:,.0f} holds")
         rows.append(Figure(f"lock holds during the rebalance, node {node}", "; ".join(parts), "—", "—",
                            "engine.lock_holds (UPR_LOCK_HOLDS=1): maxima over the node's life, counts over the rebalance"))
     return rows
+
+
+def _lag(values: list[float]) -> str:
+    if not values:
+        return "none"
+    s = summary_ms(sorted(values))
+    return f"p50 {s['p50']:.1f} ms, p99 {s['p99']:.0f} ms, max {s['p100']:.0f} ms over {len(values):,} samples"
 
 
 def _latency(values: list[float]) -> str:

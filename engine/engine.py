@@ -20,6 +20,7 @@ import gc
 import logging
 import threading
 import time
+from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future
 
@@ -57,12 +58,19 @@ from engine.flusher import Flusher, lmdb_turn
 from engine.partition import Partition
 from engine.cluster.replica_rollback import Resync, Undo
 from engine.replica_undo import UndoResult, undo_above
-from engine.replica import ByKeyReader, ItemsStep, MarkerStep, ReplicaStep, append_items, apply_items
+from engine.replica import (HOLD_ITEMS, ByKeyReader, ItemsStep, MarkerStep, ReplicaStep, append_items, apply_items,
+                            take_chunk)
 from engine.snapshot import PartitionSnapshot, capture, capture_memory_only, memory_backlog
 from engine.storage.store import Store
 from engine.writequeue import WriteQueue
 
 log = logging.getLogger(__name__)
+
+
+#: how long a replica run waits, at most, between two holds for the writes waiting for the lock,
+#: and how often it looks (a write takes the lock within a wake-up of the writer thread)
+YIELD_MAX_S = 0.02
+YIELD_POLL_S = 0.0002
 
 
 def tune_gc(gen0_threshold: int | None) -> None:
@@ -98,6 +106,9 @@ class Engine:
         #: replica runs applied (one writer lock hold each) and the items they carried
         self.replica_apply_holds = 0
         self.replica_apply_items = 0
+        #: writes waiting for the writer lock (a replica run yields to them between holds)
+        self._writes_waiting = 0
+        self._waiting_guard = threading.Lock()
         self._listeners: list[Callable[[int], None]] = []
         self._writer = BatchWriter(partitions, store, self._turn, max_key_bytes=config.max_key_bytes,
                                    max_value_bytes=config.max_value_bytes,
@@ -228,10 +239,19 @@ class Engine:
                 f"nothing was written: flushing to disk is failing ({fault.describe()}) and {queued} bytes "
                 f"are unpersisted, over the {self.config.flush_failure_backlog_bytes} bytes allowed during "
                 "a flush failure; retry once space returns")
-        with self._lock:
+        with self._waiting_guard:
+            self._writes_waiting += 1
+        try:
+            self._lock.acquire()
+        finally:
+            with self._waiting_guard:
+                self._writes_waiting -= 1
+        try:
             if self._closed:
                 raise EngineClosed("engine is closed")
             results, written = self._writer.write(ops, time.time_ns())
+        finally:
+            self._lock.release()
         if written:
             self._notify(written)
         return results
@@ -378,19 +398,42 @@ class Engine:
 
     def apply_replica_run(self, steps: Sequence[ReplicaStep]) -> None:
         """Apply received markers and item batches in order (``replica_marker`` and
-        ``apply_replicated`` each), under one writer lock, one LMDB turn and one read
-        transaction.  WHY: a busy active sends each partition's snapshots as a marker and a
-        batch of a few items, and a replica taking both locks and a transaction per message
-        waited for the flusher and the writers between every two of them.  A bad step
-        (``InvalidInput``) changes nothing of its own; the steps before it stay applied."""
+        ``apply_replicated`` each), in holds of the writer lock and the LMDB turn of at most
+        ``engine.replica.HOLD_ITEMS`` items, each with one read transaction; between two holds
+        a write of this node that waits for the lock goes first (``_let_writes_in``).
+
+        WHY: a busy active sends each partition's snapshots as a marker and a batch of a few
+        items, and a replica taking both locks and a transaction per message waited for the
+        flusher and the writers between every two of them; but a copy being built receives runs
+        of thousands of items, and applying one in a single hold made every write of this node
+        wait for all of it, like DCP's backfill, which yields to the front end between pieces.
+        What a piece leaves behind is a valid copy (the high seqno inside the open snapshot), and
+        the caller acks only once the whole run is in.  A bad step (``InvalidInput``) changes
+        nothing of its own; the steps before it stay applied.  Called on a worker thread."""
         for step in steps:
             self._replica(step.partition)
         moved: dict[int, None] = {}
+        pending: deque[ReplicaStep] = deque(steps)
         try:
-            with self._lock, self._turn:
-                self._apply_steps(steps, moved)
+            first = True
+            while pending:
+                if not first:
+                    self._let_writes_in()
+                first = False
+                with self._lock, self._turn:
+                    self._check_open()
+                    chunk = take_chunk(pending, self._replica, HOLD_ITEMS)
+                    self._apply_steps(chunk, moved)
         finally:
             self._notify(moved)
+
+    def _let_writes_in(self) -> None:
+        """Wait (briefly, bounded) while a write waits for the writer lock: a released lock is
+        otherwise taken straight back by the thread that released it, as the waiter has yet to
+        wake up."""
+        deadline = time.perf_counter() + YIELD_MAX_S
+        while self._writes_waiting and time.perf_counter() < deadline:
+            time.sleep(YIELD_POLL_S)
 
     def try_apply_replica_run(self, steps: Sequence[ReplicaStep]) -> bool:
         """``apply_replica_run`` if the writer lock and the LMDB turn are free at once, else
