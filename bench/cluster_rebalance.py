@@ -64,11 +64,17 @@ class RebalanceRun:
     #: seconds from send to answer of every accepted probe write while the rebalance ran: the
     #: baseline the hop to a new active ("accepted write sent -> answered") is read against
     accepted_s: list[float] = field(default_factory=list)
+    #: the same probes' accepted writes and loop lag for ``QUIET_S`` before the rebalance starts
+    quiet_s: list[float] = field(default_factory=list)
+    quiet_loop_lag_s: list[float] = field(default_factory=list)
     #: the probing process's own event-loop lag samples during the rebalance
     probe_loop_lag_s: list[float] = field(default_factory=list)
     #: node -> its lock-hold figures over the rebalance (``engine.lock_holds``, ``_holds``)
     holds: dict[str, dict[str, float]] = field(default_factory=dict)
 
+
+#: seconds the probes are timed before the rebalance starts (the baseline with nothing moving)
+QUIET_S = 3.0
 
 #: debug figures the nodes count (``engine.lock_holds``), read from ``/metrics``
 HOLD_PREFIXES = ("hold_", "wait_", "loop_lag", "replica_run", "replica_apply_")
@@ -233,6 +239,12 @@ async def _rebalance(cluster: BenchCluster, new: Node, args: argparse.Namespace)
     probes = _Probes([n.url for n in cluster.live()], args.partitions, phases)
     probing = asyncio.create_task(probes.run())
     await asyncio.sleep(0.5)
+    # the same probes on the same cluster with nothing moving: the baseline of their latency
+    probes.timing = True
+    await asyncio.sleep(QUIET_S)
+    probes.timing = False
+    quiet_s, quiet_lag_s = probes.accepted_s, probes.loop_lag_s
+    probes.accepted_s, probes.loop_lag_s = [], []
     #: (partition, node) of each new copy -> [first seen building, first seen in sync, its seqno then]
     copies: dict[tuple[int, str], list] = {}
     async with httpx.AsyncClient(timeout=10) as client:
@@ -294,7 +306,8 @@ async def _rebalance(cluster: BenchCluster, new: Node, args: argparse.Namespace)
                         marks=phases.marks, moved_partitions=moved,
                         etcd_during={k: counts_after[k] - counts_before.get(k, 0) for k in counts_after},
                         etcd_idle_per_s={k: (idle_to[k] - idle_from.get(k, 0)) / idle_s for k in idle_to},
-                        accepted_s=probes.accepted_s, holds=holds,
+                        accepted_s=probes.accepted_s, holds=holds, quiet_s=quiet_s,
+                        quiet_loop_lag_s=quiet_lag_s,
                         probe_loop_lag_s=probes.loop_lag_s)
 
 
@@ -353,6 +366,9 @@ def rebalance_figures(run: RebalanceRun, args: argparse.Namespace) -> list[Figur
         Figure("any accepted probe write during the rebalance: sent -> answered", _latency(run.accepted_s), "—", "—",
                "every partition's probe, moving or not: the baseline for 'accepted write sent -> answered' "
                "(the first write a new active answers)"),
+        Figure("any accepted probe write, same probes before the rebalance: sent -> answered", _latency(run.quiet_s),
+               "—", "—", f"the {QUIET_S:.0f} s before the rebalance starts, nothing moving: the probes' own baseline"),
+        Figure("the probing process's own event-loop lag before the rebalance", _lag(run.quiet_loop_lag_s), "—", "—"),
         Figure("the probing process's own event-loop lag during the rebalance", _lag(run.probe_loop_lag_s), "—", "—",
                "a 10 ms sleep's overshoot in the bench process: the client's share of 'sent -> answered'"),
         *hold_figures(run),
