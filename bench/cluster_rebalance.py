@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 import httpx
 
+from bench import proc_cpu
 from bench.cluster_figures import Figure, summary_ms, verdict
 from bench.cluster_phases import HandoverMarks, PhaseWatch, etcd_counts, phase_rows
 from bench.cluster_procs import BenchCluster, Node, key_in_partition, partition_of, progress
@@ -67,6 +68,8 @@ class RebalanceRun:
     #: the same probes' accepted writes and loop lag for ``QUIET_S`` before the rebalance starts
     quiet_s: list[float] = field(default_factory=list)
     quiet_loop_lag_s: list[float] = field(default_factory=list)
+    #: window -> (CPU seconds by role, wall seconds): before the rebalance (quiet) and during it
+    cpu: dict[str, tuple[dict[str, float], float]] = field(default_factory=dict)
     #: the probing process's own event-loop lag samples during the rebalance
     probe_loop_lag_s: list[float] = field(default_factory=list)
     #: node -> its lock-hold figures over the rebalance (``engine.lock_holds``, ``_holds``)
@@ -240,9 +243,11 @@ async def _rebalance(cluster: BenchCluster, new: Node, args: argparse.Namespace)
     probing = asyncio.create_task(probes.run())
     await asyncio.sleep(0.5)
     # the same probes on the same cluster with nothing moving: the baseline of their latency
+    cpu_from, quiet_from = proc_cpu.snapshot(), time.monotonic()
     probes.timing = True
     await asyncio.sleep(QUIET_S)
     probes.timing = False
+    quiet_cpu = (proc_cpu.spent(cpu_from, proc_cpu.snapshot()), time.monotonic() - quiet_from)
     quiet_s, quiet_lag_s = probes.accepted_s, probes.loop_lag_s
     probes.accepted_s, probes.loop_lag_s = [], []
     #: (partition, node) of each new copy -> [first seen building, first seen in sync, its seqno then]
@@ -250,6 +255,7 @@ async def _rebalance(cluster: BenchCluster, new: Node, args: argparse.Namespace)
     async with httpx.AsyncClient(timeout=10) as client:
         counts_before = await etcd_counts(client, cluster.etcd_url)
         holds_before = {n.name: await _holds(client, n.url) for n in cluster.live()}
+        cpu_from = proc_cpu.snapshot()
         started = time.monotonic()
         probes.timing = True
         r = await client.post(f"{base}/cluster/rebalance", json={"add": [new.name]})
@@ -273,6 +279,7 @@ async def _rebalance(cluster: BenchCluster, new: Node, args: argparse.Namespace)
             await asyncio.sleep(0.05)
         ended = time.monotonic()
         probes.timing = False
+        busy_cpu = (proc_cpu.spent(cpu_from, proc_cpu.snapshot()), ended - started)
         counts_after = await etcd_counts(client, cluster.etcd_url)
         holds: dict[str, dict[str, float]] = {}
         for name, before_figures in holds_before.items():
@@ -307,7 +314,8 @@ async def _rebalance(cluster: BenchCluster, new: Node, args: argparse.Namespace)
                         etcd_during={k: counts_after[k] - counts_before.get(k, 0) for k in counts_after},
                         etcd_idle_per_s={k: (idle_to[k] - idle_from.get(k, 0)) / idle_s for k in idle_to},
                         accepted_s=probes.accepted_s, holds=holds, quiet_s=quiet_s,
-                        quiet_loop_lag_s=quiet_lag_s,
+                        quiet_loop_lag_s=quiet_lag_s, cpu={"before the rebalance": quiet_cpu,
+                                                           "during the rebalance": busy_cpu},
                         probe_loop_lag_s=probes.loop_lag_s)
 
 
@@ -371,6 +379,10 @@ def rebalance_figures(run: RebalanceRun, args: argparse.Namespace) -> list[Figur
         Figure("the probing process's own event-loop lag before the rebalance", _lag(run.quiet_loop_lag_s), "—", "—"),
         Figure("the probing process's own event-loop lag during the rebalance", _lag(run.probe_loop_lag_s), "—", "—",
                "a 10 ms sleep's overshoot in the bench process: the client's share of 'sent -> answered'"),
+        *(Figure(f"CPU {window}", ", ".join(f"{role} {sec / wall:.2f}" for role, sec in by_role.items())
+                 + f" cores over {wall:.1f} s", "—", "—",
+                 "CPU seconds per wall second by process role (/proc): the bench process runs the probes")
+          for window, (by_role, wall) in run.cpu.items()),
         *hold_figures(run),
         Figure("etcd requests during the rebalance",
                f"{run.etcd_during.get('range', 0):,.0f} ranges, {run.etcd_during.get('txn', 0):,.0f} txns, "
@@ -392,7 +404,8 @@ def hold_figures(run: RebalanceRun) -> list[Figure]:
         parts = []
         for name in ("replica_run", "hold_writer_lock_worker", "hold_writer_lock_loop", "hold_writer_lock_flusher",
                      "hold_lmdb_turn_flusher", "hold_lmdb_turn_worker", "hold_lmdb_turn_loop",
-                     "hold_lmdb_turn_writer", "wait_writer_lock_writer", "wait_lmdb_turn_writer", "loop_lag"):
+                     "hold_lmdb_turn_writer", "hold_writer_lock_other", "hold_lmdb_turn_other",
+                     "wait_writer_lock_worker", "wait_writer_lock_writer", "wait_lmdb_turn_writer", "loop_lag"):
             n = f.get(f"{name}_count", 0.0)
             if not n:
                 continue

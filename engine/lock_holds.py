@@ -63,7 +63,7 @@ def _role() -> str:
         return "writer"
     if name == "MainThread":
         return "loop"
-    if name.startswith("asyncio_"):
+    if name.startswith(("asyncio_", "ThreadPoolExecutor")):
         return "worker"
     return "other"
 
