@@ -420,12 +420,28 @@ class Engine:
                 if not first:
                     self._let_writes_in()
                 first = False
-                with self._lock, self._turn:
+                self._take_lock_and_turn()
+                try:
                     self._check_open()
                     chunk = take_chunk(pending, self._replica, HOLD_ITEMS)
                     self._apply_steps(chunk, moved)
+                finally:
+                    self._turn.release()
+                    self._lock.release()
         finally:
             self._notify(moved)
+
+    def _take_lock_and_turn(self) -> None:
+        """The writer lock, then the LMDB turn, without holding the writer lock while the turn
+        is busy: the flusher holds the turn for a whole round's build, and a replica run that
+        waited for it holding the writer lock made this node's writes wait for both."""
+        while True:
+            self._lock.acquire()
+            if self._turn.acquire(blocking=False):
+                return
+            self._lock.release()
+            with self._turn:  # until the holder is done; the writer lock stays free meanwhile
+                pass
 
     def _let_writes_in(self) -> None:
         """Wait (briefly, bounded) while a write waits for the writer lock: a released lock is
