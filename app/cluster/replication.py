@@ -85,7 +85,8 @@ PUBLISH_OPS = 64
 #: ``seqno_ack``s per WebSocket message at most (a bundle of them: well under any frame limit)
 ACKS_PER_MESSAGE = 256
 
-#: items applied per engine call (one writer lock hold) at most, give or take one batch
+#: items applied per engine call at most, give or take one batch (the engine itself holds its
+#: locks for at most ``engine.replica.HOLD_ITEMS`` of them at a time)
 RUN_ITEMS = 1024
 
 #: items a received run may carry to be applied on the event loop (when the engine's locks are
@@ -477,8 +478,8 @@ def _apply_all(engine: Engine, messages: list[Any]) -> None:
 
 def _apply_steps(engine: Engine, steps: list[ItemsStep | MarkerStep]) -> None:
     """Apply replicated steps in order (on a worker thread: it waits for the engine's locks and
-    may read LMDB): one engine call per ``RUN_ITEMS`` items or so, so that a large take never
-    holds the writer lock long against this node's own writes."""
+    may read LMDB): one engine call per ``RUN_ITEMS`` items or so, each applied in short holds
+    of the writer lock that let this node's own writes in (``Engine.apply_replica_run``)."""
     run: list[ItemsStep | MarkerStep] = []
     items = 0
     for step in steps:
