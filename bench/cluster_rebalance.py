@@ -404,7 +404,8 @@ def hold_figures(run: RebalanceRun) -> list[Figure]:
         parts = []
         for name in ("replica_run", "hold_writer_lock_worker", "hold_writer_lock_loop", "hold_writer_lock_flusher",
                      "hold_lmdb_turn_flusher", "hold_lmdb_turn_worker", "hold_lmdb_turn_loop",
-                     "hold_lmdb_turn_writer", "hold_writer_lock_other", "hold_lmdb_turn_other",
+                     "hold_lmdb_turn_writer", "hold_writer_lock_replica", "hold_lmdb_turn_replica",
+                     "hold_writer_lock_other", "hold_lmdb_turn_other",
                      "wait_writer_lock_worker", "wait_writer_lock_writer", "wait_lmdb_turn_writer", "loop_lag"):
             n = f.get(f"{name}_count", 0.0)
             if not n:

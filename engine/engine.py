@@ -416,6 +416,8 @@ class Engine:
         pending: deque[ReplicaStep] = deque(steps)
         try:
             first = True
+            if lock_holds.ENABLED:
+                lock_holds.set_role("replica")
             while pending:
                 if not first:
                     self._let_writes_in()
@@ -429,6 +431,8 @@ class Engine:
                     self._turn.release()
                     self._lock.release()
         finally:
+            if lock_holds.ENABLED:
+                lock_holds.set_role(None)
             self._notify(moved)
 
     def _take_lock_and_turn(self) -> None:

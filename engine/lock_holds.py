@@ -55,7 +55,19 @@ def note(name: str, seconds: float) -> None:
         fig.add(seconds)
 
 
+_roles = threading.local()
+
+
+def set_role(role: str | None) -> None:
+    """Count this thread's holds under ``role`` from now on (None: by the thread's name again),
+    e.g. a pool thread applying a replica run, which would else count as any pool thread."""
+    _roles.role = role
+
+
 def _role() -> str:
+    named = getattr(_roles, "role", None)
+    if named is not None:
+        return named  # type: ignore[no-any-return]
     name = threading.current_thread().name
     if name.startswith("upr-flusher"):
         return "flusher"
