@@ -103,7 +103,7 @@ class Engine:
         self._lock = lock_holds.timed(threading.RLock(), "writer_lock")
         self._turn = lock_holds.timed(lmdb_turn(), "lmdb_turn")
         self._closed = False
-        #: replica runs applied (one writer lock hold each) and the items they carried
+        #: holds of the writer lock that applied replicated steps, and the items they carried
         self.replica_apply_holds = 0
         self.replica_apply_items = 0
         #: writes waiting for the writer lock (a replica run yields to them between holds)
@@ -405,8 +405,9 @@ class Engine:
         WHY: a busy active sends each partition's snapshots as a marker and a batch of a few
         items, and a replica taking both locks and a transaction per message waited for the
         flusher and the writers between every two of them; but a copy being built receives runs
-        of thousands of items, and applying one in a single hold made every write of this node
-        wait for all of it, like DCP's backfill, which yields to the front end between pieces.
+        of thousands of items, and applying one in a single hold would make every write of this
+        node wait for all of it; like DCP's backfill, the copy yields to the front end between
+        pieces.
         What a piece leaves behind is a valid copy (the high seqno inside the open snapshot), and
         the caller acks only once the whole run is in.  A bad step (``InvalidInput``) changes
         nothing of its own; the steps before it stay applied.  Called on a worker thread."""
@@ -437,8 +438,8 @@ class Engine:
 
     def _take_lock_and_turn(self) -> None:
         """The writer lock, then the LMDB turn, without holding the writer lock while the turn
-        is busy: the flusher holds the turn for a whole round's build, and a replica run that
-        waited for it holding the writer lock made this node's writes wait for both."""
+        is busy: the flusher holds the turn for a whole round's build, and a replica run waiting
+        for it with the writer lock held would make this node's writes wait for both."""
         while True:
             self._lock.acquire()
             if self._turn.acquire(blocking=False):
