@@ -59,7 +59,7 @@ from engine.partition import Partition
 from engine.cluster.replica_rollback import Resync, Undo
 from engine.replica_undo import UndoResult, undo_above
 from engine.replica import (HOLD_ITEMS, ByKeyReader, ItemsStep, MarkerStep, ReplicaStep, append_items, apply_items,
-                            take_chunk)
+                            reads_persisted_records, take_chunk)
 from engine.snapshot import PartitionSnapshot, capture, capture_memory_only, memory_backlog
 from engine.storage.store import Store
 from engine.writequeue import WriteQueue
@@ -461,12 +461,18 @@ class Engine:
         nothing (False).  WHY: the replication applier runs on the event loop; a small run
         applied there costs no thread hop (a hop per received batch was the replica's largest
         fixed cost per write, docs/benchmarks.md "Cluster"), but the loop must never wait for
-        a lock the flusher or a writer holds: then the caller hops to a thread as before."""
+        a lock the flusher or a writer holds, nor read LMDB (a rewrite of a key only the
+        persisted records know, ``reads_persisted_records``): then the caller hops to a thread
+        as before."""
         for step in steps:
             self._replica(step.partition)
         if not self._lock.acquire(blocking=False):
             return False
         if not self._turn.acquire(blocking=False):
+            self._lock.release()
+            return False
+        if reads_persisted_records(steps, self._replica):  # an LMDB read: not on the loop
+            self._turn.release()
             self._lock.release()
             return False
         moved: dict[int, None] = {}

@@ -113,6 +113,25 @@ class ByKeyReader:
             self._read = self._txn = None
 
 
+def reads_persisted_records(steps: Sequence[ReplicaStep], part_of: Callable[[int], Partition]) -> bool:
+    """Whether applying ``steps`` would look up a persisted by-key record (``ByKeyReader``): an
+    item of rev above 1 whose key neither its partition's queue index nor an earlier item of
+    the steps holds (see ``append_items``).  WHY: the event loop applies small runs itself
+    (``Engine.try_apply_replica_run``) but never reads LMDB; such a run goes to a thread.
+    Called under the writer lock, so the queue indexes do not move meanwhile."""
+    seen: set[tuple[int, bytes]] = set()
+    for step in steps:
+        if type(step) is not ItemsStep:
+            continue
+        index = part_of(step.partition).queue.index
+        for item in step.items:
+            key = item.key
+            if item.rev != 1 and key not in index and (step.partition, key) not in seen:
+                return True
+            seen.add((step.partition, key))
+    return False
+
+
 def apply_items(part: Partition, store: Store, turn: threading.Lock, items: Iterable[Item], *,
                 last: bool) -> int:
     """Append ``items`` (ascending seqnos inside the current snapshot, above the high seqno) to

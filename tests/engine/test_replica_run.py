@@ -144,3 +144,46 @@ def test_try_apply_takes_nothing_while_a_lock_is_held_and_applies_once_they_are_
         assert engine._lock.acquire(timeout=5) and engine._turn.acquire(timeout=5)
         engine._turn.release()
         engine._lock.release()
+
+
+class _Queue:
+    def __init__(self, keys: set[bytes]) -> None:
+        self.index = dict.fromkeys(keys)
+
+
+class _Part:
+    def __init__(self, keys: set[bytes]) -> None:
+        self.queue = _Queue(keys)
+
+
+def _items(p: int, *specs: tuple[bytes, int]) -> ItemsStep:
+    return ItemsStep(p, [Item(key, seqno, 100 + seqno, rev, False, b"v")
+                         for seqno, (key, rev) in enumerate(specs, start=1)], False)
+
+
+@pytest.mark.parametrize("steps, queued, reads", [
+    ([_items(0, (b"a", 1), (b"b", 1))], set(), False),  # new keys (rev 1): no record to look up
+    ([_items(0, (b"a", 2))], {b"a"}, False),  # rewritten, its last version still queued
+    ([_items(0, (b"a", 2))], set(), True),  # rewritten, only the persisted record knows it
+    ([_items(0, (b"a", 1), (b"a", 2))], set(), False),  # written earlier in the same run
+    ([_items(0, (b"a", 1)), _items(1, (b"a", 2))], set(), True),  # the same key, another partition
+    ([MarkerStep(0, 1, 5)], set(), False),
+])
+def test_a_run_reads_persisted_records_only_for_rewrites_the_queue_does_not_hold(
+        steps: list[MarkerStep | ItemsStep], queued: set[bytes], reads: bool) -> None:
+    from engine.replica import reads_persisted_records
+
+    parts = {0: _Part(queued), 1: _Part(set())}
+    assert reads_persisted_records(steps, parts.__getitem__) is reads
+
+
+def test_try_apply_leaves_a_run_that_would_read_lmdb_to_the_thread_path(tmp_path: Path) -> None:
+    with replica(tmp_path / "r") as engine:
+        engine.apply_replica_run([MarkerStep(0, 1, 1), ItemsStep(0, [Item(b"a", 1, 100, 1, False, b"v1")], True)])
+        engine.flush_now()  # b"a" persisted: no longer in the queue index
+        rewrite = [MarkerStep(0, 2, 2), ItemsStep(0, [Item(b"a", 2, 101, 2, False, b"v2")], True)]
+        assert engine.try_apply_replica_run(rewrite) is False
+        assert engine.high_seqno(0) == 1
+        engine.apply_replica_run(rewrite)
+        engine.flush_now()
+        assert engine.high_seqno(0) == 2 and [i[:2] for i in scan(engine, 0)] == [(b"a", 2)]
