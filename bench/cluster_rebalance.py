@@ -32,7 +32,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 import httpx
 
-from bench import proc_cpu
 from bench.cluster_figures import Figure, summary_ms, verdict
 from bench.cluster_phases import HandoverMarks, PhaseWatch, etcd_counts, phase_rows
 from bench.cluster_procs import BenchCluster, Node, key_in_partition, partition_of, progress
@@ -65,48 +64,6 @@ class RebalanceRun:
     #: seconds from send to answer of every accepted probe write while the rebalance ran: the
     #: baseline the hop to a new active ("accepted write sent -> answered") is read against
     accepted_s: list[float] = field(default_factory=list)
-    #: the same probes' accepted writes and loop lag for ``QUIET_S`` before the rebalance starts
-    quiet_s: list[float] = field(default_factory=list)
-    quiet_loop_lag_s: list[float] = field(default_factory=list)
-    #: window -> (CPU seconds by role, wall seconds): before the rebalance (quiet) and during it
-    cpu: dict[str, tuple[dict[str, float], float]] = field(default_factory=dict)
-    #: the probing process's own event-loop lag samples during the rebalance
-    probe_loop_lag_s: list[float] = field(default_factory=list)
-    #: node -> its lock-hold figures over the rebalance (``engine.lock_holds``, ``_holds``)
-    holds: dict[str, dict[str, float]] = field(default_factory=dict)
-
-
-#: seconds the probes are timed before the rebalance starts (the baseline with nothing moving)
-QUIET_S = 3.0
-
-#: debug figures the nodes count (``engine.lock_holds``), read from ``/metrics``
-HOLD_PREFIXES = ("hold_", "wait_", "loop_lag", "replica_run", "replica_apply_")
-
-
-async def _holds(client: httpx.AsyncClient, url: str) -> dict[str, float]:
-    """A node's lock-hold figures, by their ``engine_stats`` names."""
-    out: dict[str, float] = {}
-    r = await client.get(f"{url}/metrics")
-    for line in r.text.splitlines():
-        if not line.startswith("upr_engine_") or line.endswith("_created") or " " not in line:
-            continue
-        name, value = line.rsplit(" ", 1)
-        if name.endswith("_created"):
-            continue
-        key = name.removeprefix("upr_engine_")
-        if key.startswith(HOLD_PREFIXES):
-            out[key.removesuffix("_total")] = float(value)
-    for line in r.text.splitlines():  # the PUT route's own time, as the node's middleware measured it
-        if line.startswith("upr_http_request_duration_seconds") and 'method="PUT"' in line and "/docs/" in line:
-            name, value = line.rsplit(" ", 1)
-            if "_bucket" in name:
-                le = name.split('le="', 1)[1].split('"', 1)[0]
-                out[f"put_le_{le}"] = out.get(f"put_le_{le}", 0.0) + float(value)
-            elif name.startswith("upr_http_request_duration_seconds_sum"):
-                out["put_seconds"] = out.get("put_seconds", 0.0) + float(value)
-            elif name.startswith("upr_http_request_duration_seconds_count"):
-                out["put_count"] = out.get("put_count", 0.0) + float(value)
-    return out
 
 
 def _seed(cluster: BenchCluster, items: int, partitions: int, batch: int = 1000) -> None:
@@ -162,15 +119,6 @@ class _Probes:
         #: send-to-answer seconds of accepted writes, while ``timing`` is set
         self.accepted_s: list[float] = []
         self.timing = False
-        #: the probing process's own event-loop lag while ``timing`` (its share of a write's time)
-        self.loop_lag_s: list[float] = []
-
-    async def sample_loop_lag(self, period_s: float = 0.01) -> None:
-        while not self.stop.is_set():
-            began = time.perf_counter()
-            await asyncio.sleep(period_s)
-            if self.timing:
-                self.loop_lag_s.append(max(0.0, time.perf_counter() - began - period_s))
 
     async def read_map(self, client: httpx.AsyncClient) -> None:
         for url in self.urls:
@@ -229,7 +177,7 @@ class _Probes:
         limits = httpx.Limits(max_connections=self.partitions + 8)
         async with httpx.AsyncClient(limits=limits) as client:
             await self.read_map(client)
-            await asyncio.gather(self.sample_loop_lag(), *(self.probe(client, p) for p in range(self.partitions)))
+            await asyncio.gather(*(self.probe(client, p) for p in range(self.partitions)))
 
 
 async def _rebalance(cluster: BenchCluster, new: Node, args: argparse.Namespace) -> RebalanceRun:
@@ -242,20 +190,10 @@ async def _rebalance(cluster: BenchCluster, new: Node, args: argparse.Namespace)
     probes = _Probes([n.url for n in cluster.live()], args.partitions, phases)
     probing = asyncio.create_task(probes.run())
     await asyncio.sleep(0.5)
-    # the same probes on the same cluster with nothing moving: the baseline of their latency
-    cpu_from, quiet_from = proc_cpu.snapshot(), time.monotonic()
-    probes.timing = True
-    await asyncio.sleep(QUIET_S)
-    probes.timing = False
-    quiet_cpu = (proc_cpu.spent(cpu_from, proc_cpu.snapshot()), time.monotonic() - quiet_from)
-    quiet_s, quiet_lag_s = probes.accepted_s, probes.loop_lag_s
-    probes.accepted_s, probes.loop_lag_s = [], []
     #: (partition, node) of each new copy -> [first seen building, first seen in sync, its seqno then]
     copies: dict[tuple[int, str], list] = {}
     async with httpx.AsyncClient(timeout=10) as client:
         counts_before = await etcd_counts(client, cluster.etcd_url)
-        holds_before = {n.name: await _holds(client, n.url) for n in cluster.live()}
-        cpu_from = proc_cpu.snapshot()
         started = time.monotonic()
         probes.timing = True
         r = await client.post(f"{base}/cluster/rebalance", json={"add": [new.name]})
@@ -279,13 +217,7 @@ async def _rebalance(cluster: BenchCluster, new: Node, args: argparse.Namespace)
             await asyncio.sleep(0.05)
         ended = time.monotonic()
         probes.timing = False
-        busy_cpu = (proc_cpu.spent(cpu_from, proc_cpu.snapshot()), ended - started)
         counts_after = await etcd_counts(client, cluster.etcd_url)
-        holds: dict[str, dict[str, float]] = {}
-        for name, before_figures in holds_before.items():
-            after_figures = await _holds(client, cluster.nodes[name].url)
-            holds[name] = {k: v if k.endswith("max_seconds") else v - before_figures.get(k, 0.0)
-                           for k, v in after_figures.items()}
         await asyncio.sleep(0.5)
         probes.stop.set()
         await probing
@@ -313,15 +245,12 @@ async def _rebalance(cluster: BenchCluster, new: Node, args: argparse.Namespace)
                         marks=phases.marks, moved_partitions=moved,
                         etcd_during={k: counts_after[k] - counts_before.get(k, 0) for k in counts_after},
                         etcd_idle_per_s={k: (idle_to[k] - idle_from.get(k, 0)) / idle_s for k in idle_to},
-                        accepted_s=probes.accepted_s, holds=holds, quiet_s=quiet_s,
-                        quiet_loop_lag_s=quiet_lag_s, cpu={"before the rebalance": quiet_cpu,
-                                                           "during the rebalance": busy_cpu},
-                        probe_loop_lag_s=probes.loop_lag_s)
+                        accepted_s=probes.accepted_s)
 
 
 def measure_rebalance(group: ProcessGroup, work: Path, etcd: str, args: argparse.Namespace) -> RebalanceRun:
     cluster = BenchCluster(group, work, etcd, "rb", args.partitions, replicas=1, size=2,
-                           lease_ttl_s=args.lease_ttl, env={"UPR_LOCK_HOLDS": "1"}).start()
+                           lease_ttl_s=args.lease_ttl).start()
     try:
         progress(f"rebalance: seeding {args.rebalance_items:,} items over {args.partitions} partitions")
         _seed(cluster, args.rebalance_items, args.partitions)
@@ -374,16 +303,6 @@ def rebalance_figures(run: RebalanceRun, args: argparse.Namespace) -> list[Figur
         Figure("any accepted probe write during the rebalance: sent -> answered", _latency(run.accepted_s), "—", "—",
                "every partition's probe, moving or not: the baseline for 'accepted write sent -> answered' "
                "(the first write a new active answers)"),
-        Figure("any accepted probe write, same probes before the rebalance: sent -> answered", _latency(run.quiet_s),
-               "—", "—", f"the {QUIET_S:.0f} s before the rebalance starts, nothing moving: the probes' own baseline"),
-        Figure("the probing process's own event-loop lag before the rebalance", _lag(run.quiet_loop_lag_s), "—", "—"),
-        Figure("the probing process's own event-loop lag during the rebalance", _lag(run.probe_loop_lag_s), "—", "—",
-               "a 10 ms sleep's overshoot in the bench process: the client's share of 'sent -> answered'"),
-        *(Figure(f"CPU {window}", ", ".join(f"{role} {sec / wall:.2f}" for role, sec in by_role.items())
-                 + f" cores over {wall:.1f} s", "—", "—",
-                 "CPU seconds per wall second by process role (/proc): the bench process runs the probes")
-          for window, (by_role, wall) in run.cpu.items()),
-        *hold_figures(run),
         Figure("etcd requests during the rebalance",
                f"{run.etcd_during.get('range', 0):,.0f} ranges, {run.etcd_during.get('txn', 0):,.0f} txns, "
                f"{run.etcd_during.get('put', 0):,.0f} puts", "—", "—",
@@ -393,47 +312,6 @@ def rebalance_figures(run: RebalanceRun, args: argparse.Namespace) -> list[Figur
                f"{run.etcd_idle_per_s.get('put', 0):.1f} puts/s", "—", "—",
                f"over {args.idle_seconds:.0f} s with no writes and nothing moving (lease keep-alives are not counted)"),
     ]
-
-
-def hold_figures(run: RebalanceRun) -> list[Figure]:
-    """Per node, over the rebalance: how long each holder kept the writer lock and the LMDB
-    turn, how long writes waited for them, and the event loop's lag (``engine.lock_holds``).
-    Counts of long holds do not depend on the machine's load the way latencies do."""
-    rows = []
-    for node, f in sorted(run.holds.items()):
-        parts = []
-        for name in ("replica_run", "hold_writer_lock_worker", "hold_writer_lock_loop", "hold_writer_lock_flusher",
-                     "hold_lmdb_turn_flusher", "hold_lmdb_turn_worker", "hold_lmdb_turn_loop",
-                     "hold_lmdb_turn_writer", "hold_writer_lock_replica", "hold_lmdb_turn_replica",
-                     "hold_writer_lock_other", "hold_lmdb_turn_other",
-                     "wait_writer_lock_worker", "wait_writer_lock_writer", "wait_lmdb_turn_writer", "loop_lag"):
-            n = f.get(f"{name}_count", 0.0)
-            if not n:
-                continue
-            parts.append(f"{name}: {n:,.0f}, mean {f.get(f'{name}_seconds', 0.0) / n * 1000:.2f} ms, "
-                         f"max {f.get(f'{name}_max_seconds', 0.0) * 1000:.0f} ms, "
-                         f">5/20/100 ms {f.get(f'{name}_over_5ms_count', 0):.0f}/"
-                         f"{f.get(f'{name}_over_20ms_count', 0):.0f}/{f.get(f'{name}_over_100ms_count', 0):.0f}")
-        n = f.get("put_count", 0.0)
-        if n:
-            within = {float(k.removeprefix("put_le_")): v for k, v in f.items() if k.startswith("put_le_")}
-            p50 = min((le for le, c in within.items() if c >= 0.5 * n), default=float("inf"))
-            p99 = min((le for le, c in within.items() if c >= 0.99 * n), default=float("inf"))
-            parts.append(f"PUT route's own time (middleware): {n:,.0f}, mean {f.get('put_seconds', 0.0) / n * 1000:.1f} ms, "
-                         f"p50 <= {p50 * 1000:g} ms, p99 <= {p99 * 1000:g} ms")
-        items = f.get("replica_apply_items", 0.0)
-        runs = f.get("replica_apply_holds", 0.0)
-        parts.append(f"replica items applied {items:,.0f} in {runs:,.0f} holds")
-        rows.append(Figure(f"lock holds during the rebalance, node {node}", "; ".join(parts), "—", "—",
-                           "engine.lock_holds (UPR_LOCK_HOLDS=1): maxima over the node's life, counts over the rebalance"))
-    return rows
-
-
-def _lag(values: list[float]) -> str:
-    if not values:
-        return "none"
-    s = summary_ms(sorted(values))
-    return f"p50 {s['p50']:.1f} ms, p99 {s['p99']:.0f} ms, max {s['p100']:.0f} ms over {len(values):,} samples"
 
 
 def _latency(values: list[float]) -> str:

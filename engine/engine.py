@@ -20,7 +20,6 @@ import gc
 import logging
 import threading
 import time
-from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future
 
@@ -53,24 +52,17 @@ from engine.core.types import (
     WriteResult,
 )
 from engine.flush_health import FlushFault
-from engine import lock_holds
 from engine.flusher import Flusher, lmdb_turn
 from engine.partition import Partition
 from engine.cluster.replica_rollback import Resync, Undo
 from engine.replica_undo import UndoResult, undo_above
-from engine.replica import (HOLD_ITEMS, ByKeyReader, ItemsStep, MarkerStep, ReplicaStep, append_items, apply_items,
-                            reads_persisted_records, take_chunk)
+from engine.replica import (ByKeyReader, ItemsStep, MarkerStep, ReplicaStep, append_items, apply_items,
+                            reads_persisted_records)
 from engine.snapshot import PartitionSnapshot, capture, capture_memory_only, memory_backlog
 from engine.storage.store import Store
 from engine.writequeue import WriteQueue
 
 log = logging.getLogger(__name__)
-
-
-#: how long a replica run waits, at most, between two holds for the writes waiting for the lock,
-#: and how often it looks (a write takes the lock within a wake-up of the writer thread)
-YIELD_MAX_S = 0.02
-YIELD_POLL_S = 0.0002
 
 
 def tune_gc(gen0_threshold: int | None) -> None:
@@ -100,15 +92,9 @@ class Engine:
         self.opened_clean = was_clean
         self._store = store
         self._parts = partitions
-        self._lock = lock_holds.timed(threading.RLock(), "writer_lock")
-        self._turn = lock_holds.timed(lmdb_turn(), "lmdb_turn")
+        self._lock = threading.RLock()
+        self._turn = lmdb_turn()
         self._closed = False
-        #: holds of the writer lock that applied replicated steps, and the items they carried
-        self.replica_apply_holds = 0
-        self.replica_apply_items = 0
-        #: writes waiting for the writer lock (a replica run yields to them between holds)
-        self._writes_waiting = 0
-        self._waiting_guard = threading.Lock()
         self._listeners: list[Callable[[int], None]] = []
         self._writer = BatchWriter(partitions, store, self._turn, max_key_bytes=config.max_key_bytes,
                                    max_value_bytes=config.max_value_bytes,
@@ -239,19 +225,10 @@ class Engine:
                 f"nothing was written: flushing to disk is failing ({fault.describe()}) and {queued} bytes "
                 f"are unpersisted, over the {self.config.flush_failure_backlog_bytes} bytes allowed during "
                 "a flush failure; retry once space returns")
-        with self._waiting_guard:
-            self._writes_waiting += 1
-        try:
-            self._lock.acquire()
-        finally:
-            with self._waiting_guard:
-                self._writes_waiting -= 1
-        try:
+        with self._lock:
             if self._closed:
                 raise EngineClosed("engine is closed")
             results, written = self._writer.write(ops, time.time_ns())
-        finally:
-            self._lock.release()
         if written:
             self._notify(written)
         return results
@@ -398,63 +375,19 @@ class Engine:
 
     def apply_replica_run(self, steps: Sequence[ReplicaStep]) -> None:
         """Apply received markers and item batches in order (``replica_marker`` and
-        ``apply_replicated`` each), in holds of the writer lock and the LMDB turn of at most
-        ``engine.replica.HOLD_ITEMS`` items, each with one read transaction; between two holds
-        a write of this node that waits for the lock goes first (``_let_writes_in``).
-
-        WHY: a busy active sends each partition's snapshots as a marker and a batch of a few
-        items, and a replica taking both locks and a transaction per message waited for the
-        flusher and the writers between every two of them; but a copy being built receives runs
-        of thousands of items, and applying one in a single hold would make every write of this
-        node wait for all of it; like DCP's backfill, the copy yields to the front end between
-        pieces.
-        What a piece leaves behind is a valid copy (the high seqno inside the open snapshot), and
-        the caller acks only once the whole run is in.  A bad step (``InvalidInput``) changes
-        nothing of its own; the steps before it stay applied.  Called on a worker thread."""
+        ``apply_replicated`` each), under one writer lock, one LMDB turn and one read
+        transaction.  WHY: a busy active sends each partition's snapshots as a marker and a
+        batch of a few items, and a replica taking both locks and a transaction per message
+        waited for the flusher and the writers between every two of them.  A bad step
+        (``InvalidInput``) changes nothing of its own; the steps before it stay applied."""
         for step in steps:
             self._replica(step.partition)
         moved: dict[int, None] = {}
-        pending: deque[ReplicaStep] = deque(steps)
         try:
-            first = True
-            if lock_holds.ENABLED:
-                lock_holds.set_role("replica")
-            while pending:
-                if not first:
-                    self._let_writes_in()
-                first = False
-                self._take_lock_and_turn()
-                try:
-                    self._check_open()
-                    chunk = take_chunk(pending, self._replica, HOLD_ITEMS)
-                    self._apply_steps(chunk, moved)
-                finally:
-                    self._turn.release()
-                    self._lock.release()
+            with self._lock, self._turn:
+                self._apply_steps(steps, moved)
         finally:
-            if lock_holds.ENABLED:
-                lock_holds.set_role(None)
             self._notify(moved)
-
-    def _take_lock_and_turn(self) -> None:
-        """The writer lock, then the LMDB turn, without holding the writer lock while the turn
-        is busy: the flusher holds the turn for a whole round's build, and a replica run waiting
-        for it with the writer lock held would make this node's writes wait for both."""
-        while True:
-            self._lock.acquire()
-            if self._turn.acquire(blocking=False):
-                return
-            self._lock.release()
-            with self._turn:  # until the holder is done; the writer lock stays free meanwhile
-                pass
-
-    def _let_writes_in(self) -> None:
-        """Wait (briefly, bounded) while a write waits for the writer lock: a released lock is
-        otherwise taken straight back by the thread that released it, as the waiter has yet to
-        wake up."""
-        deadline = time.perf_counter() + YIELD_MAX_S
-        while self._writes_waiting and time.perf_counter() < deadline:
-            time.sleep(YIELD_POLL_S)
 
     def try_apply_replica_run(self, steps: Sequence[ReplicaStep]) -> bool:
         """``apply_replica_run`` if the writer lock and the LMDB turn are free at once, else
@@ -491,8 +424,6 @@ class Engine:
         partitions it appended to go into ``moved`` (the caller announces them unlocked)."""
         self._check_open()
         reader = ByKeyReader(self._store)
-        began = time.perf_counter()
-        self.replica_apply_holds += 1
         try:
             for step in steps:
                 part = self._replica(step.partition)
@@ -501,14 +432,11 @@ class Engine:
                     continue
                 assert type(step) is ItemsStep
                 max_cas = append_items(part, reader, step.items, last=step.last)
-                self.replica_apply_items += len(step.items)
                 moved[step.partition] = None
                 if max_cas > self._writer.last_cas:  # a promoted copy's CAS must keep increasing
                     self._writer.last_cas = max_cas
         finally:
             reader.close()
-            if lock_holds.ENABLED:
-                lock_holds.note("replica_run", time.perf_counter() - began)
 
     def adopt_failover_log(self, partition: int, log: Sequence[FailoverEntry]) -> None:
         """Replica ``partition``'s history is its active's: store the active's failover log."""
@@ -782,9 +710,6 @@ class Engine:
             "persist_waiters": float(f.pending_waiters),
             "lmdb_commits_total": float(self._store.fsyncs),
             "lmdb_map_size": float(self._store.map_size),
-            "replica_apply_holds_total": float(self.replica_apply_holds),
-            "replica_apply_items_total": float(self.replica_apply_items),
-            **lock_holds.figures(),
         }
 
     # ------------------------------------------------------------------ internals

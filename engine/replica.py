@@ -20,7 +20,6 @@ received steps is applied under one lock, one turn and one read transaction
 from __future__ import annotations
 
 import threading
-from collections import deque
 from collections.abc import Callable, Iterable, Sequence
 from itertools import repeat
 from typing import Any, NamedTuple
@@ -51,43 +50,6 @@ class ItemsStep(NamedTuple):
 
 #: what ``Engine.apply_replica_run`` applies, in order
 ReplicaStep = MarkerStep | ItemsStep
-
-#: replicated items applied per hold of the writer lock and the LMDB turn, at most: a copy being
-#: built receives runs of thousands of items, and this node's own writes wait for each hold
-#: (docs/benchmarks.md, Cluster: "Copy builds that yield to writes")
-HOLD_ITEMS = 256
-
-
-def take_chunk(pending: deque[ReplicaStep], part_of: Callable[[int], Partition], limit: int) -> list[ReplicaStep]:
-    """The next steps of ``pending`` carrying at most ``limit`` items, removed from it (called
-    under the writer lock).  A batch larger than that is split, its remainder left first in
-    ``pending``; only the remainder keeps ``last``, as a snapshot is whole once its last item
-    is in, and a piece without it just moves the high seqno inside the open snapshot, as any
-    batch but a snapshot's last does.
-
-    A batch is checked whole (``check_items``) before its first piece is taken, so a bad batch
-    still changes nothing; it is taken first in a chunk of its own, so it is checked against the
-    state that piece is applied to (the markers before it already applied)."""
-    chunk: list[ReplicaStep] = []
-    room = limit
-    while pending and room > 0:
-        step = pending[0]
-        if type(step) is MarkerStep:
-            chunk.append(pending.popleft())
-            continue
-        assert type(step) is ItemsStep
-        if len(step.items) <= room:
-            chunk.append(pending.popleft())
-            room -= len(step.items)
-            continue
-        if chunk:
-            break
-        items = list(step.items)
-        check_items(part_of(step.partition), items)
-        pending[0] = ItemsStep(step.partition, items[room:], step.last)
-        chunk.append(ItemsStep(step.partition, items[:room], False))
-        break
-    return chunk
 
 
 class ByKeyReader:
@@ -154,20 +116,12 @@ def append_items(part: Partition, reader: ByKeyReader, items: Iterable[Item], *,
     the queue index, else from the persisted record, except for an item of rev 1: the active
     gives rev 1 only to a key it holds no record of, not even a tombstone, and the copy holds
     the active's history, so such a key is not live here either and needs no lookup."""
-    batch_items = list(items)
-    end = check_items(part, batch_items)
-    return _append_checked(part, reader, batch_items, end, last=last)
-
-
-def check_items(part: Partition, batch_items: Sequence[Item]) -> int:
-    """Raise ``InvalidInput`` unless ``batch_items`` may be appended to ``part`` now (a snapshot
-    is open, keys are bytes, seqnos ascend above the high seqno inside the snapshot); returns
-    the snapshot's end.  Changes nothing."""
     current = part.snapshots.current
     if current is None:
         raise InvalidInput(f"partition {part.id}: replicated items arrived before any snapshot marker",
                            partition=part.id, field="snapshot")
     start, end = current
+    batch_items = list(items)
     prev_seqno = part.high_seqno
     for item in batch_items:
         if type(item.key) is not bytes or not item.key:
@@ -178,11 +132,6 @@ def check_items(part: Partition, batch_items: Sequence[Item]) -> int:
                 f"partition {part.id}: replicated seqno {item.seqno} is outside the snapshot ({start}, {end}) "
                 f"or not above the previous seqno {prev_seqno}", partition=part.id, seqno=item.seqno, field="seqno")
         prev_seqno = item.seqno
-    return end
-
-
-def _append_checked(part: Partition, reader: ByKeyReader, batch_items: list[Item], end: int, *, last: bool) -> int:
-    """``append_items`` after ``check_items`` passed."""
     queue = part.queue
     batch = queue.begin()
     max_cas = 0

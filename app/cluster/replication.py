@@ -58,7 +58,6 @@ from clients.connection import ReconnectNeeded, StreamConnection, stream_url
 from engine.cluster.replica_rollback import Resync, Undo, resume_uuid
 from engine.cluster.replica_sync import Progress, ReplicaSync
 from engine.core.errors import UprError
-from engine import lock_holds
 from engine.engine import Engine
 from engine.protocol import messages as M
 from engine.protocol.client.actions import (
@@ -85,8 +84,7 @@ PUBLISH_OPS = 64
 #: ``seqno_ack``s per WebSocket message at most (a bundle of them: well under any frame limit)
 ACKS_PER_MESSAGE = 256
 
-#: items applied per engine call at most, give or take one batch (the engine itself holds its
-#: locks for at most ``engine.replica.HOLD_ITEMS`` of them at a time)
+#: items applied per engine call (one writer lock hold) at most, give or take one batch
 RUN_ITEMS = 1024
 
 #: items a received run may carry to be applied on the event loop (when the engine's locks are
@@ -136,7 +134,6 @@ class ReplicationStreams:
         self._streams: dict[tuple[str, str], tuple[frozenset[int], asyncio.Task[None]]] = {}
         self._gone: set[int] = set()
         self._publisher: asyncio.Task[None] | None = None
-        self._loop_lag: asyncio.Task[None] | None = None
         #: which changed progress is worth an etcd write this tick (``app.cluster.progress_pacing``)
         self._pacer = PublishPacer(publish_max_age_s, publish_settle_s)
         #: rollbacks answered by undo, and by a reset (a resync from 0)
@@ -179,8 +176,6 @@ class ReplicationStreams:
                 self._streams[source] = (frozen, task)
         if self._publisher is None:
             self._publisher = asyncio.create_task(self._publish_loop(), name="replica progress")
-        if self._loop_lag is None and lock_holds.ENABLED:
-            self._loop_lag = asyncio.create_task(_sample_loop_lag(), name="loop lag")
 
     def progress(self, partition: int) -> Progress | None:
         sync = self.syncs.get(partition)
@@ -190,9 +185,6 @@ class ReplicationStreams:
         tasks = [task for _parts, task in self._streams.values()]
         if self._publisher is not None:
             tasks.append(self._publisher)
-        if self._loop_lag is not None:
-            tasks.append(self._loop_lag)
-            self._loop_lag = None
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
@@ -448,15 +440,6 @@ class ReplicationStreams:
             sync.snapshot_applied(self.engine.replica_mark(p)[1].complete_end)
 
 
-async def _sample_loop_lag(period_s: float = 0.01) -> None:
-    """Debug figures (``engine.lock_holds``): how late the event loop wakes a sleeper, i.e. how
-    long something ran on the loop without yielding."""
-    while True:
-        began = time.perf_counter()
-        await asyncio.sleep(period_s)
-        lock_holds.note("loop_lag", max(0.0, time.perf_counter() - began - period_s))
-
-
 def _steps_of(messages: list[Any]) -> tuple[list[ItemsStep | MarkerStep], int]:
     """Received markers and batches as engine steps, in order, and how many items they carry."""
     steps: list[ItemsStep | MarkerStep] = []
@@ -478,8 +461,8 @@ def _apply_all(engine: Engine, messages: list[Any]) -> None:
 
 def _apply_steps(engine: Engine, steps: list[ItemsStep | MarkerStep]) -> None:
     """Apply replicated steps in order (on a worker thread: it waits for the engine's locks and
-    may read LMDB): one engine call per ``RUN_ITEMS`` items or so, each applied in short holds
-    of the writer lock that let this node's own writes in (``Engine.apply_replica_run``)."""
+    may read LMDB): one engine call per ``RUN_ITEMS`` items or so, so that a large take never
+    holds the writer lock long against this node's own writes."""
     run: list[ItemsStep | MarkerStep] = []
     items = 0
     for step in steps:
