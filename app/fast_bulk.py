@@ -16,7 +16,6 @@ import time
 from typing import Any
 
 from starlette.requests import Request
-from starlette.responses import Response
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from app.auth import Role, authorize_connection

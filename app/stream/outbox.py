@@ -29,7 +29,7 @@ from typing import Any
 from app.stream.rawframes import RawFrames
 from engine.protocol import messages as M
 from engine.protocol.binary_header import HEADER
-from engine.protocol.bundle import BUNDLE, Bundler, encode_parts
+from engine.protocol.bundle import Bundler, bundle_pieces, encode_parts
 
 __all__ = ["Outbox", "control_text"]
 
@@ -139,7 +139,7 @@ class Outbox:
             self._control.clear()
             encoded, count = [*encoded, tail], count + len(controls)
             size += len(tail)
-        parts = [BUNDLE.pack_header(0, 0, count), *encoded]
+        parts = bundle_pieces(count, *encoded)
         raw = self._raw
         if raw is not None and raw.ready():
             raw.write_parts(parts, size)  # the shared parts go to the socket as they are

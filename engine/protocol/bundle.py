@@ -46,7 +46,7 @@ from collections.abc import Sequence
 from engine.protocol.binary_header import HEADER, BinaryFormat
 
 __all__ = ["BUNDLE", "BUNDLE_MAGIC", "Bundler", "OVERHEAD", "PART_BINARY", "PART_TEXT", "bundle_of_encoded",
-           "bundle_spans", "decode_bundle", "encode_bundle", "encode_parts", "is_bundle"]
+           "bundle_pieces", "bundle_spans", "decode_bundle", "encode_bundle", "encode_parts", "is_bundle"]
 
 BUNDLE_MAGIC = b"UPRM"
 BUNDLE_VERSION = 1
@@ -88,9 +88,16 @@ def encode_parts(parts: Sequence[str | bytes]) -> bytes:
 
 def bundle_of_encoded(count: int, *encoded: bytes) -> bytes:
     """One bundle message of ``count`` parts already laid out by ``encode_parts`` (in order)."""
+    return b"".join(bundle_pieces(count, *encoded))
+
+
+def bundle_pieces(count: int, *encoded: bytes) -> list[bytes]:
+    """``bundle_of_encoded`` before the join: the bundle header, then ``encoded`` as they are.
+    WHY apart: a writer that sends the pieces side by side (``transport.writelines``) sends a
+    shared pass's bytes to every connection without copying them."""
     if count < 1:
         raise ValueError("a bundle needs at least one part")
-    return b"".join((BUNDLE.pack_header(0, 0, count), *encoded))
+    return [BUNDLE.pack_header(0, 0, count), *encoded]
 
 
 _corrupt = BUNDLE.corrupt
