@@ -49,7 +49,7 @@ IDLE_WAKE_S = 1.0
 _Work = tuple[Partition, list[Item], int, int]
 
 
-def lmdb_turn() -> threading.Lock:
+def lmdb_turn() -> "LmdbTurn":
     """The lock that threads making many short LMDB calls in a row hold for the whole run of calls.
 
     WHY: py-lmdb releases the GIL around every call (``get``, ``put``, ``Cursor.replace``, even
@@ -64,9 +64,74 @@ def lmdb_turn() -> threading.Lock:
 
     It is the innermost lock: no thread holding it waits for a lock that anyone waiting for it
     may hold.  It is never held across a commit, so a writer waits for at most one round's
-    build (its bounded compaction steps included), never for its fsync.
+    build (its bounded compaction steps included), never for its fsync; and the flusher hands it
+    over inside a round's build whenever someone waits (``hand_over_turn``), so a writer waits
+    for a slice of that build, not for all of it.
     """
-    return threading.Lock()
+    return LmdbTurn()
+
+
+class LmdbTurn:
+    """A ``threading.Lock`` that counts the threads blocked on it (``waiting``), so a long holder
+    can tell when to step aside.  The count costs nothing while the lock is free: only a blocked
+    acquire touches it."""
+
+    __slots__ = ("_lock", "_guard", "waiting")
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._guard = threading.Lock()
+        #: threads blocked in ``acquire`` right now
+        self.waiting = 0
+
+    def acquire(self, blocking: bool = True, timeout: float = -1) -> bool:
+        if self._lock.acquire(False):
+            return True
+        if not blocking:
+            return False
+        with self._guard:
+            self.waiting += 1
+        try:
+            return self._lock.acquire(True, timeout)
+        finally:
+            with self._guard:
+                self.waiting -= 1
+
+    def release(self) -> None:
+        self._lock.release()
+
+    def locked(self) -> bool:
+        return self._lock.locked()
+
+    def __enter__(self) -> bool:
+        return self.acquire()
+
+    def __exit__(self, *exc: object) -> None:
+        self._lock.release()
+
+
+#: items a round writes between two looks for a thread waiting for the LMDB turn: a slice of a
+#: copy's build short enough that a write waiting for the turn is not held long (docs/benchmarks.md,
+#: Cluster: "Flush rounds that hand over the LMDB turn")
+TURN_SLICE_ITEMS = 2048
+
+#: the longest the flusher waits, after releasing the turn, for a waiter to take it
+HAND_OVER_MAX_S = 0.005
+HAND_OVER_POLL_S = 0.0001
+
+
+def hand_over_turn(turn: LmdbTurn) -> bool:
+    """If a thread waits for ``turn`` (held by the caller), let it in and take the turn back
+    after it; True if the turn changed hands.  WHY: a released ``threading.Lock`` is otherwise
+    taken straight back by the thread that released it, as the waiter has yet to wake up."""
+    if not turn.waiting:
+        return False
+    turn.release()
+    deadline = time.perf_counter() + HAND_OVER_MAX_S
+    while turn.waiting and not turn.locked() and time.perf_counter() < deadline:
+        time.sleep(HAND_OVER_POLL_S)
+    turn.acquire()
+    return True
 
 
 class Flusher:
@@ -77,7 +142,7 @@ class Flusher:
         writer_lock: threading.RLock,
         interval_s: float,
         batch_items: int,
-        turn: threading.Lock | None = None,
+        turn: LmdbTurn | None = None,
         max_retry_s: float = 2.0,
     ) -> None:
         self._store = store
@@ -107,6 +172,8 @@ class Flusher:
         self.last_batch_items = 0
         self.max_batch_items = 0
         self.errors = 0
+        #: times a round's build let a waiting thread take the LMDB turn
+        self.turn_handovers = 0
         #: called on this thread after each committed round with the partitions it persisted
         #: (``Engine.add_persist_listener``); must be cheap and must not block
         self.on_persisted: Callable[[list[int]], None] | None = None
@@ -233,14 +300,29 @@ class Flusher:
         began_cpu = time.thread_time()
         store = self._store
 
+        turn = self._turn
+
         def write(txn: object) -> list[tuple[int, int, int]]:
             out = []
-            with self._turn:  # released before ``store.write`` commits
-                for part, items, upto, generation in work:
+            # held for the build, handed over between slices to whoever waits for it (the items
+            # written so far stay invisible to them until the commit), released before
+            # ``store.write`` commits
+            with turn:
+                for i, (part, items, upto, generation) in enumerate(work):
+                    if i:
+                        self.turn_handovers += hand_over_turn(turn)
                     if part.generation != generation:  # emptied since it was read: nothing of it is valid
                         out.append((0, 0, 0))
                         continue
-                    delta, nbytes = store.flush_items(txn, part.id, items)  # type: ignore[arg-type]
+                    delta = nbytes = 0
+                    for lo in range(0, len(items), TURN_SLICE_ITEMS):
+                        if lo:
+                            self.turn_handovers += hand_over_turn(turn)
+                        hi = lo + TURN_SLICE_ITEMS
+                        d, b = store.flush_items(txn, part.id, items[lo:hi] if lo or hi < len(items) else items,
+                                                 compact=hi >= len(items))  # type: ignore[arg-type]
+                        delta += d
+                        nbytes += b
                     live = part.persisted_live + delta
                     max_cas = max(part.persisted_max_cas, items[-1].cas) if items else part.persisted_max_cas
                     store.put_persisted(txn, part.id, upto, live, max_cas)  # type: ignore[arg-type]

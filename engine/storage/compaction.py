@@ -94,9 +94,11 @@ class Compaction:
 
     # ------------------------------------------------------------------ flushes
 
-    def after_flush(self, txn: lmdb.Transaction, p: int, stale: list[bytes], small_blocks: int) -> None:
+    def after_flush(self, txn: lmdb.Transaction, p: int, stale: list[bytes], small_blocks: int, *,
+                    step: bool = True) -> None:
         """Mark ``stale`` (by-key records' seqno prefixes the flush superseded) and run a bounded
-        compaction step when one is due (a pass under way, or too many marks or small blocks)."""
+        compaction step when one is due (a pass under way, or too many marks or small blocks)
+        and ``step`` (False: a slice of a flush whose last slice steps)."""
         marks, small, resume = self._counts(txn, p)
         if stale:
             stale.sort()
@@ -104,6 +106,8 @@ class Compaction:
             marks += len(stale)
         small += small_blocks
         self._pending[p] = (marks, small, resume)
+        if not step:
+            return
         if resume is not None:
             self.step(txn, p, resume, COMPACT_STEP_BYTES)
         elif marks > COMPACT_MIN_STALE or small > COMPACT_MIN_BLOCKS:

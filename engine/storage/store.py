@@ -374,8 +374,13 @@ class Store:
 
     # ------------------------------------------------------------------ data
 
-    def flush_items(self, txn: lmdb.Transaction, p: int, items: Sequence[Item]) -> tuple[int, int]:
+    def flush_items(self, txn: lmdb.Transaction, p: int, items: Sequence[Item], *,
+                    compact: bool = True) -> tuple[int, int]:
         """Write ``items`` (ascending seqnos, each key once); return (live-count change, value bytes).
+
+        A flush may come in slices (consecutive runs of one partition's items, in order, in one
+        transaction): all but the last pass ``compact=False``, so the partition still gets one
+        bounded compaction step per flush, not one per slice.
 
         ``Cursor.replace`` inserts the by-key record and hands back the old one in one B-tree
         walk; the old record's seqno is marked stale (one sorted ``putmulti`` into the small
@@ -402,7 +407,7 @@ class Store:
             for record_key, blob in split_blocks(keys, seqnos, cas_, revs, deleted_, values):
                 if not txn.put(record_key, blob, append=True, db=bdb):
                     raise RuntimeError(f"by-seqno append rejected a block in partition {p}")
-        self.compaction.after_flush(txn, p, list(map(seqno_of_record, olds)), small_blocks)
+        self.compaction.after_flush(txn, p, list(map(seqno_of_record, olds)), small_blocks, step=compact)
         return delta, nbytes
 
     def get_item(self, txn: lmdb.Transaction, p: int, key: bytes) -> Item | None:
