@@ -52,6 +52,7 @@ from engine.core.types import (
     WriteResult,
 )
 from engine.flush_health import FlushFault
+from engine import lock_holds
 from engine.flusher import Flusher, lmdb_turn
 from engine.partition import Partition
 from engine.cluster.replica_rollback import Resync, Undo
@@ -92,8 +93,8 @@ class Engine:
         self.opened_clean = was_clean
         self._store = store
         self._parts = partitions
-        self._lock = threading.RLock()
-        self._turn = lmdb_turn()
+        self._lock = lock_holds.timed(threading.RLock(), "writer_lock")
+        self._turn = lock_holds.timed(lmdb_turn(), "lmdb_turn")
         self._closed = False
         self._listeners: list[Callable[[int], None]] = []
         self._writer = BatchWriter(partitions, store, self._turn, max_key_bytes=config.max_key_bytes,
@@ -325,7 +326,14 @@ class Engine:
     def set_state(self, partition: int, state: PartitionState) -> None:
         """Change a partition's state; becoming active from any other state starts a new
         history branch (failover entry: new uuid, current high seqno), as
-        ``engine.core.failover_policy`` decides."""
+        ``engine.core.failover_policy`` decides.
+
+        Durable on return, but the commit (a write transaction and its fsync, possibly behind a
+        flush round) runs after the writer lock is released: the change is staged under the lock
+        (``Store.stage``), so any flush of a write taken under the new state carries it in the
+        same commit, and this node's writes do not wait for the fsync (a rebalance calls this
+        for every copy it creates).  If the commit fails the state is changed in memory and stays
+        staged: the next write transaction carries it."""
         part = self._part(partition)
         state = PartitionState(state)
         with self._lock:
@@ -341,12 +349,14 @@ class Engine:
                 store.put_state(txn, partition, state)  # type: ignore[arg-type]
                 store.put_failover(txn, partition, log_)  # type: ignore[arg-type]
 
-            store.write(put)
+            # staged under the writer lock, so it lands before any write the new state lets in
+            store.stage(put)  # type: ignore[arg-type]
             if state is PartitionState.REPLICA:  # what it holds so far is whole: its own history
                 persisted = part.persisted_seqno
                 part.snapshots = ReplicaSnapshots.restored(SnapshotMark(persisted, persisted, persisted), persisted)
             part.state = state
             part.failover_log = log_
+        self._commit_staged_durably()
         self._notify((partition,))
 
     # ------------------------------------------------------------------ replica copies
@@ -439,16 +449,21 @@ class Engine:
             reader.close()
 
     def adopt_failover_log(self, partition: int, log: Sequence[FailoverEntry]) -> None:
-        """Replica ``partition``'s history is its active's: store the active's failover log."""
+        """Replica ``partition``'s history is its active's: store the active's failover log.
+
+        Durable on return; staged under the writer lock and committed after it (as ``set_state``),
+        so this node's writes do not wait for the fsync."""
         part = self._replica(partition)
         adopted = failover.sanitise(log)[: self.config.failover_log_cap]
+        store = self._store
         with self._lock:
             self._check_open()
             self._replica(partition)
             if adopted == part.failover_log:
                 return
-            self._store.write(lambda txn: self._store.put_failover(txn, partition, adopted))
+            store.stage(lambda txn: store.put_failover(txn, partition, adopted))
             part.failover_log = adopted
+        self._commit_staged_durably()
 
     def replica_mark(self, partition: int) -> tuple[int, SnapshotMark]:
         """(high seqno, where the copy stands there): the position a replica stream resumes from
@@ -547,6 +562,13 @@ class Engine:
         if self._closed:  # ``close`` commits them with its clean marker
             return False
         return self._store.commit_staged()
+
+    def _commit_staged_durably(self) -> None:
+        """Return once everything staged so far is committed (by this call, or by the write
+        transaction that carried it, which it waits for).  Called without the writer lock."""
+        if self._closed:  # ``close`` commits what is staged with its clean marker
+            return
+        self._store.commit_staged_durably()
 
     def reset_partition(self, partition: int) -> None:
         """Empty replica ``partition`` (items, meta, failover log) so it streams again from 0: a
@@ -706,10 +728,12 @@ class Engine:
             "flush_last_batch_items": float(f.last_batch_items),
             "flush_max_batch_items": float(f.max_batch_items),
             "flush_errors_total": float(f.errors),
+            "flush_turn_handovers_total": float(f.turn_handovers),
             "flush_failing": 1.0 if f.fault is not None else 0.0,
             "persist_waiters": float(f.pending_waiters),
             "lmdb_commits_total": float(self._store.fsyncs),
             "lmdb_map_size": float(self._store.map_size),
+            **lock_holds.figures(),
         }
 
     # ------------------------------------------------------------------ internals

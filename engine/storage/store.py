@@ -112,6 +112,7 @@ class Store:
         self.node_id = node_id
         self.map_size = map_size
         self._write_lock = threading.Lock()
+        self._closed = False
         #: puts that the next write transaction, whoever makes it, runs first (``stage``)
         self._staged: list[Callable[[lmdb.Transaction], None]] = []
         self._staged_lock = threading.Lock()
@@ -222,7 +223,9 @@ class Store:
         self.write(put)
 
     def close(self) -> None:
-        self.env.close()
+        with self._write_lock:  # a commit outside the engine's writer lock may still be running
+            self._closed = True
+            self.env.close()
         if self._lock_fd is not None:
             unlock_data_dir(self._lock_fd)
             self._lock_fd = None
@@ -262,6 +265,14 @@ class Store:
                 return False
             self._write_locked(lambda txn: None)
             return True
+
+    def commit_staged_durably(self) -> None:
+        """Return once every put staged before this call is committed: by this call's own
+        transaction, or by one that took it from the queue (waited for by taking the write
+        lock: ``commit_staged`` does not wait for a transaction still being built)."""
+        with self._write_lock:
+            if self._staged and not self._closed:  # a close carried them with its clean marker
+                self._write_locked(lambda txn: None)
 
     @property
     def staged(self) -> int:
