@@ -19,7 +19,10 @@ keys (so a partition's seqno is its item count).  Then, in the same run:
    partition-not-active is retried after the route's backoff; the map is read again only when
    a route ends without an accepted write).  For each partition whose active moved: from its first refused write
    (from when it was sent: a source may hold a write until its handover settles) to the next
-   accepted one (0 when no write was refused).  p50 / p99 / max.
+   accepted one (0 when no write was refused).  p50 / p99 / max.  The probes run in a process
+   of their own with a bare keep-alive client (``bench.rebalance_probes``), stamped on the
+   host's monotonic clock, and are timed for ``QUIET_S`` before the rebalance too (nothing
+   moving): the baseline their latency during it is read against.
 4. **Where the pause goes**: each handover's phases (``bench.cluster_phases``), and etcd's own
    request counts during the rebalance and per second on the idle cluster after it.
 """
@@ -27,16 +30,18 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
+import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 import httpx
 
+from bench import proc_cpu
 from bench.cluster_figures import Figure, summary_ms, verdict
 from bench.cluster_phases import HandoverMarks, PhaseWatch, etcd_counts, phase_rows
-from bench.cluster_procs import BenchCluster, Node, key_in_partition, partition_of, progress
+from bench.cluster_procs import BenchCluster, Node, partition_of, progress
 from bench.suite.procs import ProcessGroup, free_port
-from clients.redirects import DocumentRoute
 
 __all__ = ["RebalanceRun", "measure_rebalance", "rebalance_figures"]
 
@@ -64,6 +69,49 @@ class RebalanceRun:
     #: seconds from send to answer of every accepted probe write while the rebalance ran: the
     #: baseline the hop to a new active ("accepted write sent -> answered") is read against
     accepted_s: list[float] = field(default_factory=list)
+    #: the same probes' accepted writes for ``QUIET_S`` before the rebalance starts
+    quiet_s: list[float] = field(default_factory=list)
+    #: the probe process's own event-loop lag samples, before and during the rebalance
+    quiet_loop_lag_s: list[float] = field(default_factory=list)
+    probe_loop_lag_s: list[float] = field(default_factory=list)
+    #: window -> (CPU seconds by role, wall seconds): before the rebalance (quiet) and during it
+    cpu: dict[str, tuple[dict[str, float], float]] = field(default_factory=dict)
+    #: node -> its lock-hold figures over the rebalance (``engine.lock_holds``, ``_holds``)
+    holds: dict[str, dict[str, float]] = field(default_factory=dict)
+
+
+#: seconds the probes are timed before the rebalance starts (the baseline with nothing moving)
+QUIET_S = 3.0
+
+#: debug figures the nodes count (``engine.lock_holds``), read from ``/metrics``
+HOLD_PREFIXES = ("hold_", "wait_", "flush_turn_handovers")
+
+
+async def _holds(client: httpx.AsyncClient, url: str) -> dict[str, float]:
+    """A node's lock-hold figures, by their ``engine_stats`` names, and its PUT route's own time
+    as its middleware measured it."""
+    out: dict[str, float] = {}
+    r = await client.get(f"{url}/metrics")
+    for line in r.text.splitlines():
+        if not line.startswith("upr_engine_") or " " not in line:
+            continue
+        name, value = line.rsplit(" ", 1)
+        if name.endswith("_created"):
+            continue
+        key = name.removeprefix("upr_engine_")
+        if key.startswith(HOLD_PREFIXES):
+            out[key.removesuffix("_total")] = float(value)
+    for line in r.text.splitlines():
+        if line.startswith("upr_http_request_duration_seconds") and 'method="PUT"' in line and "/docs/" in line:
+            name, value = line.rsplit(" ", 1)
+            if "_bucket" in name:
+                le = name.split('le="', 1)[1].split('"', 1)[0]
+                out[f"put_le_{le}"] = out.get(f"put_le_{le}", 0.0) + float(value)
+            elif name.startswith("upr_http_request_duration_seconds_sum"):
+                out["put_seconds"] = out.get("put_seconds", 0.0) + float(value)
+            elif name.startswith("upr_http_request_duration_seconds_count"):
+                out["put_count"] = out.get("put_count", 0.0) + float(value)
+    return out
 
 
 def _seed(cluster: BenchCluster, items: int, partitions: int, batch: int = 1000) -> None:
@@ -96,88 +144,73 @@ async def _backfill(url: str, partitions: list[int], highs: dict[int, int], stat
     return count, time.monotonic() - started
 
 
-def _json_or_none(r: httpx.Response) -> object:
-    try:
-        return r.json()
-    except ValueError:
-        return None
+class _ProbeProcess:
+    """The probes' process (``bench.rebalance_probes``): started, told to stop, read back."""
+
+    def __init__(self, urls: list[str], partitions: int) -> None:
+        self.urls, self.partitions = urls, partitions
+        self.proc: asyncio.subprocess.Process | None = None
+
+    async def start(self) -> None:
+        self.proc = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "bench.rebalance_probes", ",".join(self.urls), str(self.partitions),
+            stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, limit=1 << 30)
+        assert self.proc.stdout is not None
+        line = await asyncio.wait_for(self.proc.stdout.readline(), 60)
+        if line.strip() != b"ready":
+            raise RuntimeError(f"the probe process did not start: {line!r}")
+
+    async def finish(self) -> dict[str, list[list[float]]]:
+        """Stop the probes; every answer ``[partition, status, sent, answered]`` and loop-lag sample."""
+        assert self.proc is not None and self.proc.stdin is not None and self.proc.stdout is not None
+        self.proc.stdin.write(b"stop\n")
+        await self.proc.stdin.drain()
+        line = await asyncio.wait_for(self.proc.stdout.readline(), 60)
+        await self.proc.wait()
+        return json.loads(line)  # type: ignore[no-any-return]
 
 
-class _Probes:
-    """One writer per partition through the newest map; notes refusals and acceptances."""
+@dataclass
+class _ProbeFigures:
+    """What the probes' answers say, read on the bench's clock (the pause's definition is
+    unchanged: per partition, from the first refused write's send to the next accepted answer)."""
 
-    def __init__(self, urls: list[str], partitions: int, phases: PhaseWatch | None = None) -> None:
-        self.urls, self.partitions, self.phases = urls, partitions, phases
-        self.stop = asyncio.Event()
-        self.actives: dict[int, str] = {}
-        self.first_refused: dict[int, float] = {}
-        self.pauses: dict[int, float] = {}
-        self.refused = 0
-        #: partition -> status -> refused answers (421 redirects, 503 retries): hops per handover,
-        #: a count the machine's load does not change
-        self.answers: dict[int, dict[int, int]] = {}
-        #: send-to-answer seconds of accepted writes, while ``timing`` is set
-        self.accepted_s: list[float] = []
-        self.timing = False
+    pauses: dict[int, float] = field(default_factory=dict)
+    refused: int = 0
+    answers: dict[int, dict[int, int]] = field(default_factory=dict)
 
-    async def read_map(self, client: httpx.AsyncClient) -> None:
-        for url in self.urls:
-            try:
-                view = (await client.get(f"{url}/cluster", timeout=5)).json()
-            except (httpx.HTTPError, ValueError):
-                continue
-            names = {n["name"]: n["url"] for n in view["nodes"] if n["url"]}
-            self.actives = {e["partition"]: names.get(e["active"], "") for e in view["map"]["partitions"]}
-            return
 
-    async def probe(self, client: httpx.AsyncClient, p: int) -> None:
-        key = key_in_partition(p, self.partitions, "probe")
-        n = 0
-        while not self.stop.is_set():
-            url = self.actives.get(p)
-            if not url:
-                await self.read_map(client)
-                await asyncio.sleep(0.01)
-                continue
-            # one write, hop by hop as clients.http sends it, with each answer marked
-            route = DocumentRoute(url)
-            while not self.stop.is_set():
-                sent = time.monotonic()
-                try:
-                    r = await client.put(f"{url}/docs/{key}", content=f"{n}".encode(), timeout=5)
-                except httpx.HTTPError:
-                    await self.read_map(client)
-                    break
-                now = time.monotonic()
-                if r.status_code in (200, 201):
-                    self.actives[p] = url
-                    if self.timing:
-                        self.accepted_s.append(now - sent)
-                    if p in self.first_refused:
-                        self.pauses[p] = max(self.pauses.get(p, 0.0), now - self.first_refused.pop(p))
-                        if self.phases is not None:
-                            self.phases.probe_accepted(p, now, sent)
-                    n += 1
-                    break
-                self.refused += 1
-                counts = self.answers.setdefault(p, {})
-                counts[r.status_code] = counts.get(r.status_code, 0) + 1
-                # from when the refused write was sent: a node may hold it a while before answering
-                self.first_refused.setdefault(p, sent)
-                if self.phases is not None:
-                    self.phases.probe_refused(p, r.status_code, sent, now)
-                hop = route.next(r.status_code, _json_or_none(r))
-                if hop is None:  # the route gave up (or the answer named no node): read the map
-                    await self.read_map(client)
-                    break
-                await asyncio.sleep(hop.delay)
-                url = hop.url
+def _read_answers(answers: list[list[float]], phases: PhaseWatch) -> _ProbeFigures:
+    """Pauses and refusal counts from the answers, in the order they came back, and the probe's
+    marks fed to ``phases`` (a refusal counts for a handover only once its record was seen)."""
+    out = _ProbeFigures()
+    first_refused: dict[int, float] = {}
+    for p_, status_, sent, answered in answers:
+        p, status = int(p_), int(status_)
+        if status in (200, 201):
+            if p in first_refused:
+                out.pauses[p] = max(out.pauses.get(p, 0.0), answered - first_refused.pop(p))
+                phases.probe_accepted(p, answered, sent)
+            continue
+        out.refused += 1
+        counts = out.answers.setdefault(p, {})
+        counts[status] = counts.get(status, 0) + 1
+        # from when the refused write was sent: a node may hold it a while before answering
+        first_refused.setdefault(p, sent)
+        marks = phases.marks.get(p)
+        if marks is not None and marks.created is not None and marks.created <= answered:
+            phases.probe_refused(p, status, sent, answered)
+    return out
 
-    async def run(self) -> None:
-        limits = httpx.Limits(max_connections=self.partitions + 8)
-        async with httpx.AsyncClient(limits=limits) as client:
-            await self.read_map(client)
-            await asyncio.gather(*(self.probe(client, p) for p in range(self.partitions)))
+
+def _accepted_within(answers: list[list[float]], start: float, end: float) -> list[float]:
+    """Send-to-answer seconds of the accepted writes sent between ``start`` and ``end``."""
+    return [answered - sent for _p, status, sent, answered in answers
+            if int(status) in (200, 201) and start <= sent <= end]
+
+
+def _lag_within(samples: list[list[float]], start: float, end: float) -> list[float]:
+    return [lag for when, lag in samples if start <= when <= end]
 
 
 async def _rebalance(cluster: BenchCluster, new: Node, args: argparse.Namespace) -> RebalanceRun:
@@ -187,15 +220,21 @@ async def _rebalance(cluster: BenchCluster, new: Node, args: argparse.Namespace)
     ready = asyncio.Event()
     phase_task = asyncio.create_task(phases.run(ready))
     await asyncio.wait_for(ready.wait(), 30)
-    probes = _Probes([n.url for n in cluster.live()], args.partitions, phases)
-    probing = asyncio.create_task(probes.run())
+    probes = _ProbeProcess([n.url for n in cluster.live()], args.partitions)
+    await probes.start()
     await asyncio.sleep(0.5)
+    # the same probes on the same cluster with nothing moving: the baseline of their latency
+    cpu_from, quiet_from = proc_cpu.snapshot(), time.monotonic()
+    await asyncio.sleep(QUIET_S)
+    quiet_to = time.monotonic()
+    quiet_cpu = (proc_cpu.spent(cpu_from, proc_cpu.snapshot()), quiet_to - quiet_from)
     #: (partition, node) of each new copy -> [first seen building, first seen in sync, its seqno then]
     copies: dict[tuple[int, str], list] = {}
     async with httpx.AsyncClient(timeout=10) as client:
         counts_before = await etcd_counts(client, cluster.etcd_url)
+        holds_before = {n.name: await _holds(client, n.url) for n in cluster.live()}
+        cpu_from = proc_cpu.snapshot()
         started = time.monotonic()
-        probes.timing = True
         r = await client.post(f"{base}/cluster/rebalance", json={"add": [new.name]})
         r.raise_for_status()
         run = r.json()["request"]["id"]
@@ -216,11 +255,15 @@ async def _rebalance(cluster: BenchCluster, new: Node, args: argparse.Namespace)
                 raise RuntimeError("the rebalance did not finish in time")
             await asyncio.sleep(0.05)
         ended = time.monotonic()
-        probes.timing = False
+        busy_cpu = (proc_cpu.spent(cpu_from, proc_cpu.snapshot()), ended - started)
         counts_after = await etcd_counts(client, cluster.etcd_url)
+        holds: dict[str, dict[str, float]] = {}
+        for name, before_figures in holds_before.items():
+            after_figures = await _holds(client, cluster.nodes[name].url)
+            holds[name] = {k: v if k.endswith("max_seconds") else v - before_figures.get(k, 0.0)
+                           for k, v in after_figures.items()}
         await asyncio.sleep(0.5)
-        probes.stop.set()
-        await probing
+        probed = await probes.finish()
         phase_task.cancel()
         await asyncio.gather(phase_task, return_exceptions=True)
         # the idle cluster's own traffic to etcd (no writes, no moves): what every tick costs
@@ -228,6 +271,8 @@ async def _rebalance(cluster: BenchCluster, new: Node, args: argparse.Namespace)
         idle_from, idle_start = await etcd_counts(client, cluster.etcd_url), time.monotonic()
         await asyncio.sleep(args.idle_seconds)
         idle_to, idle_s = await etcd_counts(client, cluster.etcd_url), time.monotonic() - idle_start
+    answers, loop_lag = probed["answers"], probed["loop_lag"]
+    seen = _read_answers(answers, phases)
     after = {e["partition"]: e["active"] for e in cluster.view()["map"]["partitions"]}
     moved = [p for p in before if before[p] != after[p]]
     # the move rate: the items of the copies seen from building to in sync, over the time at
@@ -240,17 +285,21 @@ async def _rebalance(cluster: BenchCluster, new: Node, args: argparse.Namespace)
     return RebalanceRun(items=args.rebalance_items, backfill_items=0, backfill_s=0.0,
                         transferred=sum(int(c[2]) for c in copies.values() if c[1] is not None),
                         transfer_s=busy if spans else float("nan"), rebalance_s=ended - started, moved=len(moved),
-                        pauses={p: probes.pauses.get(p, 0.0) for p in moved}, refused=probes.refused,
-                        answers={p: probes.answers.get(p, {}) for p in moved},
+                        pauses={p: seen.pauses.get(p, 0.0) for p in moved}, refused=seen.refused,
+                        answers={p: seen.answers.get(p, {}) for p in moved},
                         marks=phases.marks, moved_partitions=moved,
                         etcd_during={k: counts_after[k] - counts_before.get(k, 0) for k in counts_after},
                         etcd_idle_per_s={k: (idle_to[k] - idle_from.get(k, 0)) / idle_s for k in idle_to},
-                        accepted_s=probes.accepted_s)
+                        accepted_s=_accepted_within(answers, started, ended),
+                        quiet_s=_accepted_within(answers, quiet_from, quiet_to),
+                        quiet_loop_lag_s=_lag_within(loop_lag, quiet_from, quiet_to),
+                        probe_loop_lag_s=_lag_within(loop_lag, started, ended),
+                        cpu={"before the rebalance": quiet_cpu, "during the rebalance": busy_cpu}, holds=holds)
 
 
 def measure_rebalance(group: ProcessGroup, work: Path, etcd: str, args: argparse.Namespace) -> RebalanceRun:
     cluster = BenchCluster(group, work, etcd, "rb", args.partitions, replicas=1, size=2,
-                           lease_ttl_s=args.lease_ttl).start()
+                           lease_ttl_s=args.lease_ttl, env={"UPR_LOCK_HOLDS": "1"}).start()
     try:
         progress(f"rebalance: seeding {args.rebalance_items:,} items over {args.partitions} partitions")
         _seed(cluster, args.rebalance_items, args.partitions)
@@ -303,6 +352,16 @@ def rebalance_figures(run: RebalanceRun, args: argparse.Namespace) -> list[Figur
         Figure("any accepted probe write during the rebalance: sent -> answered", _latency(run.accepted_s), "—", "—",
                "every partition's probe, moving or not: the baseline for 'accepted write sent -> answered' "
                "(the first write a new active answers)"),
+        Figure("any accepted probe write, same probes before the rebalance: sent -> answered", _latency(run.quiet_s),
+               "—", "—", f"the {QUIET_S:.0f} s before the rebalance starts, nothing moving: the probes' own baseline"),
+        Figure("the probe process's own event-loop lag before the rebalance", _lag(run.quiet_loop_lag_s), "—", "—"),
+        Figure("the probe process's own event-loop lag during the rebalance", _lag(run.probe_loop_lag_s), "—", "—",
+               "a 10 ms sleep's overshoot in the probes' process: the client's share of 'sent -> answered'"),
+        *(Figure(f"CPU {window}", ", ".join(f"{role} {sec / wall:.2f}" for role, sec in by_role.items())
+                 + f" cores over {wall:.1f} s", "—", "—",
+                 "CPU seconds per wall second by process role (/proc)")
+          for window, (by_role, wall) in run.cpu.items()),
+        *hold_figures(run),
         Figure("etcd requests during the rebalance",
                f"{run.etcd_during.get('range', 0):,.0f} ranges, {run.etcd_during.get('txn', 0):,.0f} txns, "
                f"{run.etcd_during.get('put', 0):,.0f} puts", "—", "—",
@@ -312,6 +371,46 @@ def rebalance_figures(run: RebalanceRun, args: argparse.Namespace) -> list[Figur
                f"{run.etcd_idle_per_s.get('put', 0):.1f} puts/s", "—", "—",
                f"over {args.idle_seconds:.0f} s with no writes and nothing moving (lease keep-alives are not counted)"),
     ]
+
+
+def hold_figures(run: RebalanceRun) -> list[Figure]:
+    """Per node, over the rebalance: how long each holder kept the writer lock and the LMDB
+    turn and how long the others waited for them (``engine.lock_holds``), how often a flush
+    round handed the turn over, and the PUT route's own time.  Counts of long holds do not
+    depend on the machine's load the way latencies do."""
+    rows = []
+    for node, f in sorted(run.holds.items()):
+        parts = []
+        for name in ("hold_lmdb_turn_flusher", "hold_lmdb_turn_writer", "hold_lmdb_turn_worker", "hold_lmdb_turn_loop",
+                     "hold_lmdb_turn_other", "hold_writer_lock_writer", "hold_writer_lock_worker",
+                     "hold_writer_lock_loop", "hold_writer_lock_flusher", "hold_writer_lock_other",
+                     "wait_lmdb_turn_writer", "wait_writer_lock_writer", "wait_lmdb_turn_flusher",
+                     "wait_writer_lock_worker"):
+            n = f.get(f"{name}_count", 0.0)
+            if not n:
+                continue
+            parts.append(f"{name}: {n:,.0f}, mean {f.get(f'{name}_seconds', 0.0) / n * 1000:.2f} ms, "
+                         f"max {f.get(f'{name}_max_seconds', 0.0) * 1000:.0f} ms, "
+                         f">5/20/100 ms {f.get(f'{name}_over_5ms_count', 0):.0f}/"
+                         f"{f.get(f'{name}_over_20ms_count', 0):.0f}/{f.get(f'{name}_over_100ms_count', 0):.0f}")
+        parts.append(f"flush rounds' turn handovers {f.get('flush_turn_handovers', 0.0):,.0f}")
+        n = f.get("put_count", 0.0)
+        if n:
+            within = {float(k.removeprefix("put_le_")): v for k, v in f.items() if k.startswith("put_le_")}
+            p50 = min((le for le, c in within.items() if c >= 0.5 * n), default=float("inf"))
+            p99 = min((le for le, c in within.items() if c >= 0.99 * n), default=float("inf"))
+            parts.append(f"PUT route's own time (middleware): {n:,.0f}, mean {f.get('put_seconds', 0.0) / n * 1000:.1f} ms, "
+                         f"p50 <= {p50 * 1000:g} ms, p99 <= {p99 * 1000:g} ms")
+        rows.append(Figure(f"lock holds during the rebalance, node {node}", "; ".join(parts), "—", "—",
+                           "engine.lock_holds (UPR_LOCK_HOLDS=1): maxima over the node's life, counts over the rebalance"))
+    return rows
+
+
+def _lag(values: list[float]) -> str:
+    if not values:
+        return "none"
+    s = summary_ms(sorted(values))
+    return f"p50 {s['p50']:.1f} ms, p99 {s['p99']:.0f} ms, max {s['p100']:.0f} ms over {len(values):,} samples"
 
 
 def _latency(values: list[float]) -> str:

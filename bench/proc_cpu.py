@@ -25,6 +25,7 @@ ROLES = (
     ("python_streaming_source_runner", "python workers"),
     ("app.cli", "upr server"),
     ("uvicorn", "upr server"),
+    ("bench.rebalance_probes", "probe process"),
 )
 
 

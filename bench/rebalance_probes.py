@@ -1,0 +1,142 @@
+"""The rebalance bench's write probes, in a process of their own: one closed-loop writer per
+partition, each answer stamped on the host's monotonic clock.
+
+WHY a process of its own and a bare client: run beside the bench's status poll and etcd watch,
+with an httpx client per request, the probes' own event loop woke tens of milliseconds late on
+a busy machine, and that lateness was counted as the nodes' (docs/benchmarks.md, Cluster: "Copy
+builds that yield to writes").  Here each probe keeps one keep-alive connection per node
+(``bench.bench_http.RawConnection``), the process runs nothing else, and it reports its own
+loop lag so what is left of the client's share stays visible.
+
+``CLOCK_MONOTONIC`` is one clock for every process of the host, so the parent compares these
+stamps with its own marks (the rebalance's start and end, the handover phases from etcd).
+
+Run by ``bench.cluster_rebalance`` as ``python -m bench.rebalance_probes URLS PARTITIONS``: it
+prints ``ready`` once it has read the map, probes until a line arrives on stdin, then prints one
+JSON object: every answer as ``[partition, status, sent, answered]`` and the loop-lag samples as
+``[when, lag]``.  Routing is ``clients.http``'s (``clients.redirects.DocumentRoute``): a 421 is
+followed to the node it names, a 503 partition-not-active is retried after the route's backoff,
+the map is read again only when a route ends without an accepted write.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+import time
+from typing import Any
+
+from bench.bench_http import RawConnection
+from bench.cluster_procs import key_in_partition
+from clients.redirects import DocumentRoute
+
+#: seconds a request may take before the probe drops the connection and reads the map again
+REQUEST_TIMEOUT_S = 5.0
+
+#: how often the process's own loop lag is sampled (a sleep's overshoot)
+LAG_PERIOD_S = 0.01
+
+
+class Probes:
+    def __init__(self, urls: list[str], partitions: int) -> None:
+        self.urls, self.partitions = urls, partitions
+        self.actives: dict[int, str] = {}
+        self.stop = asyncio.Event()
+        #: [partition, status, sent, answered] of every answer, in the order they came back
+        self.answers: list[list[Any]] = []
+        #: [when, lag seconds]
+        self.loop_lag: list[list[float]] = []
+
+    async def read_map(self) -> None:
+        for url in self.urls:
+            try:
+                conn = await asyncio.wait_for(RawConnection.open(url), REQUEST_TIMEOUT_S)
+                try:
+                    status, body = await asyncio.wait_for(conn.request("GET", "/cluster"), REQUEST_TIMEOUT_S)
+                finally:
+                    conn.close()
+                view = json.loads(body) if status == 200 else None
+            except (OSError, asyncio.TimeoutError, asyncio.IncompleteReadError, ValueError):
+                continue
+            if not view:
+                continue
+            names = {n["name"]: n["url"] for n in view["nodes"] if n["url"]}
+            self.actives = {e["partition"]: names.get(e["active"], "") for e in view["map"]["partitions"]}
+            return
+
+    async def probe(self, p: int) -> None:
+        key = key_in_partition(p, self.partitions, "probe")
+        conns: dict[str, RawConnection] = {}
+        n = 0
+        try:
+            while not self.stop.is_set():
+                url = self.actives.get(p)
+                if not url:
+                    await self.read_map()
+                    await asyncio.sleep(0.01)
+                    continue
+                route = DocumentRoute(url)
+                while not self.stop.is_set():
+                    sent = time.monotonic()
+                    try:
+                        conn = conns.get(url)
+                        if conn is None:
+                            conn = conns[url] = await asyncio.wait_for(RawConnection.open(url), REQUEST_TIMEOUT_S)
+                        status, body = await asyncio.wait_for(
+                            conn.request("PUT", f"/docs/{key}", f"{n}".encode(), "application/octet-stream"),
+                            REQUEST_TIMEOUT_S)
+                    except (OSError, asyncio.TimeoutError, asyncio.IncompleteReadError, ValueError):
+                        dead = conns.pop(url, None)
+                        if dead is not None:
+                            dead.close()
+                        await self.read_map()
+                        break
+                    answered = time.monotonic()
+                    self.answers.append([p, status, sent, answered])
+                    if status in (200, 201):
+                        self.actives[p] = url
+                        n += 1
+                        break
+                    try:
+                        problem = json.loads(body) if body else None
+                    except ValueError:
+                        problem = None
+                    hop = route.next(status, problem)
+                    if hop is None:  # the route gave up (or the answer named no node): read the map
+                        await self.read_map()
+                        break
+                    await asyncio.sleep(hop.delay)
+                    url = hop.url
+        finally:
+            for conn in conns.values():
+                conn.close()
+
+    async def sample_loop_lag(self) -> None:
+        while not self.stop.is_set():
+            began = time.monotonic()
+            await asyncio.sleep(LAG_PERIOD_S)
+            now = time.monotonic()
+            self.loop_lag.append([now, max(0.0, now - began - LAG_PERIOD_S)])
+
+    async def run(self) -> None:
+        await self.read_map()
+        print("ready", flush=True)
+        loop = asyncio.get_running_loop()
+        stopper = loop.run_in_executor(None, sys.stdin.readline)
+        tasks = [asyncio.create_task(self.probe(p)) for p in range(self.partitions)]
+        tasks.append(asyncio.create_task(self.sample_loop_lag()))
+        await stopper
+        self.stop.set()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+
+def main(argv: list[str]) -> None:
+    urls, partitions = argv[0].split(","), int(argv[1])
+    probes = Probes(urls, partitions)
+    asyncio.run(probes.run())
+    sys.stdout.write(json.dumps({"answers": probes.answers, "loop_lag": probes.loop_lag}) + "\n")
+    sys.stdout.flush()
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
