@@ -501,20 +501,28 @@ class Engine:
         self._notify((partition,))
         return part.failover_log[0]
 
-    def stop_writes(self, partition: int) -> int:
+    def stop_writes(self, partition: int, *, wait: bool = True) -> int | None:
         """Graceful handover, the old active's half: active ``partition`` takes no more writes
         (each gets ``PartitionNotActive``, a retryable refusal) but stays active, so its streams
         keep sending what it holds; returns its high seqno, the last seqno it will ever give out
         until ``resume_writes`` or a state change.  Under the writer lock, so no write in flight
-        gets a seqno above the one returned."""
+        gets a seqno above the one returned.
+
+        With ``wait=False`` nothing changes and None is returned when the writer lock is busy:
+        the call does no I/O, so an event loop makes it itself and hops to a thread only when a
+        write holds the lock (the hop is a step of the handover's write pause)."""
         part = self._part(partition)
-        with self._lock:
+        if not self._lock.acquire(blocking=wait):
+            return None
+        try:
             self._check_open()
             if part.state is not PartitionState.ACTIVE:
                 raise PartitionNotActive(f"partition {partition} is {part.state.value}, not active",
                                          partition=partition)
             part.writes_stopped = True
             return part.high_seqno
+        finally:
+            self._lock.release()
 
     def resume_writes(self, partition: int) -> None:
         """A handover was called off before the map moved: the active takes writes again."""

@@ -535,7 +535,7 @@ class HandoverParticipant:
             if not self._still(stored) or engine.state(p) is not PartitionState.ACTIVE:
                 return
             try:
-                seqno = await asyncio.to_thread(engine.stop_writes, p)
+                seqno = await _stop_writes(engine, p)
             except PartitionNotActive:
                 return
             stamps.mark("stop")
@@ -589,6 +589,30 @@ class HandoverParticipant:
     def _behind(self, h: Handover, seqno: int) -> int | None:
         got = self._target_ack(h)
         return max(seqno - got, 0) if got is not None else None
+
+
+#: how long the source tries to stop a partition's writes on its event loop (the writer lock is
+#: held by a write for a millisecond or so at a time) before it waits for the lock on a thread
+STOP_ON_LOOP_S = 0.01
+
+
+async def _stop_writes(engine: Engine, partition: int) -> int:
+    """``Engine.stop_writes`` on the event loop while the writer lock is free at the moment, a
+    few tries apart, else on a thread.  WHY: the stop is the first step of the write pause and
+    costs no I/O, while a thread hop on a busy node costs tens of milliseconds (docs/benchmarks.md,
+    Cluster: "Flush rounds that hand over the LMDB turn")."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + STOP_ON_LOOP_S
+    while True:
+        seqno = engine.stop_writes(partition, wait=False)
+        if seqno is not None:
+            return seqno
+        if loop.time() >= deadline:
+            break
+        await asyncio.sleep(0.001)
+    seqno = await asyncio.to_thread(engine.stop_writes, partition)
+    assert seqno is not None
+    return seqno
 
 
 class _Stamps:

@@ -54,3 +54,26 @@ def test_only_an_active_partition_can_stop_its_writes(engine) -> None:
     engine.set_state(P, PartitionState.REPLICA)
     with pytest.raises(PartitionNotActive):
         engine.stop_writes(P)
+
+
+def test_stop_without_waiting_changes_nothing_while_the_writer_lock_is_held(engine) -> None:
+    import threading
+
+    (a,) = keys_in(engine, P, 1)
+    last = engine.write(WriteOp(Op.MUTATION, a, b"1")).seqno
+    held, release = threading.Event(), threading.Event()
+
+    def hold() -> None:
+        with engine._lock:
+            held.set()
+            release.wait(10)
+
+    holder = threading.Thread(target=hold)
+    holder.start()
+    held.wait(10)
+    try:
+        assert engine.stop_writes(P, wait=False) is None and not engine.writes_stopped(P)
+    finally:
+        release.set()
+        holder.join(10)
+    assert engine.stop_writes(P, wait=False) == last and engine.writes_stopped(P)
