@@ -75,7 +75,7 @@ def _role() -> str:
         return "writer"
     if name == "MainThread":
         return "loop"
-    if name.startswith(("asyncio_", "ThreadPoolExecutor")):
+    if name.startswith(("asyncio_", "uvloop_", "ThreadPoolExecutor")):  # ``asyncio.to_thread``'s pool
         return "worker"
     return "other"
 
