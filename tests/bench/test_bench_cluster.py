@@ -214,3 +214,26 @@ def test_handover_phases_and_gaps_are_computed_from_their_marks() -> None:
     assert rows["fence recorded -> map switched"].startswith("p50 0 ms")
     assert rows["first refused write sent -> accepted"].startswith("p50 250 ms")
     assert rows["map switched -> target took over"].endswith("over 1")
+
+
+def test_probe_answers_give_the_pause_and_the_handover_marks() -> None:
+    from bench.cluster_phases import HandoverMarks, PhaseWatch
+    from bench.cluster_rebalance import _accepted_within, _read_answers
+
+    phases = PhaseWatch("http://unused", "/upr")
+    phases.marks[0] = HandoverMarks("a", "b", created=1.0)
+    answers = [  # [partition, status, sent, answered], in the order they came back
+        [0, 200, 0.90, 0.95],
+        [1, 503, 0.50, 0.60],   # refused with no handover record: counts, but marks nothing
+        [0, 421, 1.02, 1.30],   # the pause starts at this send
+        [0, 200, 1.31, 1.40],   # ... and ends at this answer, from the new active
+        [1, 201, 0.61, 0.70],
+        [0, 200, 1.41, 1.45],
+    ]
+    seen = _read_answers(answers, phases)
+    assert seen.pauses == {0: pytest.approx(0.38), 1: pytest.approx(0.20)}
+    assert seen.refused == 2 and seen.answers == {0: {421: 1}, 1: {503: 1}}
+    m = phases.marks[0]
+    assert (m.first_refused, m.first_misdirected, m.accepted_sent, m.accepted) == (1.02, 1.30, 1.31, 1.40)
+    assert 1 not in phases.marks
+    assert _accepted_within(answers, 1.0, 2.0) == [pytest.approx(0.09), pytest.approx(0.04)]
