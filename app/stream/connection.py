@@ -331,9 +331,18 @@ class StreamConnection(PassSender):
             await self._resolve(outs)
             if self._replica_acks is not None:
                 self._replica_acks.acked(self, session)
-            self._wake.set()  # an ack may have opened the window
+            self._wake_after_input()
             if self._close is not None:
                 return
+
+    def _wake_after_input(self) -> None:
+        """Wake the sender for what a client message may have made possible (an ack opening the
+        window, a request, a cookie).  A parked sender with nothing due stays asleep.  WHY:
+        consumers acknowledge every few messages, and under fan-out waking every connection's
+        sender task for each ack, only for it to find nothing to do, was a task step per ack."""
+        if (not self._parked or self.outbox.queued or self._close is not None or self._peer_closed
+                or self.session.next_visit() is not None):
+            self._wake.set()
 
     async def _resolve(self, outs: list[Any]) -> None:
         """Carry out session outputs, answering engine lookups (executor reads) as they come."""
