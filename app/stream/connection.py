@@ -177,6 +177,8 @@ class StreamConnection(PassSender):
         self._visiting: int | None = None
         self._parked = False
         self._begun: list[Any] | None = None
+        #: a failure of ``_direct_pass``, raised by the sender task
+        self._failed: Exception | None = None
         self._visiting_cursor: PartitionCursor | None = None
         self._job: asyncio.Future[Any] | None = None
         self._cursor_lock = asyncio.Lock()  # one reader-thread job per connection at a time
@@ -227,8 +229,18 @@ class StreamConnection(PassSender):
             session.notify(p)
             self._notified_at.setdefault(p, now)
             hit = True
-        if hit and not self._direct_pass():
+        if hit and not self._direct_pass_or_fail():
             self._wake.set()
+
+    def _direct_pass_or_fail(self) -> bool:
+        """``_direct_pass``, its failure handed to the sender task: it runs inside the hub's
+        delivery, which must go on to the other subscribers; the sender raises it and the
+        connection ends as after any failure of its own (logged, closed 1011)."""
+        try:
+            return self._direct_pass()
+        except Exception as exc:  # noqa: BLE001 - re-raised by the sender task
+            self._failed = exc
+            return False
 
     # ------------------------------------------------------------------ lifecycle
     async def run(self) -> None:
@@ -444,6 +456,8 @@ class StreamConnection(PassSender):
     async def _send_loop(self) -> None:
         session = self.session
         while True:
+            if self._failed is not None:
+                raise self._failed
             await self.outbox.flush_control()
             if self._peer_closed:
                 return

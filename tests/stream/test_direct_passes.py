@@ -186,3 +186,45 @@ async def test_without_direct_writes_the_sender_task_does_the_passes(tmp_path: P
         assert ws.items == written
         assert ws.direct == 0
     assert sum(c.direct_passes for c in conns) == 0
+
+
+async def test_a_failing_direct_pass_ends_its_connection_only(tmp_path: Path) -> None:
+    """The pass runs inside the hub's delivery: its failure must not stop the delivery to the
+    other connections; the sender task raises it and that connection ends."""
+    engine = Engine.open(EngineConfig(data_dir=tmp_path / "data", partitions=PARTITIONS))
+    runner = EngineRunner(engine)
+    server = StreamServer(engine=engine, runner=runner, limits=StreamLimits(), streams=StreamRegistry(),
+                          metrics=_Metrics(), stream_metrics=_Metrics())
+    socks = [Consumer(f"c{i}", raw=True) for i in range(3)]
+    tasks = [asyncio.create_task(server.serve(ws)) for ws in socks]
+    try:
+        for _ in range(200):
+            conns = list(server.streams._handles.values())  # noqa: SLF001 - the test reaches the connections
+            if len(conns) == 3 and all(len(c.session.streams) == PARTITIONS for c in conns):
+                break
+            await asyncio.sleep(0.01)
+        victim = conns[0]
+
+        def broken() -> bool:
+            raise RuntimeError("boom")
+
+        victim._direct_pass = broken  # type: ignore[method-assign]
+        written: dict[int, list[int]] = {p: [] for p in range(PARTITIONS)}
+        for i in range(20):
+            (res,) = await runner.write(engine.write_batch, [WriteOp(Op.MUTATION, f"k{i}", b"v")])
+            written[res.partition].append(res.seqno)
+            await asyncio.sleep(0)
+        for _ in range(1000):
+            if all(ws.items == written for ws in socks[1:]) and victim._done.is_set():  # noqa: SLF001
+                break
+            await asyncio.sleep(0.005)
+        assert victim._done.is_set()  # noqa: SLF001 - the failing connection ended
+        for ws in socks[1:]:
+            assert ws.items == written
+    finally:
+        await server.close()
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        runner.shutdown()
+        engine.close()
