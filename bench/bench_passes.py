@@ -2,16 +2,19 @@
 
     .venv/bin/python -m bench.bench_passes                    # 50 connections, 1,000 writes/s, 5 s, both modes
     .venv/bin/python -m bench.bench_passes --connections 200 --seconds 5
+    .venv/bin/python -m bench.bench_passes --lockstep 2000    # one pass per connection per write
 
 A real engine (64 partitions, default flush interval) and a real ``StreamServer``; the WebSockets
 are in-process stand-ins that take every message at once and acknowledge the window, so the
 figure is the server's own work (event loop, writer and reader threads: ``time.process_time`` of
 the whole process), not the machine's scheduling of consumer processes, which on a busy shared
 machine dominates the peer suite's wall-clock figures.  The writer writes one document per
-request, ``--rate`` a second, through ``EngineRunner.write`` (the writer thread, as the HTTP route
-does), so nearly every write is its own snapshot.  Printed per mode: CPU µs per delivered item
+request, ``--rate`` a second, from a thread of its own (``Engine.write_batch``, as the writer thread of the HTTP
+route calls it), each when due, so nearly every write is its own snapshot.  Printed per mode: CPU µs per delivered item
 (delivered = the streams' positions: one document per seqno), WebSocket messages per delivered
-item, passes, shared passes, and the rate the writer achieved.
+item, passes, shared passes (and of those, carried out on the hub's delivery), sender task wake-ups
+per delivered item, and the rate the writer achieved.  Frames go to a stand-in transport as a
+real uvicorn's would (``app.stream.rawframes``).
 """
 from __future__ import annotations
 
@@ -25,6 +28,7 @@ from typing import Any
 
 from app.runner import EngineRunner
 from app.stream.connection import StreamLimits
+from app.stream.rawframes import RAW_SEND_KEY
 from app.stream.server import StreamServer
 from app.streams_registry import StreamRegistry
 from engine.config import EngineConfig
@@ -49,11 +53,52 @@ class _Metrics:
     rollbacks = stream_bytes = delivery = cursor_drops = _Counter()
 
 
-class FakeWebSocket:
-    """Takes every message at once (counted, not decoded); acknowledges every MiB."""
+class _Transport:
+    """What ``RawFrames`` writes to: counts messages and payload bytes (the frame header is the first part)."""
 
-    def __init__(self, name: str) -> None:
+    def __init__(self, ws: "FakeWebSocket") -> None:
+        self._ws = ws
+
+    def writelines(self, parts: Any) -> None:
+        parts = tuple(parts)
+        self._ws._sent(sum(map(len, parts[1:])))
+
+    def is_closing(self) -> bool:
+        return False
+
+
+class _Conn:
+    def __init__(self) -> None:
+        from websockets.protocol import OPEN
+        self.state = OPEN
+        self.extensions: list[Any] = []
+        self.expect_continuation_frame = False
+
+
+class WebSocketsSansIOProtocol:
+    """Stands in for uvicorn's protocol of that name, so the connection writes frames to the
+    transport directly (``app.stream.rawframes``) as it does behind a real uvicorn."""
+
+    def __init__(self, ws: "FakeWebSocket") -> None:
+        self.transport = _Transport(ws)
+        self.conn = _Conn()
+        self.writable = asyncio.Event()
+        self.writable.set()
+        self.handshake_complete = True
+        self.close_sent = False
+        self.disconnected = False
+
+    async def send(self, message: Any) -> None:
+        raise AssertionError("the stream sends through RawFrames here")
+
+
+class FakeWebSocket:
+    """Takes every message at once (counted, not decoded); acknowledges every MiB.  With ``raw``
+    its scope offers the direct transport writes a real uvicorn offers (``app.stream.rawframes``)."""
+
+    def __init__(self, name: str, raw: bool = True) -> None:
         self.client = None
+        self.scope = {RAW_SEND_KEY: WebSocketsSansIOProtocol(self).send} if raw else {}
         self._inbox: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
         self._unacked = 0
         self.messages = 0
@@ -108,13 +153,18 @@ async def run(connections: int, rate: int, seconds: float, shared: bool, paced: 
         tasks = [asyncio.create_task(server.serve(ws)) for ws in sockets]
         await asyncio.sleep(0.5)  # hellos and stream requests answered
         total = int(rate * seconds)
-        cpu0, t0 = time.process_time(), time.monotonic()
-        for i in range(total):
-            due = t0 + i / rate
-            delay = due - time.monotonic()
-            if delay > 0:
-                await asyncio.sleep(delay)
-            await runner.write(engine.write_batch, [WriteOp(Op.MUTATION, f"doc:{i:010d}", b"x" * 200)])
+        cpu0, loop0, t0 = time.process_time(), time.thread_time(), time.monotonic()
+        # the writes come from a thread of their own at their rate, as the peer suite's writer
+        # process sends whatever the server's loop is doing: the offered rate does not fall with
+        # the loop's latency, and the loop sees only the engine's change notifications
+        def write_all() -> None:
+            for i in range(total):
+                delay = t0 + i / rate - time.monotonic()
+                if delay > 0:
+                    time.sleep(delay)
+                engine.write_batch([WriteOp(Op.MUTATION, f"doc:{i:010d}", b"x" * 200)])
+
+        await asyncio.get_running_loop().run_in_executor(None, write_all)
         write_wall = time.monotonic() - t0
         conns = list(server.streams._handles.values())  # noqa: SLF001 - a bench reads the counters
         deadline = time.monotonic() + 60
@@ -123,10 +173,13 @@ async def run(connections: int, rate: int, seconds: float, shared: bool, paced: 
                 ws.ack_all()
             await asyncio.sleep(0.01)
         cpu, wall = time.process_time() - cpu0, time.monotonic() - t0
+        loop_cpu = time.thread_time() - loop0  # the event loop's thread alone: the streams' side
         delivered = _delivered(conns)
         messages = sum(ws.messages for ws in sockets)
         passes = sum(c.session.cycle for c in conns)
         shared_passes = sum(getattr(c, "shared_sent", 0) for c in conns)
+        direct = sum(getattr(c, "direct_passes", 0) for c in conns)
+        wakeups = sum(getattr(c, "sender_wakeups", 0) for c in conns)
         held = server.hub.pacer.held_deliveries
         await server.close()
         for t in tasks:
@@ -135,9 +188,52 @@ async def run(connections: int, rate: int, seconds: float, shared: bool, paced: 
         runner.shutdown()
         engine.close()
     return {"delivered": delivered, "expected": total * connections, "cpu_s": cpu, "wall_s": wall,
-            "us_per_item": 1e6 * cpu / max(1, delivered), "messages_per_item": messages / max(1, delivered),
+            "us_per_item": 1e6 * cpu / max(1, delivered),
+            "loop_us_per_item": 1e6 * loop_cpu / max(1, delivered), "messages_per_item": messages / max(1, delivered),
             "passes": passes, "shared_passes": shared_passes, "write_rate": total / write_wall,
-            "held_deliveries": held}
+            "held_deliveries": held, "direct_passes": direct, "wakeups_per_item": wakeups / max(1, delivered)}
+
+
+async def run_lockstep(connections: int, writes: int) -> dict[str, float]:
+    """Each write is delivered to every connection before the next is made: one pass and one
+    message per connection per write whatever the machine's load, so the event loop thread's CPU
+    per delivery is the cost of one connection's tail pass (plus the write's share of the hub),
+    comparable between trees on a loaded machine."""
+    with tempfile.TemporaryDirectory() as tmp:
+        engine = Engine.open(EngineConfig(data_dir=Path(tmp) / "data", partitions=PARTITIONS))
+        runner = EngineRunner(engine)
+        server = StreamServer(engine=engine, runner=runner, limits=StreamLimits(),
+                              streams=StreamRegistry(), metrics=_Metrics(), stream_metrics=_Metrics())
+        server.hub.pacer.gather_s = 0  # one write at a time: a held delivery would only be waited for
+        sockets = [FakeWebSocket(f"c{i}") for i in range(connections)]
+        tasks = [asyncio.create_task(server.serve(ws)) for ws in sockets]
+        await asyncio.sleep(0.5)  # hellos and stream requests answered
+        conns = list(server.streams._handles.values())  # noqa: SLF001 - a bench reads the counters
+        sessions = [c.session for c in conns]
+        messages0 = sum(ws.messages for ws in sockets)
+        wakeups0 = sum(getattr(c, "sender_wakeups", 0) for c in conns)
+        loop0 = time.thread_time()
+        for i in range(writes):
+            (res,) = await runner.write(engine.write_batch, [WriteOp(Op.MUTATION, f"doc:{i:010d}", b"x" * 200)])
+            p, seqno = res.partition, res.seqno
+            while any(s.positions.get(p, 0) < seqno for s in sessions):
+                await asyncio.sleep(0)
+            if i % 64 == 63:
+                for ws in sockets:
+                    ws.ack_all()
+        loop_cpu = time.thread_time() - loop0
+        delivered = writes * connections
+        messages = sum(ws.messages for ws in sockets) - messages0
+        wakeups = sum(getattr(c, "sender_wakeups", 0) for c in conns) - wakeups0
+        direct = sum(getattr(c, "direct_passes", 0) for c in conns)
+        await server.close()
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        runner.shutdown()
+        engine.close()
+    return {"loop_us_per_item": 1e6 * loop_cpu / delivered, "messages_per_item": messages / delivered,
+            "wakeups_per_item": wakeups / delivered, "direct_passes": direct, "delivered": delivered}
 
 
 def _delivered(conns: list[Any]) -> int:
@@ -152,14 +248,25 @@ def main() -> None:
     ap.add_argument("--seconds", type=float, default=5.0)
     ap.add_argument("--modes", default="usual,shared",
                     help="comma-separated: usual (shared passes off), shared, unpaced (shared, wake-up pacing off)")
+    ap.add_argument("--lockstep", type=int, default=0, metavar="WRITES",
+                    help="instead: WRITES writes, each delivered to every connection before the next")
     args = ap.parse_args()
+    if args.lockstep:
+        r = asyncio.run(run_lockstep(args.connections, args.lockstep))
+        print(f"lockstep {args.connections} connections x {args.lockstep} writes: delivered {r['delivered']:,}, "
+              f"event loop thread {r['loop_us_per_item']:.2f} us per delivered item, "
+              f"{r['messages_per_item']:.3f} messages and {r['wakeups_per_item']:.3f} sender wake-ups per item, "
+              f"{r['direct_passes']:,} passes on the hub's delivery", flush=True)
+        return
     for mode in args.modes.split(","):
         r = asyncio.run(run(args.connections, args.rate, args.seconds, mode != "usual", paced=mode != "unpaced"))
         print(f"{mode:6} {args.connections} connections x {args.rate}/s for {args.seconds:g}s: "
               f"delivered {r['delivered']:,.0f}/{r['expected']:,.0f}, server CPU {r['cpu_s']:.2f}s "
-              f"in {r['wall_s']:.1f}s = {r['us_per_item']:.2f} us per delivered item, "
+              f"in {r['wall_s']:.1f}s = {r['us_per_item']:.2f} us per delivered item "
+              f"(event loop thread {r['loop_us_per_item']:.2f}), "
               f"{r['messages_per_item']:.3f} messages per item, {r['passes']:,} passes "
-              f"({r['shared_passes']:,} shared, {r['held_deliveries']:,} deliveries paced); "
+              f"({r['shared_passes']:,} shared, {r['direct_passes']:,} on the hub's delivery, "
+              f"{r['held_deliveries']:,} deliveries paced), {r['wakeups_per_item']:.3f} sender wake-ups per item; "
               f"writer achieved {r['write_rate']:,.0f}/s", flush=True)
 
 

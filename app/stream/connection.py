@@ -175,6 +175,10 @@ class StreamConnection(PassSender):
         self._done = asyncio.Event()
         self._stopped = False
         self._visiting: int | None = None
+        self._parked = False
+        self._begun: list[Any] | None = None
+        #: a failure of ``_direct_pass``, raised by the sender task
+        self._failed: Exception | None = None
         self._visiting_cursor: PartitionCursor | None = None
         self._job: asyncio.Future[Any] | None = None
         self._cursor_lock = asyncio.Lock()  # one reader-thread job per connection at a time
@@ -184,6 +188,8 @@ class StreamConnection(PassSender):
         self._credit_wait_since: float | None = None
         self.inline_passes = 0  # passes produced on the loop from memory (Engine.memory_snapshot)
         self.shared_sent = 0  # passes sent from shared readings (app.stream.shared)
+        self.direct_passes = 0  # of those, carried out on the hub's delivery (``_direct_pass``)
+        self.sender_wakeups = 0  # times the parked sender task was woken (for benchmarks)
         #: everything sent goes through the outbox (control replies queued by the reader, the
         #: sender's markers and batches, bundling when the client accepts bundles)
         self.outbox = Outbox(ws, self.session, bundle_bytes=limits.bundle_bytes, on_bytes=on_bytes,
@@ -223,8 +229,18 @@ class StreamConnection(PassSender):
             session.notify(p)
             self._notified_at.setdefault(p, now)
             hit = True
-        if hit:
+        if hit and not self._direct_pass_or_fail():
             self._wake.set()
+
+    def _direct_pass_or_fail(self) -> bool:
+        """``_direct_pass``, its failure handed to the sender task: it runs inside the hub's
+        delivery, which must go on to the other subscribers; the sender raises it and the
+        connection ends as after any failure of its own (logged, closed 1011)."""
+        try:
+            return self._direct_pass()
+        except Exception as exc:  # noqa: BLE001 - re-raised by the sender task
+            self._failed = exc
+            return False
 
     # ------------------------------------------------------------------ lifecycle
     async def run(self) -> None:
@@ -327,9 +343,18 @@ class StreamConnection(PassSender):
             await self._resolve(outs)
             if self._replica_acks is not None:
                 self._replica_acks.acked(self, session)
-            self._wake.set()  # an ack may have opened the window
+            self._wake_after_input()
             if self._close is not None:
                 return
+
+    def _wake_after_input(self) -> None:
+        """Wake the sender for what a client message may have made possible (an ack opening the
+        window, a request, a cookie).  A parked sender with nothing due stays asleep.  WHY:
+        consumers acknowledge every few messages, and under fan-out waking every connection's
+        sender task for each ack, only for it to find nothing to do, was a task step per ack."""
+        if (not self._parked or self.outbox.queued or self._close is not None or self._peer_closed
+                or self.session.next_visit() is not None):
+            self._wake.set()
 
     async def _resolve(self, outs: list[Any]) -> None:
         """Carry out session outputs, answering engine lookups (executor reads) as they come."""
@@ -376,7 +401,7 @@ class StreamConnection(PassSender):
         if hit:
             self._wake.set()
 
-    def _carry_out(self, outs: list[Any]) -> None:
+    def _carry_out(self, outs: list[Any], wake: bool = True) -> None:
         for out in outs:
             if isinstance(out, Close):
                 self._close = out
@@ -394,7 +419,8 @@ class StreamConnection(PassSender):
                 self.outbox.queue(out)
             else:
                 self.outbox.queue(out)
-        self._wake.set()
+        if wake:
+            self._wake.set()
 
     def _with_owner(self, r: M.StreamResponse) -> M.StreamResponse:
         """A cluster's not_my_partition names the map revision and who serves the partition, so
@@ -430,20 +456,27 @@ class StreamConnection(PassSender):
     async def _send_loop(self) -> None:
         session = self.session
         while True:
+            if self._failed is not None:
+                raise self._failed
             await self.outbox.flush_control()
             if self._peer_closed:
                 return
             if self._close is not None:
                 await self._close_socket(int(self._close.code), self._close.reason)
                 return
-            visits = session.begin_visits(self.limits.max_visits_per_job)
+            visits = self._take_begun() if self._begun else session.begin_visits(self.limits.max_visits_per_job)
             if visits:
                 await self._visit_batch(visits)
                 continue
             self._wake.clear()
             if self.outbox.queued or self._close is not None or self._peer_closed or session.next_visit() is not None:
                 continue
-            await self._wake.wait()
+            self._parked = True
+            try:
+                await self._wake.wait()
+            finally:
+                self._parked = False
+            self.sender_wakeups += 1
 
     async def _watchdog(self) -> None:
         """Cursor dropping: once the sender has waited ``drop_after_s`` for the consumer (a send

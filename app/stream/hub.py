@@ -12,8 +12,9 @@ listener per connection would schedule a million loop callbacks per second.  The
 whatever the write rate, and the callback hands the set of changed partitions to every
 subscriber.
 
-On a busy loop the hub gathers a few milliseconds of changes before waking the streams
-(``app.stream.pacing``): fewer, fuller passes, never a held write on an idle loop.  Replication
+With many subscribers the hub wakes the streams at most once per few milliseconds, and gathers a
+few milliseconds of changes on a busy loop (``app.stream.pacing``): fewer, fuller passes, never a
+held write after a quiet spell.  Replication
 connections are *prompt* subscribers (``set_prompt``): never paced and not counted for pacing,
 because a replica's position gates majority acknowledgements (a held wake-up is added to every
 majority write's latency) and a node's few replication streams are not what loads its loop.
@@ -77,16 +78,19 @@ class ChangeHub:
     def _deliver(self, dirty: frozenset[int]) -> None:
         if self._prompt:
             self._fan_out(self._prompt, dirty)
-        now = self.pacer.offer(dirty, self._changes.delay, len(self._paced))
-        if now is None:
+        pacer = self.pacer
+        out = pacer.offer(dirty, self._changes.delay, len(self._paced), self._loop.time())
+        if out is None:
             if self._release_timer is None:
-                self._release_timer = self._loop.call_later(self.pacer.gather_s, self._release)
+                at = pacer.release_at
+                self._release_timer = (self._loop.call_at(at, self._release) if at is not None
+                                       else self._loop.call_later(pacer.gather_s, self._release))
             return
-        self._fan_out(self._paced, now)
+        self._fan_out(self._paced, out)
 
     def _release(self) -> None:
         self._release_timer = None
-        held = self.pacer.release()
+        held = self.pacer.release(self._loop.time())
         if held and not self._changes.closed:
             self._fan_out(self._paced, held)
 

@@ -147,6 +147,36 @@ class Outbox:
         else:
             await self.transmit(b"".join(parts))
         await self.flush_control()  # what did not fit (or was queued meanwhile) follows
+        self._observe(notified)
+
+    @property
+    def writes_now(self) -> bool:
+        """Whether ``send_pass_now`` may be used: messages go straight to a transport that takes them."""
+        raw = self._raw
+        return raw is not None and raw.ready()
+
+    def send_pass_now(self, encoded: list[bytes], count: int, notified: list[float]) -> None:
+        """``send_pass`` without suspending, for a caller on the loop that is not the sender task
+        (``writes_now`` must hold): the parts and the queued control messages that fit go out in
+        one message; control messages that do not fit stay queued (the caller wakes the sender).
+        Nothing is written when there is neither a part nor a control message."""
+        controls = [control_text(m) for m in self._control]
+        size = HEADER.size + sum(map(len, encoded))
+        if controls:
+            tail = encode_parts(controls)
+            if size + len(tail) <= self._bundle_bytes:
+                self._control.clear()
+                encoded, count = [*encoded, tail], count + len(controls)
+                size += len(tail)
+        if count:
+            assert self._raw is not None
+            self._raw.write_parts(bundle_pieces(count, *encoded), size)
+            self._sent(size, 0)
+        if not self._control:
+            self._drained.set()
+        self._observe(notified)
+
+    def _observe(self, notified: list[float]) -> None:
         if notified:
             now = time.monotonic()
             for t in notified:

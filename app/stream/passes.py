@@ -28,7 +28,7 @@ from typing import Any
 from app.stream.cursor import Batch, BatchEncoder, Marker, PartitionCursor
 from engine.protocol import messages as M
 from engine.protocol.frames import encode_binary_columns, encode_json_columns
-from engine.protocol.shared_pass import MarkerStep, take_shared
+from engine.protocol.shared_pass import MarkerStep, shared_fits, take_shared
 
 __all__ = ["ENCODERS", "PassSender", "StateChanged"]
 
@@ -49,9 +49,14 @@ class PassSender:
     cursors: dict[int, PartitionCursor]
     inline_passes: int
     shared_sent: int
+    direct_passes: int
     _notified_at: dict[int, float]
     _visit_notified: dict[int, float]
     _visiting: int | None
+    #: the sender waits for a wake-up with nothing to do (``_direct_pass`` may act for it)
+    _parked: bool
+    #: visits ``_direct_pass`` began but could not carry out: the sender's next pass
+    _begun: list[Any] | None
     _visiting_cursor: PartitionCursor | None
     _credit_wait_since: float | None
     _close: Any
@@ -63,7 +68,7 @@ class PassSender:
     name: str
     codec: str
 
-    def _carry_out(self, outs: list[Any]) -> None:
+    def _carry_out(self, outs: list[Any], wake: bool = True) -> None:
         raise NotImplementedError
 
     async def _on_reader(self, fn: Callable[..., Any], *args: Any) -> Any:
@@ -179,28 +184,101 @@ class PassSender:
         outs = take_shared(self.session, visits, readings, self.limits.bundle_bytes)
         if outs is None:
             return False
-        notified: list[float] = []
-        encoded: list[bytes] = []
-        count = 0
-        for visit, cursor, reading in zip(visits, cursors, readings):
-            cursor.last_seqno = cursor.high_seqno = reading.end
-            cursor.tailing = True
-            for step in reading.steps:
-                if isinstance(step, MarkerStep):
-                    cursor.snap_start = step.start  # the last part's, as the cursor's own reading leaves it
-            at = self._visit_notified.pop(visit.partition, None)
-            if at is not None and reading.delivers:
-                notified.append(at)
-            if reading.count:
-                encoded.append(reading.parts)
-                count += reading.count
-        self.shared_sent += 1
+        encoded, count, notified = self._shared_sent(visits, readings)
         self._carry_out(outs)
         if count:
             await self.outbox.send_pass(encoded, count, notified)
         else:
             await self.outbox.flush_control()
         return True
+
+    def _direct_pass(self) -> bool:
+        """Carry out the pass now, on the loop, from shared readings of the write queue's memory,
+        without waking the sender task; False: nothing was begun (or the begun visits were handed
+        to the sender, ``_begun``), wake the sender.
+
+        WHY: under fan-out every change wakes each connection's sender task (an ``Event``, a
+        future, a task step through the pass's coroutines, a new future to wait on again) only
+        for it to carry out a shared pass that needs no waiting at all: the session's bookkeeping
+        and one transport write.  Called from the hub's delivery (``notify``), this is that pass
+        with nothing around it.  Only while the sender is parked with nothing to do (so nothing
+        of its own is in flight), the transport takes writes directly, and every due visit has a
+        current reading in memory that fits the window; anything else goes the usual way."""
+        shared = self.hub.shared
+        outbox = self.outbox
+        if (not self._parked or self._wake.is_set() or shared is None or not self.limits.shared_passes
+                or self.limits.inline_items <= 0 or self._ceiling_of is not None or self._close is not None
+                or self._peer_closed or self._cursor_lock.locked() or outbox.queued or outbox.bundle_pending
+                or not outbox.bundling or not outbox.writes_now):
+            return False
+        session = self.session
+        partitions = session.peek_visits(self.limits.max_visits_per_job)
+        if not partitions:
+            return True  # nothing due (or the window is full): the sender would park again
+        streams, cursors, codec = session.streams, self.cursors, self.codec
+        readings: list[Any] = []
+        for p in partitions:
+            stream = streams[p]
+            cursor = cursors.get(p)
+            if cursor is None or cursor.holding or cursor.open_snapshot:
+                return False
+            reading = shared.reading(codec, p, stream.position, stream.expected_state)
+            if reading is None:
+                return False
+            readings.append(reading)
+        if not shared_fits(session, partitions, readings, self.limits.bundle_bytes):
+            return False
+        visits = [session.begin_visit(p) for p in partitions]  # what begin_visits would begin: nothing changed
+        outs = take_shared(session, visits, readings, self.limits.bundle_bytes)
+        if outs is None:  # not expected after shared_fits: the sender carries them out
+            self._begun = visits
+            return False
+        for v in visits:
+            at = self._notified_at.pop(v.partition, None)
+            if at is not None:
+                self._visit_notified[v.partition] = at
+        encoded, count, notified = self._shared_sent(visits, readings)
+        self._carry_out(outs, wake=False)
+        outbox.send_pass_now(encoded, count, notified)
+        self.direct_passes += 1
+        if outbox.queued or self._close is not None:
+            return False
+        # fewer due than the limit: all of them were visited (a pass makes no other stream due)
+        return len(partitions) < self.limits.max_visits_per_job or session.next_visit() is None
+
+    def _take_begun(self) -> list[Any]:
+        """The visits ``_direct_pass`` began and left to the sender; a visit whose stream ended
+        meanwhile (its cursor is gone) ends here."""
+        begun, self._begun = self._begun or [], None
+        kept = [v for v in begun if v.partition in self.cursors]
+        for v in begun:
+            if v.partition not in self.cursors:
+                self._carry_out(self.session.end_visit(v))
+        return kept
+
+    def _shared_sent(self, visits: list[Any], readings: list[Any]) -> tuple[list[bytes], int, list[float]]:
+        """The cursors' and notifications' side of a shared pass the session took
+        (``take_shared``): the readings' parts to send, how many, and when their changes were notified."""
+        notified: list[float] = []
+        encoded: list[bytes] = []
+        count = 0
+        visit_notified = self._visit_notified
+        for visit, reading in zip(visits, readings):
+            p = visit.partition
+            cursor = self.cursors[p]
+            cursor.last_seqno = cursor.high_seqno = reading.end
+            cursor.tailing = True
+            for step in reading.steps:
+                if isinstance(step, MarkerStep):
+                    cursor.snap_start = step.start  # the last part's, as the cursor's own reading leaves it
+            at = visit_notified.pop(p, None)
+            if at is not None and reading.delivers:
+                notified.append(at)
+            if reading.count:
+                encoded.append(reading.parts)
+                count += reading.count
+        self.shared_sent += 1
+        return encoded, count, notified
 
     async def _send_visit(self, visit: Any, cursor: PartitionCursor, out: list[Marker | Batch], complete: bool,
                           changed: "StateChanged | None") -> None:

@@ -614,11 +614,16 @@ class ServerSession:
         an O(streams) scan per visit).  Each visit draws its barrier token now, before its
         snapshot is taken, so an adapter may read and encode them all in one job.  Empty: nothing
         is due or the window is full."""
+        return [self.begin_visit(p) for p in self.peek_visits(limit)]
+
+    def peek_visits(self, limit: int) -> list[int]:
+        """The partitions ``begin_visits(limit)`` would visit now, in order, beginning none: an
+        adapter checks it can carry the pass out at once before the session commits to it."""
         first = self.next_visit()
         if first is None or limit < 1:
             return []
         later = sorted(p for p in self._due_now() if p > first)
-        return [self.begin_visit(p) for p in [first, *later][:limit]]
+        return [first, *later][:limit]
 
     def begin_visit(self, partition: int) -> Visit:
         """The loop takes ``partition``'s snapshot now; snapshot after ``Visit.after_seqno``."""

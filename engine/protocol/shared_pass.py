@@ -29,12 +29,12 @@ high seqno).
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from engine.protocol.bundle import OVERHEAD
 from engine.protocol.session import Output, ServerSession, Visit
 
-__all__ = ["BatchStep", "MarkerStep", "SharedReading", "idle_reading", "take_shared"]
+__all__ = ["BatchStep", "MarkerStep", "SharedReading", "idle_reading", "shared_fits", "take_shared"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,16 +68,41 @@ class SharedReading:
     parts: bytes
     count: int
     size: int
+    #: whether the reading carries items (an idle visit sends nothing); computed once, read by
+    #: every connection the reading is shared with
+    delivers: bool = field(init=False)
 
-    @property
-    def delivers(self) -> bool:
-        """Whether the reading carries items (an idle visit sends nothing)."""
-        return any(isinstance(s, BatchStep) and s.last_seqno is not None for s in self.steps)
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "delivers",
+                           any(isinstance(s, BatchStep) and s.last_seqno is not None for s in self.steps))
 
 
 def idle_reading(partition: int, after: int) -> SharedReading:
     """Nothing after ``after``: the visit sends nothing and ends (a barrier's or a spurious visit)."""
     return SharedReading(partition, after, after, (), b"", 0, 0)
+
+
+def shared_fits(session: ServerSession, partitions: Sequence[int], readings: Sequence[SharedReading],
+                max_bytes: int) -> bool:
+    """Whether visits of ``partitions`` (``ServerSession.peek_visits``), not begun yet, could be
+    carried out from ``readings`` (one each, same order): what ``take_shared`` will accept once
+    they are begun, if nothing happens in between.  WHY before: an adapter that carries the
+    pass out outside its sender (on the hub's delivery) must not begin visits it then cannot end."""
+    if len(partitions) != len(readings) or not partitions or not session.can_send:
+        return False
+    flow = session.flow
+    assert flow is not None
+    total = OVERHEAD
+    streams = session.streams
+    for p, reading in zip(partitions, readings):
+        stream = streams.get(p)
+        if (stream is None or reading.partition != p or reading.after != stream.position
+                or stream.visiting is not None or stream.in_snapshot or stream.ceiling is not None or stream.held):
+            return False
+        if stream.end_seqno is not None and stream.end_seqno < reading.end and reading.count:
+            return False
+        total += len(reading.parts)
+    return total <= flow.available and total <= max_bytes
 
 
 def take_shared(session: ServerSession, visits: Sequence[Visit], readings: Sequence[SharedReading],

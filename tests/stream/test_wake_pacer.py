@@ -125,3 +125,31 @@ async def test_replication_streams_are_woken_at_once_and_not_counted_for_pacing(
     assert got["consumer"] == [frozenset({2})] * 8
     hub.unsubscribe(replicas[0])
     hub.close()
+
+
+def test_deliveries_to_many_subscribers_are_spaced_and_a_change_after_a_quiet_spell_goes_at_once() -> None:
+    pacer = WakePacer(busy_after_s=0.001, gather_s=0.002, spacing_per_subscriber_s=0.0001, max_spacing_s=0.005)
+    assert pacer.spacing(50) == 0.005 and pacer.spacing(20) == 0.002 and pacer.spacing(7) == 0.0
+    assert pacer.offer(A, 0.0, 50, now=10.0) == A  # the first change: at once
+    assert pacer.offer(B, 0.0, 50, now=10.001) is None  # within the spacing: held until it has passed
+    assert pacer.release_at == 10.005
+    assert pacer.offer(A, 0.0, 50, now=10.003) is None  # joins the held ones
+    assert pacer.release(10.005) == A | B
+    assert pacer.offer(B, 0.0, 50, now=10.020) == B  # after a quiet spell: at once
+    assert pacer.offer(A, 0.0, 7, now=10.021) == A  # too few subscribers: never spaced
+    assert pacer.offer(A, 0.0020, 50, now=10.100) is None  # a busy loop still gathers gather_s
+    assert pacer.release_at == 10.100 + 0.002
+
+
+@pytest.mark.parametrize("subscribers, expected_per_second", [(50, 200), (20, 500), (4, 1000)])
+def test_spacing_bounds_the_deliveries_whatever_the_write_rate(subscribers: int, expected_per_second: int) -> None:
+    """1,000 changes a second, one every millisecond: at most one delivery per spacing (the held
+    changes released on time), so each pass carries every change of that interval."""
+    pacer = WakePacer()
+    delivered = 0
+    for ms in range(1000):
+        now = ms / 1000
+        if pacer.holding and pacer.release_at is not None and now >= pacer.release_at - 1e-9:
+            delivered += bool(pacer.release(now))
+        delivered += pacer.offer(frozenset({ms % 64}), 0.0, subscribers, now) is not None
+    assert abs(delivered - expected_per_second) <= 2

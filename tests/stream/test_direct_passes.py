@@ -1,0 +1,230 @@
+"""Shared passes carried out on the hub's delivery (``PassSender._direct_pass``), without waking
+the sender task: each consumer receives exactly what a lone consumer would (every write once, in
+seqno order per partition, snapshot markers covering them), cookies still come back, and the
+sender task is woken far less often than once per pass.
+
+In process: a real engine and ``StreamServer``; the WebSockets are stand-ins whose scope offers
+direct transport writes as uvicorn's sans-I/O protocol does (``app.stream.rawframes``), so the
+direct path is taken exactly as behind a real uvicorn (the end-to-end shared-pass test covers
+that server)."""
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+from typing import Any
+
+from app.runner import EngineRunner
+from app.stream.connection import StreamLimits
+from app.stream.pacing import WakePacer
+from app.stream.rawframes import RAW_SEND_KEY
+from app.stream.server import StreamServer
+from app.streams_registry import StreamRegistry
+from engine.config import EngineConfig
+from engine.core.types import Op, WriteOp
+from engine.engine import Engine
+from engine.protocol.bundle import decode_bundle
+from engine.protocol.frames import decode_binary
+
+PARTITIONS = 4
+
+
+class _Counter:
+    def labels(self, *_: Any) -> "_Counter":
+        return self
+
+    def inc(self, *_: Any) -> None:
+        pass
+
+    def observe(self, *_: Any) -> None:
+        pass
+
+
+class _Metrics:
+    rollbacks = stream_bytes = delivery = cursor_drops = _Counter()
+
+
+class _Transport:
+    def __init__(self, ws: "Consumer") -> None:
+        self._ws = ws
+
+    def writelines(self, parts: Any) -> None:
+        parts = list(parts)
+        self._ws.direct += 1
+        payload = b"".join(parts[1:])  # the first part is the frame header
+        text = parts[0][0] & 0x0F == 0x1
+        self._ws.got(payload.decode() if text else payload)
+
+    def is_closing(self) -> bool:
+        return False
+
+
+class _Conn:
+    def __init__(self) -> None:
+        from websockets.protocol import OPEN
+        self.state = OPEN
+        self.extensions: list[Any] = []
+        self.expect_continuation_frame = False
+
+
+class WebSocketsSansIOProtocol:
+    """Named as uvicorn's protocol so ``RawFrames.of`` takes it."""
+
+    def __init__(self, ws: "Consumer") -> None:
+        self.transport = _Transport(ws)
+        self.conn = _Conn()
+        self.writable = asyncio.Event()
+        self.writable.set()
+        self.handshake_complete = True
+        self.close_sent = False
+        self.disconnected = False
+
+    async def send(self, message: Any) -> None:
+        raise AssertionError("unused: the connection writes to the transport")
+
+
+class Consumer:
+    """A bundling binary consumer that keeps what it receives and acknowledges it at once."""
+
+    def __init__(self, name: str, raw: bool) -> None:
+        self.client = None
+        self.scope = {RAW_SEND_KEY: WebSocketsSansIOProtocol(self).send} if raw else {}
+        self.inbox: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
+        self.direct = 0
+        self.items: dict[int, list[int]] = {p: [] for p in range(PARTITIONS)}
+        self.snap_end: dict[int, int] = {p: 0 for p in range(PARTITIONS)}
+        self.barriers: list[str] = []
+        self.put({"type": "hello", "name": name, "codec": "binary", "window_bytes": 1 << 20, "protocol": 1,
+                  "bundle": True})
+        for p in range(PARTITIONS):
+            self.put({"type": "stream_request", "partition": p, "uuid": 0, "start_seqno": 0, "snap_start": 0,
+                      "snap_end": 0})
+
+    def put(self, obj: dict[str, Any]) -> None:
+        self.inbox.put_nowait({"type": "websocket.receive", "text": json.dumps(obj)})
+
+    def got(self, data: bytes | str) -> None:
+        parts = decode_bundle(data) if isinstance(data, bytes) else [data]
+        for part in parts:
+            if isinstance(part, bytes):
+                batch = decode_binary(part)
+                seqnos = list(batch.seqnos)
+                assert all(s <= self.snap_end[batch.partition] for s in seqnos), "an item outside its snapshot"
+                self.items[batch.partition] += seqnos
+                continue
+            msg = json.loads(part)
+            if msg["type"] == "snapshot":
+                self.snap_end[msg["partition"]] = msg["end"]
+            elif msg["type"] == "barrier":
+                self.barriers.append(msg["cookie"])
+        self.put({"type": "ack", "bytes": len(data)})
+
+    async def accept(self) -> None:
+        pass
+
+    async def receive(self) -> dict[str, Any]:
+        return await self.inbox.get()
+
+    async def send_text(self, data: str) -> None:
+        self.got(data)
+
+    async def send_bytes(self, data: bytes) -> None:
+        self.got(data)
+
+    async def close(self, code: int = 1000, reason: str = "") -> None:
+        self.inbox.put_nowait({"type": "websocket.disconnect"})
+
+
+async def _fan_out(tmp: Path, raw: bool, consumers: int = 12, writes: int = 120
+                   ) -> tuple[list[Consumer], list[Any], dict[int, list[int]]]:
+    engine = Engine.open(EngineConfig(data_dir=tmp / "data", partitions=PARTITIONS))
+    runner = EngineRunner(engine)
+    server = StreamServer(engine=engine, runner=runner, limits=StreamLimits(), streams=StreamRegistry(),
+                          metrics=_Metrics(), stream_metrics=_Metrics())
+    server.hub.pacer = WakePacer(max_spacing_s=0.001)  # paced as under load, quickly
+    socks = [Consumer(f"c{i}", raw) for i in range(consumers)]
+    tasks = [asyncio.create_task(server.serve(ws)) for ws in socks]
+    written: dict[int, list[int]] = {p: [] for p in range(PARTITIONS)}
+    try:
+        for i in range(writes):
+            (res,) = await runner.write(engine.write_batch, [WriteOp(Op.MUTATION, f"k{i}", b"v")])
+            written[res.partition].append(res.seqno)
+            if i % 40 == 39:
+                for ws in socks:
+                    ws.put({"type": "barrier", "cookie": f"c{i}"})
+            if i % 3 == 0:
+                await asyncio.sleep(0)
+        for _ in range(2000):
+            if all(ws.items == written and len(ws.barriers) == writes // 40 for ws in socks):
+                break
+            await asyncio.sleep(0.005)
+        conns = list(server.streams._handles.values())  # noqa: SLF001 - the test reads the counters
+    finally:
+        await server.close()
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        runner.shutdown()
+        engine.close()
+    return socks, conns, written
+
+
+async def test_direct_passes_deliver_what_a_lone_consumer_gets_with_few_task_wakeups(tmp_path: Path) -> None:
+    socks, conns, written = await _fan_out(tmp_path, raw=True)
+    for ws in socks:
+        assert ws.items == written  # every write once, in seqno order, inside its snapshot
+        assert ws.barriers == [f"c{i}" for i in range(39, 120, 40)]
+    direct = sum(c.direct_passes for c in conns)
+    wakeups = sum(c.sender_wakeups for c in conns)
+    assert direct > 0
+    assert wakeups < sum(c.shared_sent for c in conns)  # most passes woke no task
+
+
+async def test_without_direct_writes_the_sender_task_does_the_passes(tmp_path: Path) -> None:
+    socks, conns, written = await _fan_out(tmp_path, raw=False, consumers=8, writes=80)
+    for ws in socks:
+        assert ws.items == written
+        assert ws.direct == 0
+    assert sum(c.direct_passes for c in conns) == 0
+
+
+async def test_a_failing_direct_pass_ends_its_connection_only(tmp_path: Path) -> None:
+    """The pass runs inside the hub's delivery: its failure must not stop the delivery to the
+    other connections; the sender task raises it and that connection ends."""
+    engine = Engine.open(EngineConfig(data_dir=tmp_path / "data", partitions=PARTITIONS))
+    runner = EngineRunner(engine)
+    server = StreamServer(engine=engine, runner=runner, limits=StreamLimits(), streams=StreamRegistry(),
+                          metrics=_Metrics(), stream_metrics=_Metrics())
+    socks = [Consumer(f"c{i}", raw=True) for i in range(3)]
+    tasks = [asyncio.create_task(server.serve(ws)) for ws in socks]
+    try:
+        for _ in range(200):
+            conns = list(server.streams._handles.values())  # noqa: SLF001 - the test reaches the connections
+            if len(conns) == 3 and all(len(c.session.streams) == PARTITIONS for c in conns):
+                break
+            await asyncio.sleep(0.01)
+        victim = conns[0]
+
+        def broken() -> bool:
+            raise RuntimeError("boom")
+
+        victim._direct_pass = broken  # type: ignore[method-assign]
+        written: dict[int, list[int]] = {p: [] for p in range(PARTITIONS)}
+        for i in range(20):
+            (res,) = await runner.write(engine.write_batch, [WriteOp(Op.MUTATION, f"k{i}", b"v")])
+            written[res.partition].append(res.seqno)
+            await asyncio.sleep(0)
+        for _ in range(1000):
+            if all(ws.items == written for ws in socks[1:]) and victim._done.is_set():  # noqa: SLF001
+                break
+            await asyncio.sleep(0.005)
+        assert victim._done.is_set()  # noqa: SLF001 - the failing connection ended
+        for ws in socks[1:]:
+            assert ws.items == written
+    finally:
+        await server.close()
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        runner.shutdown()
+        engine.close()
