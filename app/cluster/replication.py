@@ -218,15 +218,22 @@ class ReplicationStreams:
         pacer = self._pacer
         for p in gone:
             pacer.forget(p)
+        waiting: list[tuple[int, ReplicaSync, Progress]] = []
         for p, sync in list(self.syncs.items()):
             source = self._source_of.get(p)
             sync.tick(now, source is not None and self.is_live(source), self.max_down_s)
             progress = sync.changed()
-            if progress is None or not pacer.due(p, now, progress, stream_lost=sync.down_since is not None):
+            if progress is None:
                 continue
-            ops.append(Put(self.layout.replica_progress(p, self.node), json.dumps(progress.to_json()).encode(),
-                           lease))
-            changed.append((p, sync, progress))
+            if pacer.due(p, now, progress, stream_lost=sync.down_since is not None):
+                changed.append((p, sync, progress))
+            else:
+                waiting.append((p, sync, progress))
+        if ops or changed:  # a transaction goes out anyway: moving copies near their age ride along
+            changed += [(p, sync, progress) for p, sync, progress in waiting
+                        if pacer.due(p, now, progress, riding=True)]
+        ops += [Put(self.layout.replica_progress(p, self.node), json.dumps(progress.to_json()).encode(), lease)
+                for p, _sync, progress in changed]
         for i in range(0, len(ops), PUBLISH_OPS):
             await self.etcd.txn((), ops[i:i + PUBLISH_OPS])
             self.progress_txns += 1
@@ -645,16 +652,22 @@ class ReplicaAcker:
         finally:
             remove()
 
+    def _poll(self) -> None:
+        """The safety net: nothing woke the acker for ``poll_s`` while a held seqno waited to be
+        persisted; look at every streamed partition."""
+        self._woken |= self._streamed
+        self._wake.set()
+
     async def _run(self, conn: StreamConnection) -> None:
         pending = False
+        loop = asyncio.get_running_loop()
         while True:
-            if pending:
-                try:
-                    await asyncio.wait_for(self._wake.wait(), self.poll_s)
-                except asyncio.TimeoutError:
-                    self._woken |= self._streamed
-            else:
-                await self._wake.wait()
+            # a timer handle, not ``wait_for``: that costs a task per look, and under writes
+            # something held is always unpersisted
+            timer = loop.call_later(self.poll_s, self._poll) if pending else None
+            await self._wake.wait()
+            if timer is not None:
+                timer.cancel()
             self._wake.clear()
             woken, self._woken = self._woken, set()
             self.looks += 1

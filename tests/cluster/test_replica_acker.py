@@ -118,3 +118,25 @@ def test_a_take_sends_one_message_with_what_a_flush_round_moved_meanwhile() -> N
 @pytest.mark.parametrize("figures", [(0, 0, 0), (3, 10, 7), (1023, 2**48, 2**47)])
 def test_ack_text_is_the_protocols_encoding(figures: tuple[int, int, int]) -> None:
     assert ack_text(*figures) == M.encode(M.SeqnoAck(*figures))
+
+
+def test_the_safety_net_looks_when_nothing_reports_persistence() -> None:
+    async def scenario() -> None:
+        engine, conn = Engine(), Conn()
+        acker = ReplicaAcker(engine, poll_s=0.05)
+        task = asyncio.create_task(acker.run(conn))  # type: ignore[arg-type]
+        try:
+            await asyncio.sleep(0)
+            engine.held = {5: (8, 0)}
+            acker.applied(5)
+            assert await _next(conn) == [M.SeqnoAck(5, 8, 0)]
+            engine.held = {5: (8, 8)}  # persisted, and no listener call says so
+            assert await _next(conn) == [M.SeqnoAck(5, 8, 8)]
+            looks = acker.looks
+            await asyncio.sleep(0.3)  # nothing unpersisted any more: no timer, no look
+            assert acker.looks == looks
+        finally:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+
+    asyncio.run(scenario())
