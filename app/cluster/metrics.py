@@ -111,7 +111,8 @@ class ClusterCollector(Collector):
                     "upr_cluster_replication_events",
                     "the replica side's per-wake-up work, by event: messages received from actives, takes "
                     "(applier wake-ups), acks and ack_messages sent, ack_looks (acker wake-ups), "
-                    "persist_handoffs (flusher rounds handed to the loop), flow_acks (flow-control acks)", labels=["event"])
+                    "persist_handoffs (flusher rounds handed to the loop), flow_acks (flow-control acks)",
+                    labels=["event"])
                 for event in ("messages", "takes", "acks", "ack_messages", "ack_looks", "persist_handoffs",
                               "flow_acks"):
                     events.add_metric([event], float(getattr(counts, event)))
