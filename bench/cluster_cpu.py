@@ -38,16 +38,34 @@ def etcd_requests(url: str) -> dict[str, float]:
     return counts
 
 
+#: ``/metrics`` lines read from each node (absent on a tree without them: 0), by short name
+NODE_COUNTERS = {
+    'upr_cluster_replica_applies_total{path="inline"}': "inline",
+    'upr_cluster_replica_applies_total{path="thread"}': "thread",
+    "upr_cluster_replica_progress_writes_total": "progress txns",
+    "upr_engine_flush_count_total": "flusher commits",
+    "upr_engine_flush_rounds_total": "flusher rounds",
+    "upr_engine_flush_gathered_rounds_total": "gathered rounds",
+    "upr_engine_lmdb_commits_total": "lmdb commits",
+    "upr_engine_flush_cpu_seconds_total": "flusher cpu s",
+    'upr_cluster_replication_events_total{event="messages"}': "messages received",
+    'upr_cluster_replication_events_total{event="takes"}': "applier takes",
+    'upr_cluster_replication_events_total{event="acks"}': "acks",
+    'upr_cluster_replication_events_total{event="ack_messages"}': "ack messages",
+    'upr_cluster_replication_events_total{event="ack_looks"}': "acker looks",
+    'upr_cluster_replication_events_total{event="persist_handoffs"}': "persist handoffs",
+    'upr_cluster_replication_events_total{event="flow_acks"}': "flow acks",
+    "upr_cluster_etcd_requests_total": "etcd requests",
+}
+
+
 def node_counters(url: str) -> dict[str, float]:
-    """The replication counters of one node's ``/metrics`` (absent on a tree without them: 0)."""
-    wanted = {'upr_cluster_replica_applies_total{path="inline"}': "inline",
-              'upr_cluster_replica_applies_total{path="thread"}': "thread",
-              "upr_cluster_replica_progress_writes_total": "progress txns"}
-    out = {name: 0.0 for name in wanted.values()}
+    """The replication path's counters of one node's ``/metrics`` (``NODE_COUNTERS``)."""
+    out = {name: 0.0 for name in NODE_COUNTERS.values()}
     for line in httpx.get(f"{url}/metrics", timeout=10).text.splitlines():
         head, _, value = line.rpartition(" ")
-        if head in wanted:
-            out[wanted[head]] = float(value)
+        if head in NODE_COUNTERS:
+            out[NODE_COUNTERS[head]] = float(value)
     return out
 
 
@@ -58,13 +76,16 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--tick-ms", type=float, default=10.0)
     p.add_argument("--partitions", type=int, default=64)
     p.add_argument("--pyspy", type=Path, help="record both nodes with py-spy into this directory")
+    p.add_argument("--env", action="append", default=[], metavar="NAME=VALUE",
+                   help="set in both nodes' environment (e.g. UPR_FLUSH_INTERVAL_MS=20); repeatable")
     args = p.parse_args(argv)
     work = Path(tempfile.mkdtemp(prefix="upr-bench-cpu-"))
     print(f"load average {os.getloadavg()[0]:.1f} at the start", flush=True)
     try:
         with ProcessGroup() as group:
             etcd = start_etcd(group, work)
-            pair = BenchCluster(group, work, etcd, "cpu", args.partitions, replicas=1, size=2, lease_ttl_s=6).start()
+            pair = BenchCluster(group, work, etcd, "cpu", args.partitions, replicas=1, size=2, lease_ttl_s=6,
+                                env=dict(e.split("=", 1) for e in args.env)).start()
             pair.wait_until(pair.placed_and_followed, 300, "every replica in sync")
             actives = pair.actives()
             nodes = [n for n in pair.live() if n.proc is not None]
@@ -104,6 +125,11 @@ def main(argv: list[str] | None = None) -> int:
                       f"per write (both nodes) {per_write:.0f} µs; {sent} sent, {errors} errors; "
                       f"etcd requests {etcd_txt}; replica runs applied inline {moved['inline']:.0f}, on a "
                       f"thread {moved['thread']:.0f}, progress txns {moved['progress txns']:.0f}; load {os.getloadavg()[0]:.1f}", flush=True)
+                # per second per node: the replication path's wake-ups and messages
+                span = (args.seconds + 1) * len(nodes)
+                print("    per node per second: " + ", ".join(
+                    f"{k} {v / span:.1f}" for k, v in moved.items() if k not in ("inline", "thread", "progress txns")),
+                    flush=True)
                 time.sleep(2)
     finally:
         shutil.rmtree(work, ignore_errors=True)

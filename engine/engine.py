@@ -700,17 +700,29 @@ class Engine:
 
         return remove
 
-    def add_persist_listener(self, callback: Callable[[int], None]) -> Callable[[], None]:
+    def add_persist_listener(self, callback: Callable[[int], None], *, eager: bool = True) -> Callable[[], None]:
         """Call ``callback(partition)`` on the flusher's thread after a flush round persisted
         more of that partition (its persisted seqno grew); the callback must be cheap.  WHY: a
         stream that may deliver only persisted writes waits for exactly this, and polling the
-        persisted seqno would cost every waiting stream a wake-up per interval."""
+        persisted seqno would cost every waiting stream a wake-up per interval.
+
+        ``eager``: someone waits on the news (a ``persisted`` stream), so rounds keep the flush
+        interval's cadence while it is registered; a listener that only reports progress (a
+        replica's acker) passes False and lets rounds gather (``engine.flusher.GATHER_S``)."""
+        flusher = self._flusher
         with self._lock:
             self._persist_listeners = [*self._persist_listeners, callback]
+            if eager:
+                flusher.eager_listeners += 1
+        removed = False
 
         def remove() -> None:
+            nonlocal removed
             with self._lock:
                 self._persist_listeners = [cb for cb in self._persist_listeners if cb is not callback]
+                if eager and not removed:
+                    flusher.eager_listeners -= 1
+                removed = True
 
         return remove
 
@@ -728,6 +740,8 @@ class Engine:
             "write_errors_total": float(self.write_errors_total),
             "backpressure_total": float(self.backpressure_total),
             "flush_count": float(f.flushes),
+            "flush_rounds_total": float(f.rounds),
+            "flush_gathered_rounds_total": float(f.gathered_rounds),
             "flush_items_total": float(f.items_flushed),
             "flush_bytes_total": float(f.bytes_flushed),
             "flush_seconds_total": f.flush_seconds,

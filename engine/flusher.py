@@ -45,6 +45,14 @@ log = logging.getLogger(__name__)
 #: the longest an idle flusher sleeps without being woken (a safety net, see ``_sleep_while_idle``)
 IDLE_WAKE_S = 1.0
 
+#: how long a round gathers changes when nobody waits for them to be persisted (no persist
+#: waiter, no eager persist listener: ``Flusher.eager_listeners``), if longer than the interval.
+#: WHY: each round is an LMDB commit and a hand-off to every persist listener, a fixed cost per
+#: round whatever it carries; under a steady stream of small writes (a replicating node) the
+#: interval's cadence made that most of the flusher's work (docs/benchmarks.md, "Cluster":
+#: CPU per replicated bulk).  A waiter still gets a round at once (``wait_for`` kicks).
+GATHER_S = 0.02
+
 #: a partition, its items to persist, the seqno they cover, and the partition's generation when read
 _Work = tuple[Partition, list[Item], int, int]
 
@@ -144,12 +152,18 @@ class Flusher:
         batch_items: int,
         turn: LmdbTurn | None = None,
         max_retry_s: float = 2.0,
+        gather_s: float | None = None,
     ) -> None:
         self._store = store
         self._turn = turn if turn is not None else lmdb_turn()
         self._partitions = partitions
         self._writer_lock = writer_lock
         self._interval = max(interval_s, 0.0005)
+        #: a round's wait while nothing is urgent: never shorter than the interval
+        self._gather = max(self._interval, GATHER_S if gather_s is None else gather_s)
+        #: persist listeners someone waits on (e.g. a ``persisted``-visibility stream): while any
+        #: is registered, rounds keep the interval's cadence (``Engine.add_persist_listener``)
+        self.eager_listeners = 0
         self._batch_items = max(batch_items, 1)
         self._kick = threading.Event()
         self._stop = threading.Event()  # wakes a backoff sleep, which kicks must not cut short
@@ -162,8 +176,10 @@ class Flusher:
         self._stopping = False
         self._thread = threading.Thread(target=self._run, name="upr-flusher", daemon=True)
         self._next_start = 0
-        #: rounds looked for work (``flushes`` counts the ones that committed)
+        #: rounds looked for work (``flushes`` counts the ones that committed), and rounds whose
+        #: wait gathered past the interval because nobody was waiting
         self.rounds = 0
+        self.gathered_rounds = 0
         self.flushes = 0
         self.items_flushed = 0
         self.bytes_flushed = 0
@@ -236,7 +252,7 @@ class Flusher:
             if not more:
                 if not self._kick.is_set():
                     self._sleep_while_idle()
-                self._kick.wait(self._interval)
+                self._wait_for_round()
             self._kick.clear()
             try:
                 more = self.flush_round()
@@ -254,6 +270,25 @@ class Flusher:
                     more = True
                     continue
                 return
+
+    def _wait_for_round(self) -> None:
+        """Wait the interval, then, while nothing is urgent, on up to the gather time: a kick (a
+        persist waiter, backpressure, a stop) or an eager listener ends the wait at the next
+        interval tick at the latest."""
+        kick = self._kick
+        if kick.wait(self._interval) or self._gather <= self._interval:
+            return
+        deadline = time.monotonic() + self._gather - self._interval
+        gathered = False
+        while not (self._waiters or self.eager_listeners or self._stopping):
+            left = deadline - time.monotonic()
+            if left <= 0:
+                break
+            gathered = True
+            if kick.wait(min(left, self._interval)):
+                break
+        if gathered:
+            self.gathered_rounds += 1
 
     def _sleep_while_idle(self) -> None:
         """Sleep while no partition has anything to persist.  The flag is raised before the

@@ -118,6 +118,8 @@ class EtcdClient:
             raise ValueError("at least one etcd endpoint is needed")
         self.endpoints = [e.rstrip("/") for e in endpoints]
         self._http = httpx.AsyncClient(timeout=timeout)
+        #: requests sent (calls and streams opened), for ``/metrics``: what the control plane costs
+        self.requests = 0
 
     async def aclose(self) -> None:
         await self._http.aclose()
@@ -211,6 +213,7 @@ class EtcdClient:
                 return message
             raise EtcdUnavailable(f"etcd closed {path} without an answer")
         last: Exception | None = None
+        self.requests += 1
         for endpoint in self.endpoints:
             try:
                 response = await self._http.post(endpoint + path, json=body)
@@ -222,6 +225,7 @@ class EtcdClient:
 
     async def _stream(self, path: str, body: dict[str, Any]) -> AsyncIterator[dict[str, Any]]:
         last: Exception | None = None
+        self.requests += 1
         for endpoint in self.endpoints:
             try:
                 async with self._http.stream("POST", endpoint + path, json=body, timeout=None) as response:

@@ -105,6 +105,22 @@ class ClusterCollector(Collector):
                                             "etcd transactions that published this node's replica progress")
             published.add_metric([], float(self._replication.progress_txns))
             yield published
+            counts = getattr(self._replication, "counts", None)
+            if counts is not None:
+                events = CounterMetricFamily(
+                    "upr_cluster_replication_events",
+                    "the replica side's per-wake-up work, by event: messages received from actives, takes "
+                    "(applier wake-ups), acks and ack_messages sent, ack_looks (acker wake-ups), "
+                    "persist_handoffs (flusher rounds handed to the loop), flow_acks (flow-control acks)",
+                    labels=["event"])
+                for event in ("messages", "takes", "acks", "ack_messages", "ack_looks", "persist_handoffs",
+                              "flow_acks"):
+                    events.add_metric([event], float(getattr(counts, event)))
+                yield events
+            etcd = getattr(self._replication, "etcd", None)
+            if etcd is not None and hasattr(etcd, "requests"):
+                yield CounterMetricFamily("upr_cluster_etcd_requests", "requests this node sent to etcd",
+                                          value=float(etcd.requests))
         if self._durable is not None:
             failures = CounterMetricFamily("upr_cluster_durable_write_failures",
                                            "durable writes on this node answered ambiguous (504: may have been applied) "

@@ -47,7 +47,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 from app.cluster.etcd import Delete, EtcdClient, EtcdError, Put
@@ -60,6 +60,7 @@ from engine.cluster.replica_sync import Progress, ReplicaSync
 from engine.core.errors import UprError
 from engine.engine import Engine
 from engine.protocol import messages as M
+from engine.protocol.bundle import encode_bundle
 from engine.protocol.client.actions import (
     Deliver,
     Reconnect,
@@ -144,6 +145,8 @@ class ReplicationStreams:
         self.hops = 0
         #: etcd transactions that published progress
         self.progress_txns = 0
+        #: the replication path's wake-ups and messages, over every connection (``/metrics``)
+        self.counts = ReplicationCounts()
         #: the lag benchmark's stamps (``app.cluster.lag_trace``), None unless asked for
         self.trace = ReplicationTrace.from_env()
 
@@ -215,15 +218,22 @@ class ReplicationStreams:
         pacer = self._pacer
         for p in gone:
             pacer.forget(p)
+        waiting: list[tuple[int, ReplicaSync, Progress]] = []
         for p, sync in list(self.syncs.items()):
             source = self._source_of.get(p)
             sync.tick(now, source is not None and self.is_live(source), self.max_down_s)
             progress = sync.changed()
-            if progress is None or not pacer.due(p, now, progress, stream_lost=sync.down_since is not None):
+            if progress is None:
                 continue
-            ops.append(Put(self.layout.replica_progress(p, self.node), json.dumps(progress.to_json()).encode(),
-                           lease))
-            changed.append((p, sync, progress))
+            if pacer.due(p, now, progress, stream_lost=sync.down_since is not None):
+                changed.append((p, sync, progress))
+            else:
+                waiting.append((p, sync, progress))
+        if ops or changed:  # a transaction goes out anyway: moving copies near their age ride along
+            changed += [(p, sync, progress) for p, sync, progress in waiting
+                        if pacer.due(p, now, progress, riding=True)]
+        ops += [Put(self.layout.replica_progress(p, self.node), json.dumps(progress.to_json()).encode(), lease)
+                for p, _sync, progress in changed]
         for i in range(0, len(ops), PUBLISH_OPS):
             await self.etcd.txn((), ops[i:i + PUBLISH_OPS])
             self.progress_txns += 1
@@ -259,7 +269,7 @@ class ReplicationStreams:
 
     async def _connection(self, active: str, url: str, partitions: frozenset[int]) -> None:
         engine = self.engine
-        acker = ReplicaAcker(engine, self.ack_poll_s)
+        acker = ReplicaAcker(engine, self.ack_poll_s, self.counts)
         offsets = {}
         for p in sorted(partitions):
             offset = self._offset(p)
@@ -284,17 +294,21 @@ class ReplicationStreams:
             await self._carry_out(conn, session, session.receive_handshake(first, nbytes))
             log.info("node %s: replicating partitions %s from node %s", self.node, _ranges(partitions), active)
             trace = self.trace
-            inbox = Inbox(stamped=trace is not None)
+            inbox = Inbox(stamped=trace is not None, counts=self.counts)
             reader = asyncio.create_task(inbox.fill(conn), name=f"replication from {active}: receive")
             try:
                 while True:
                     received = await inbox.take_all()
-                    if trace is None:
-                        await self._process(conn, session, acker, received)
-                    else:
-                        arrived, taken = inbox.taken_arrivals, time.monotonic()
-                        await self._process(conn, session, acker, received)
-                        trace.record(received, arrived, taken, time.monotonic())
+                    acker.begin_take()
+                    try:
+                        if trace is None:
+                            await self._process(conn, session, acker, received)
+                        else:
+                            arrived, taken = inbox.taken_arrivals, time.monotonic()
+                            await self._process(conn, session, acker, received)
+                            trace.record(received, arrived, taken, time.monotonic())
+                    finally:
+                        acker.end_take()
                     if acks.done():
                         acks.result()  # the acker's failure (a closed connection) ends this one
             finally:
@@ -326,10 +340,10 @@ class ReplicationStreams:
             await self._processed(conn, session, nbytes)
         await self._apply_run(conn, session, acker, run)
 
-    @staticmethod
-    async def _processed(conn: StreamConnection, session: ClientSession, nbytes: int) -> None:
+    async def _processed(self, conn: StreamConnection, session: ClientSession, nbytes: int) -> None:
         ack = session.processed(nbytes)
         if ack is not None:
+            self.counts.flow_acks += 1
             await conn.send(ack)
 
     async def _apply_run(self, conn: StreamConnection, session: ClientSession, acker: ReplicaAcker,
@@ -476,6 +490,27 @@ def _apply_steps(engine: Engine, steps: list[ItemsStep | MarkerStep]) -> None:
         engine.apply_replica_run(run)
 
 
+@dataclass(slots=True)
+class ReplicationCounts:
+    """What the replica side of this node's replication did, counted for ``/metrics``: the
+    replication path costs per wake-up and per message, not per write, so these are what a
+    change to it moves (``bench/cluster_cpu.py`` prints them per second)."""
+
+    #: messages received from actives (a bundle counts each of its parts)
+    messages: int = 0
+    #: takes from an inbox: each is one wake-up of the applier, whatever it found
+    takes: int = 0
+    #: ``seqno_ack``s sent, and the WebSocket messages they took
+    acks: int = 0
+    ack_messages: int = 0
+    #: acker wake-ups that looked at the engine
+    ack_looks: int = 0
+    #: flusher rounds handed to the event loop by ackers (``call_soon_threadsafe``)
+    persist_handoffs: int = 0
+    #: flow-control ``ack``s sent (bytes processed, for the active's window)
+    flow_acks: int = 0
+
+
 class Inbox:
     """What one replication connection received and nobody processed yet, in arrival order.
 
@@ -486,7 +521,8 @@ class Inbox:
     the active sends at most its window of bytes the replica has not acknowledged, and bytes
     are acknowledged only once applied."""
 
-    def __init__(self, *, stamped: bool = False) -> None:
+    def __init__(self, *, stamped: bool = False, counts: ReplicationCounts | None = None) -> None:
+        self._counts = counts if counts is not None else ReplicationCounts()
         self._items: list[tuple[Any, int]] = []
         self._ready = asyncio.Event()
         self._failure: BaseException | None = None
@@ -506,6 +542,7 @@ class Inbox:
             self.fail(exc)
 
     def put(self, received: tuple[Any, int]) -> None:
+        self._counts.messages += 1
         self._items.append(received)
         if self._arrivals is not None:
             self._arrivals.append(time.monotonic())
@@ -524,6 +561,7 @@ class Inbox:
             self._ready.clear()
             await self._ready.wait()
         items, self._items = self._items, []
+        self._counts.takes += 1
         if self._arrivals is not None:
             self.taken_arrivals, self._arrivals = self._arrivals, []
         return items
@@ -539,10 +577,19 @@ class ReplicaAcker:
     flush interval while something is unpersisted: under a steady write rate that is always, and
     each look read every streamed partition's figures (a fixed cost per interval, not per write).
     ``poll_s`` only bounds how long it trusts the listener alone while a held seqno is not
-    persisted."""
+    persisted.
 
-    def __init__(self, engine: Engine, poll_s: float) -> None:
+    While the applier works on a take (``begin_take`` .. ``end_take``) wake-ups only gather: the
+    take's acks, and a flush round's that came meanwhile, leave as one message when it ends.
+    WHY: each ack message costs both nodes a send, a receive and a decode whatever it carries
+    (docs/benchmarks.md, "Cluster": CPU per replicated bulk); a take is applied in one go, so
+    holding its first partition's ack until its last is applied delays nothing by more than the
+    take itself.  Acks are rendered straight to their JSON text (``ack_text``): the generic
+    encoder was most of an ack's cost."""
+
+    def __init__(self, engine: Engine, poll_s: float, counts: ReplicationCounts | None = None) -> None:
         self.engine, self.poll_s = engine, poll_s
+        self._counts = counts if counts is not None else ReplicationCounts()
         self._wake = asyncio.Event()
         self._streamed: set[int] = set()  # partitions the active streams on this connection
         self._woken: set[int] = set()  # partitions to look at next
@@ -550,6 +597,7 @@ class ReplicaAcker:
         self._persisted: set[int] = set()  # from the flusher's thread, not yet handed to the loop
         self._persisted_lock = threading.Lock()
         self._handing = False
+        self._busy = False  # the applier is on a take: wake-ups wait for its end
         self._loop: asyncio.AbstractEventLoop | None = None
         self.sent = 0  # acks sent
         self.messages = 0  # WebSocket messages they took
@@ -558,7 +606,18 @@ class ReplicaAcker:
     def applied(self, partition: int) -> None:
         self._streamed.add(partition)
         self._woken.add(partition)
-        self._wake.set()
+        if not self._busy:
+            self._wake.set()
+
+    def begin_take(self) -> None:
+        """The applier starts on what it took from the inbox: acks gather until ``end_take``."""
+        self._busy = True
+
+    def end_take(self) -> None:
+        """The take is applied: everything woken meanwhile goes out in one look."""
+        self._busy = False
+        if self._woken:
+            self._wake.set()
 
     def _on_persisted(self, partition: int) -> None:
         """On the flusher's thread, per partition a round persisted: cheap, and one hand-off to
@@ -570,6 +629,7 @@ class ReplicaAcker:
             if self._handing:
                 return
             self._handing = True
+        self._counts.persist_handoffs += 1
         try:
             self._loop.call_soon_threadsafe(self._take_persisted)
         except RuntimeError:  # the loop is closed: the connection is gone
@@ -579,41 +639,60 @@ class ReplicaAcker:
         with self._persisted_lock:
             persisted, self._persisted, self._handing = self._persisted, set(), False
         self._woken |= persisted
-        self._wake.set()
+        if not self._busy:
+            self._wake.set()
 
     async def run(self, conn: StreamConnection) -> None:
         self._loop = asyncio.get_running_loop()
-        remove = self.engine.add_persist_listener(self._on_persisted)
+        # not eager: the active learns of persistence from these acks, but nobody here waits for
+        # it, so the flusher's rounds may gather (``engine.flusher.GATHER_S``)
+        remove = self.engine.add_persist_listener(self._on_persisted, eager=False)
         try:
             await self._run(conn)
         finally:
             remove()
 
+    def _poll(self) -> None:
+        """The safety net: nothing woke the acker for ``poll_s`` while a held seqno waited to be
+        persisted; look at every streamed partition."""
+        self._woken |= self._streamed
+        self._wake.set()
+
     async def _run(self, conn: StreamConnection) -> None:
         pending = False
+        loop = asyncio.get_running_loop()
         while True:
-            if pending:
-                try:
-                    await asyncio.wait_for(self._wake.wait(), self.poll_s)
-                except asyncio.TimeoutError:
-                    self._woken |= self._streamed
-            else:
-                await self._wake.wait()
+            # a timer handle, not ``wait_for``: that costs a task per look, and under writes
+            # something held is always unpersisted
+            timer = loop.call_later(self.poll_s, self._poll) if pending else None
+            await self._wake.wait()
+            if timer is not None:
+                timer.cancel()
             self._wake.clear()
             woken, self._woken = self._woken, set()
             self.looks += 1
-            acks: list[M.SeqnoAck] = []
+            self._counts.ack_looks += 1
+            acks: list[str] = []
             for p in sorted(woken):
                 held = self.engine.replica_held(p)
                 if held != self._sent.get(p):
-                    acks.append(M.SeqnoAck(p, held[0], held[1]))
+                    acks.append(ack_text(p, held[0], held[1]))
                     self._sent[p] = held
             pending = any(received > persisted for received, persisted in self._sent.values())
             for i in range(0, len(acks), ACKS_PER_MESSAGE):
                 # one WebSocket message for many partitions' acks (the hello said bundle: true)
-                await conn.send_bundled(acks[i:i + ACKS_PER_MESSAGE])
+                part = acks[i:i + ACKS_PER_MESSAGE]
+                await conn.ws.send(part[0] if len(part) == 1 else encode_bundle(part))
                 self.messages += 1
+                self._counts.ack_messages += 1
             self.sent += len(acks)
+            self._counts.acks += len(acks)
+
+
+def ack_text(partition: int, received: int, persisted: int) -> str:
+    """``M.encode(M.SeqnoAck(partition, received, persisted))``, rendered directly (the same
+    text: tests/cluster/test_replica_acker.py compares them)."""
+    return f'{{"type":"seqno_ack","partition":{partition},"received":{received},"persisted":{persisted}}}'
 
 
 def _ranges(partitions: frozenset[int]) -> str:

@@ -107,3 +107,26 @@ def test_replication_counters_are_counters() -> None:
     assert got[("upr_cluster_replica_applies_total", (("path", "thread"),))] == 4.0
     assert got[("upr_cluster_replica_progress_writes_total", ())] == 5.0
     assert got[("upr_cluster_replica_rollbacks_total", (("path", "resync"),))] == 2.0
+
+
+def test_the_replication_paths_events_and_etcd_requests_are_counters() -> None:
+    from app.cluster.replication import ReplicationCounts
+
+    class Etcd:
+        requests = 12
+
+    class Replication:
+        undos = resets = inline = hops = progress_txns = 0
+        counts = ReplicationCounts(messages=40, takes=5, acks=9, ack_messages=4, ack_looks=4, persist_handoffs=2,
+                                   flow_acks=1)
+        etcd = Etcd()
+
+    registry = CollectorRegistry()
+    registry.register(ClusterCollector(lambda: view(), Replication()))
+    got = {(s.name, tuple(sorted(s.labels.items()))): s.value
+           for family in text_string_to_metric_families(generate_latest(registry).decode()) for s in family.samples}
+    events = {labels[0][1]: value for (name, labels), value in got.items()
+              if name == "upr_cluster_replication_events_total"}
+    assert events == {"messages": 40.0, "takes": 5.0, "acks": 9.0, "ack_messages": 4.0, "ack_looks": 4.0,
+                      "persist_handoffs": 2.0, "flow_acks": 1.0}
+    assert got[("upr_cluster_etcd_requests_total", ())] == 12.0

@@ -52,3 +52,16 @@ def test_copies_are_paced_apart() -> None:
         pacer.published(p, 0.0, Progress(1, True))
     assert not pacer.due(1, 0.2, Progress(2, True))  # still moving
     assert pacer.due(2, 0.2, Progress(1, False))  # fell out of sync
+
+
+def test_moving_copies_half_their_age_ride_along_with_a_publishing_tick() -> None:
+    pacer = PublishPacer(max_age_s=1.0, settle_s=0.6)
+    pacer.published(1, 0.0, Progress(1, True))
+    pacer.published(2, 0.4, Progress(1, True))
+    pacer.published(3, 0.8, Progress(1, True))
+    for p in (1, 2, 3):
+        pacer.due(p, 0.9, Progress(2, True))  # all three moving
+    assert pacer.due(1, 1.0, Progress(3, True))  # its age: due on its own
+    assert pacer.due(2, 1.0, Progress(3, True), riding=True)  # 0.6 s old: rides along
+    assert not pacer.due(3, 1.0, Progress(3, True), riding=True)  # 0.2 s old: waits
+    assert not pacer.due(2, 1.0, Progress(3, True))  # without a publishing tick it waits too
