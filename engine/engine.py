@@ -707,8 +707,9 @@ class Engine:
         persisted seqno would cost every waiting stream a wake-up per interval.
 
         ``eager``: someone waits on the news (a ``persisted`` stream), so rounds keep the flush
-        interval's cadence while it is registered; a listener that only reports progress (a
-        replica's acker) passes False and lets rounds gather (``engine.flusher.GATHER_S``)."""
+        interval's cadence while it is registered; a listener that only reports progress passes
+        False and lets rounds gather (``engine.flusher.GATHER_S``).  A replica's acker is eager:
+        the active's ``persist_majority`` writes wait for the copy's rounds."""
         flusher = self._flusher
         with self._lock:
             self._persist_listeners = [*self._persist_listeners, callback]

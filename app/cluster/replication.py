@@ -644,9 +644,9 @@ class ReplicaAcker:
 
     async def run(self, conn: StreamConnection) -> None:
         self._loop = asyncio.get_running_loop()
-        # not eager: the active learns of persistence from these acks, but nobody here waits for
-        # it, so the flusher's rounds may gather (``engine.flusher.GATHER_S``)
-        remove = self.engine.add_persist_listener(self._on_persisted, eager=False)
+        # eager: the active's ``persist_majority`` writes wait for this copy's persistence, and a
+        # round gathered here (``engine.flusher.GATHER_S``) would add its wait to each of them
+        remove = self.engine.add_persist_listener(self._on_persisted)
         try:
             await self._run(conn)
         finally:

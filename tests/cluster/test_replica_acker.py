@@ -67,7 +67,7 @@ def test_acks_follow_applies_and_the_flushers_word_without_polling() -> None:
         try:
             await asyncio.sleep(0)
             assert len(engine.listeners) == 1
-            assert engine.eager == [False]  # it lets the flusher's rounds gather
+            assert engine.eager == [True]  # persist_majority writes wait on this copy's rounds
             engine.held = {3: (10, 0), 4: (5, 5)}
             acker.applied(3)
             acker.applied(4)

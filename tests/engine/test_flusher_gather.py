@@ -23,7 +23,7 @@ def test_without_a_waiter_a_round_gathers_and_a_waiter_cuts_it_short(make_engine
                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(flusher_module, "GATHER_S", 3600.0)
     engine = make_engine(flush_interval_ms=1.0)
-    quiet = engine.add_persist_listener(lambda p: None, eager=False)  # a replica's acker: not eager
+    quiet = engine.add_persist_listener(lambda p: None, eager=False)  # a listener that only reports progress
     first = engine.write(WriteOp(Op.MUTATION, "a", b"one", None))
     time.sleep(0.3)  # ~300 intervals: a round keeping the interval's cadence would have persisted it
     assert engine.stats(first.partition).persisted_seqno < first.seqno
