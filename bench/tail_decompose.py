@@ -98,9 +98,12 @@ def decompose(base: Path, logs: list[tuple[str, str, list[tuple[int, int, int, i
         per_gen = {}
         for g in (0, 1, 2):
             walls = [r[2] / 1e6 for r in inside if r[0] == g]
+            cpus = [r[3] / 1e6 for r in inside if r[0] == g]
             if walls:
-                per_gen[f"gen{g}"] = {"n": len(walls), "sum_ms": round(sum(walls), 1),
-                                      **{k: round(v, 2) for k, v in percentiles(walls, (50, 99, 100)).items()}}
+                per_gen[f"gen{g}"] = {"n": len(walls), "wall_sum_ms": round(sum(walls), 1),
+                                      "cpu_sum_ms": round(sum(cpus), 1),
+                                      **{f"wall_{k}": round(v, 2) for k, v in percentiles(walls, (50, 99, 100)).items()},
+                                      **{f"cpu_{k}": round(v, 2) for k, v in percentiles(cpus, (50, 99, 100)).items()}}
         stalls = sorted((r[1], r[1] + r[2]) for r in inside if r[2] >= SLOW_MS * 1e6)
         starts = [a for a, _ in stalls]
         hit = hit_slow = 0
