@@ -3,8 +3,8 @@
 Why: a write queue's ``pvector`` holds only ``Item`` tuples (bytes and ints) and ``None``, so it
 cannot close a cycle, yet CPython's collector visits every one of its slots (pyrsistent's C
 ``tp_traverse`` walks the whole vector) each time it examines the vector.  Every write batch
-publishes a new vector per partition it touched, so each young-generation collection walked
-every queued item of those partitions: its pause grew with the queue, not with the young
+publishes a new vector per partition it touched, so, tracked, each young-generation collection would walk
+every queued item of those partitions: its pause would grow with the queue, not with the young
 generation (docs/benchmarks.md, Peers: tail GC pauses).  Untracked, a vector costs the
 collector nothing; the items it holds stay tracked and are still found reachable (a reference
 from an untracked container counts as an outside reference).
