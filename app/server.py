@@ -18,6 +18,7 @@ import uvicorn
 from app.auth import TokenTable, check_bind, is_loopback
 from app.main import EXIT_UNFLUSHED, create_app
 from app.settings import Settings
+from engine import gc_tuning
 from engine.core.errors import UprError
 
 log = logging.getLogger("upr.server")
@@ -55,6 +56,10 @@ class _Server(uvicorn.Server):
 
     async def startup(self, sockets: list | None = None) -> None:  # type: ignore[type-arg]
         await super().startup(sockets)
+        if self.started:
+            # what is alive now (modules, the app, the opened engine) lives as long as the
+            # process: out of every later collection, a full one examines only what came after
+            gc_tuning.freeze_start_up()
         if self.started and self._ready_file is not None:
             host, port = self.servers[0].sockets[0].getsockname()[:2]
             host = f"[{host}]" if ":" in host else host

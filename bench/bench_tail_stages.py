@@ -83,18 +83,23 @@ def _pct(values: list[float], ps: tuple[float, ...] = (50, 90, 99, 99.9)) -> dic
     return {f"p{p:g}": 1e3 * v[min(len(v) - 1, int(len(v) * p / 100))] for p in ps}
 
 
-async def run(rate: int, seconds: float, flush_interval_ms: float | None = None) -> dict[str, Any]:
-    pauses: list[tuple[int, float]] = []
-    started = [0.0]
+async def run(rate: int, seconds: float, flush_interval_ms: float | None = None,
+              gc_threshold: int | None = None) -> dict[str, Any]:
+    pauses: list[tuple[int, float, float, int]] = []  # generation, wall s, CPU s, young objects
+    started = [0.0, 0.0, 0]
 
     def on_gc(phase: str, info: dict[str, int]) -> None:
         if phase == "start":
-            started[0] = time.perf_counter()
+            started[0], started[1], started[2] = time.perf_counter(), time.thread_time(), gc.get_count()[0]
         else:
-            pauses.append((info["generation"], time.perf_counter() - started[0]))
+            pauses.append((info["generation"], time.perf_counter() - started[0], time.thread_time() - started[1],
+                           started[2]))
 
     with tempfile.TemporaryDirectory() as tmp:
-        extra = {"flush_interval_ms": flush_interval_ms} if flush_interval_ms else {}
+        extra: dict[str, Any] = {"flush_interval_ms": flush_interval_ms} if flush_interval_ms else {}
+        if gc_threshold:
+            gc.set_threshold(gc_threshold, *gc.get_threshold()[1:])
+            extra["gc_young_threshold"] = gc_threshold
         engine = Engine.open(EngineConfig(data_dir=Path(tmp) / "data", partitions=PARTITIONS, **extra))
         runner = EngineRunner(engine)
         metrics = _Metrics()
@@ -157,9 +162,20 @@ async def run(rate: int, seconds: float, flush_interval_ms: float | None = None)
         prev = upto
     return {"hop_ms": _pct(hops), "wake_ms": _pct(wakes), "send_ms": _pct(metrics.delivery.values),
             "total_ms": _pct(totals), "batches": len(starts), "messages": ws.messages, **counts,
-            "gc": {f"gen{g}": {"count": sum(1 for x, _ in pauses if x == g),
-                               "max_ms": 1e3 * max((d for x, d in pauses if x == g), default=0.0),
-                               "sum_ms": 1e3 * sum(d for x, d in pauses if x == g)} for g in (0, 1, 2)}}
+            "gc_threshold": gc.get_threshold(), "gc": _gc_summary(pauses)}
+
+
+def _gc_summary(pauses: list[tuple[int, float, float, int]]) -> dict[str, Any]:
+    """Per generation: collections, their wall and CPU pause percentiles (ms), young objects."""
+    out: dict[str, Any] = {}
+    for g in (0, 1, 2):
+        mine = [p for p in pauses if p[0] == g]
+        if mine:
+            out[f"gen{g}"] = {"count": len(mine), "wall_ms": _pct([p[1] for p in mine], (50, 99, 100)),
+                              "cpu_ms": _pct([p[2] for p in mine], (50, 99, 100)),
+                              "cpu_sum_ms": 1e3 * sum(p[2] for p in mine),
+                              "young_max": max(p[3] for p in mine)}
+    return out
 
 
 def main() -> None:
@@ -168,6 +184,8 @@ def main() -> None:
     ap.add_argument("--seconds", type=float, default=10.0)
     ap.add_argument("--switch-interval", type=float, default=None, help="sys.setswitchinterval for the run")
     ap.add_argument("--flush-interval-ms", type=float, default=None, help="the engine's (default: its own)")
+    ap.add_argument("--gc-threshold", type=int, default=None,
+                    help="the engine's gc_young_threshold (default: EngineConfig's)")
     ap.add_argument("--freeze", action="store_true", help="gc.freeze() before the run (start-up objects out of GC scans)")
     args = ap.parse_args()
     if args.switch_interval:
@@ -175,7 +193,7 @@ def main() -> None:
     if args.freeze:
         gc.collect()
         gc.freeze()
-    r = asyncio.run(run(args.rate, args.seconds, args.flush_interval_ms))
+    r = asyncio.run(run(args.rate, args.seconds, args.flush_interval_ms, args.gc_threshold))
     print(json.dumps({"switch_interval": sys.getswitchinterval(), "freeze": args.freeze,
                       "flush_interval_ms": args.flush_interval_ms, **r}))
 

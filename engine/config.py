@@ -32,6 +32,11 @@ class EngineConfig:
     flush_retry_max_s: float = 2.0
     #: Largest number of items one flush moves in one LMDB write transaction.
     flush_batch_items: int = 50_000
-    #: Raised (never lowered) at ``Engine.open``: CPython's default of 700 makes the cyclic
-    #: GC rescan millions of queued items and cuts ingest ~4x.  None leaves the GC alone.
-    gc_gen0_threshold: int | None = 100_000
+    #: The cyclic GC's thresholds, applied process-wide at ``Engine.open``
+    #: (``engine.core.gc_policy``): generation-0 collections every ``gc_young_threshold``
+    #: allocations, generation 1 every ``gc_middle_threshold`` of those, a full collection at
+    #: most every ``gc_full_interval_s`` (None: CPython's own rule).  ``gc_young_threshold``
+    #: None leaves the GC alone.
+    gc_young_threshold: int | None = 2_000
+    gc_middle_threshold: int = 2
+    gc_full_interval_s: float | None = 120.0

@@ -16,7 +16,6 @@ queue roots.  Listeners are told which partitions moved.  The flusher persists i
 """
 from __future__ import annotations
 
-import gc
 import logging
 import threading
 import time
@@ -25,6 +24,7 @@ from concurrent.futures import Future
 
 import lmdb
 
+from engine import gc_tuning
 from engine.batch_writer import BatchWriter
 from engine.config import EngineConfig
 from engine.core import failover, failover_policy
@@ -39,6 +39,7 @@ from engine.core.errors import (
     SeqnoRangeError,
     UprError,
 )
+from engine.core.gc_policy import GcPolicy
 from engine.core.keys import encode_key, partition_for_key
 from engine.core.replica_snapshots import ReplicaSnapshots, SnapshotMark
 from engine.core.types import (
@@ -64,23 +65,6 @@ from engine.storage.store import Store
 from engine.writequeue import WriteQueue
 
 log = logging.getLogger(__name__)
-
-
-def tune_gc(gen0_threshold: int | None) -> None:
-    """Raise the cyclic GC's generation-0 threshold (never lower it).
-
-    Why: every queued write allocates a few tracked objects (Item, WriteResult, evolver
-    nodes) and millions of them stay alive in the queues.  With CPython's default threshold
-    (700) the collector runs every few hundred writes and its older generations rescan the
-    whole queue, which cuts ingest to about a quarter (see docs/benchmarks.md, Engine: the
-    raw figures run under the same threshold).
-    The engine makes almost no reference cycles, so collecting less often costs little.
-    """
-    if not gen0_threshold:
-        return
-    t0, t1, t2 = gc.get_threshold()
-    if gen0_threshold > t0:
-        gc.set_threshold(gen0_threshold, t1, t2)
 
 
 class Engine:
@@ -118,7 +102,8 @@ class Engine:
         """
         if config.partitions < 1:
             raise InvalidInput("partitions must be at least 1", field="partitions")
-        tune_gc(config.gc_gen0_threshold)
+        if config.gc_young_threshold:
+            gc_tuning.apply(GcPolicy(config.gc_young_threshold, config.gc_middle_threshold, config.gc_full_interval_s))
         opened = Store.open(config.data_dir, config.partitions, config.lmdb_map_size, config.failover_log_cap)
         parts = [
             Partition(

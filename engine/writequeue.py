@@ -28,11 +28,14 @@ from typing import NamedTuple
 from pyrsistent import PVector, pvector
 
 from engine.core.types import Item
+from engine.gc_untrack import untrack
 
 #: Python object overhead counted per queued item for backpressure (tuple, ints, bytes headers).
 ITEM_OVERHEAD = 200
 _REBASE_MIN = 1024
-_EMPTY: PVector = pvector()
+# Every vector the queue publishes holds only Items and None: it cannot be part of a cycle, and
+# left tracked the cyclic GC would walk all its slots on every collection it is examined in.
+_EMPTY: PVector = untrack(pvector())
 _key_of = itemgetter(0)  # Item.key
 _value_of = itemgetter(5)  # Item.value
 
@@ -84,7 +87,7 @@ class QueueBatch:
 
     def publish(self) -> None:
         queue = self.queue
-        queue.root = QueueRoot(self.ev.persistent(), self.base, self.next_seqno - 1, queue.persisted)
+        queue.root = QueueRoot(untrack(self.ev.persistent()), self.base, self.next_seqno - 1, queue.persisted)
 
 
 class WriteQueue:
@@ -165,7 +168,7 @@ class WriteQueue:
         if prefix >= size:
             self.root = QueueRoot(_EMPTY, persisted + 1, root.high, persisted)
         elif prefix >= _REBASE_MIN and prefix * 2 >= size:
-            self.root = QueueRoot(root.vec[prefix:], persisted + 1, root.high, persisted)
+            self.root = QueueRoot(untrack(root.vec[prefix:]), persisted + 1, root.high, persisted)
         else:
             self.root = root._replace(persisted=persisted)
             return None

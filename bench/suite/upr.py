@@ -116,6 +116,12 @@ class UprSystem(System):
     async def writer(self) -> _Writer:
         return _Writer(self._http, self.write_durability)
 
+    async def metrics_text(self) -> str:
+        """The server's Prometheus text (the tail workload keeps it beside its timings)."""
+        r = await self._http.get("/metrics")
+        r.raise_for_status()
+        return str(r.text)
+
     def consumer_conn(self) -> dict[str, Any]:
         return {"ws_url": self.url.replace("http://", "ws://", 1) + "/stream"}
 

@@ -12,6 +12,7 @@
 from __future__ import annotations
 
 import asyncio
+import os
 import time
 from array import array
 from dataclasses import dataclass
@@ -158,6 +159,7 @@ async def tail(system: System, ctx: Ctx, per_s: int) -> list[Row]:
     wall, srv, me = time.monotonic() - t0, ctx.procs.cpu_seconds() - srv0, time.process_time() - me0
     recv = array("q")
     recv.frombytes(out.read_bytes())
+    await _dump_tail(system, f"{system.name}-tail-{per_s}", p, recv)
     ack_lat, send_lat, early = [], [], 0
     for i in range(p.written):
         r = recv[i]
@@ -185,6 +187,22 @@ async def tail(system: System, ctx: Ctx, per_s: int) -> list[Row]:
     detail += "; " + _cpu(metrics, wall, srv, writer=me, consumer=res["cpu_s"])
     return [Row(f"tail {per_s:,}/s", system.name, lat["p99"], "ms p99", better="lower", metrics=metrics,
                 detail=detail)]
+
+
+async def _dump_tail(system: System, name: str, p: Paced, recv: array) -> None:  # type: ignore[type-arg]
+    """Keep each write's send, ack and receipt times (and the server's metrics, if it has them)
+    in ``$UPR_BENCH_TAIL_DUMP``, so a run's slow writes can be matched with what the processes
+    did then (``bench.tail_decompose``)."""
+    where = os.environ.get("UPR_BENCH_TAIL_DUMP")
+    if not where:
+        return
+    base = Path(where) / name
+    base.with_suffix(".sent").write_bytes(p.sent.tobytes())
+    base.with_suffix(".acked").write_bytes(p.acked.tobytes())
+    base.with_suffix(".recv").write_bytes(recv.tobytes())
+    metrics_text = getattr(system, "metrics_text", None)
+    if metrics_text is not None:
+        base.with_suffix(".metrics").write_text(await metrics_text())
 
 
 async def fanout(system: System, ctx: Ctx) -> list[Row]:
