@@ -231,6 +231,9 @@ class HandoverParticipant:
         self._current: PartitionMap | None = None
         #: the newest map a watch event carried, and its etcd mod revision
         self._map_kv: tuple[bytes, int] | None = None
+        #: partition -> the target of the switch this node, its source, has sent to etcd and not
+        #: yet seen answered: writes refused here go on to that target now (``switching_to``)
+        self._switching: dict[int, str] = {}
 
     async def load(self) -> None:
         kvs, revision = await self.store.etcd.get_prefix(self.store._partitions)
@@ -392,9 +395,18 @@ class HandoverParticipant:
         finally:
             self._parked -= 1
 
+    def switching_to(self, partition: int) -> str | None:
+        """The node a write refused here for ``partition`` should go to before the map says so:
+        the target of the switch this node has sent and etcd has not answered yet.  WHY: the
+        answer reaches a busy source's loop tens of milliseconds after the target, watching the
+        map, took over (docs/benchmarks.md, Cluster: "Switch announced"); the target holds such
+        a write until its takeover (``until_active``), so sending it there early costs nothing
+        but saves the pause that wait.  Writes stay stopped here whatever etcd answers."""
+        return self._switching.get(partition)
+
     def _pause_ended(self, partition: int) -> bool:
         current = self._current
-        if not self.in_handover(partition):
+        if not self.in_handover(partition) or partition in self._switching:
             return True
         return current is not None and (current.active_of(partition) != self.node
                                         or not self.engine.writes_stopped(partition))
@@ -411,7 +423,10 @@ class HandoverParticipant:
         stopped writes (the record is fenced) while the copy here is not active yet: a write
         that arrives now is one the switch is about to make this node's."""
         stored = self.records.get(partition)
-        return (stored is not None and stored.handover.target == self.node and stored.handover.fenced_at is not None
+        # fenced or not: the source sends writes here as soon as it has sent the switch, which
+        # records the fence in the same transaction, so a write may arrive before this node has
+        # seen that transaction (it is held, never applied, until the takeover or ``timeout_s``)
+        return (stored is not None and stored.handover.target == self.node
                 and self.engine.state(partition) is not PartitionState.ACTIVE)
 
     async def until_active(self, partition: int, timeout_s: float) -> bool:
@@ -459,9 +474,16 @@ class HandoverParticipant:
                 return None
             key = self.store.record_key(fenced.partition)
             raw = _dumps(new.to_json())
-            done = await self.store.etcd.txn(
-                [Compare(key, "mod", stored.mod_revision), Compare(self.maps.layout.map, "mod", mod_revision)],
-                [Put(key, _dumps(fenced.to_json())), Put(self.maps.layout.map, raw)])
+            p = fenced.partition
+            # the writes held by the pause go to the target while etcd commits (``switching_to``)
+            self._switching[p] = fenced.target
+            self._release()
+            try:
+                done = await self.store.etcd.txn(
+                    [Compare(key, "mod", stored.mod_revision), Compare(self.maps.layout.map, "mod", mod_revision)],
+                    [Put(key, _dumps(fenced.to_json())), Put(self.maps.layout.map, raw)])
+            finally:
+                self._switching.pop(p, None)
             if done.succeeded:
                 self._map_kv = (raw, done.revision)
                 if self._current is None or new.revision > self._current.revision:

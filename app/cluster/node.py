@@ -485,6 +485,9 @@ class ClusterNode:
     def misdirected(self, partition: int) -> dict[str, Any]:
         """Who serves ``partition`` according to the newest map (for a 421 or ``not_my_partition``)."""
         active = self.map.active_of(partition) if 0 <= partition < self.map.num_partitions else None
+        if active == self.name:
+            # this node's switch of the partition is in etcd's hands: the target holds the write
+            active = self.handover.switching_to(partition) or active
         return {"active": active, "url": self.nodes.get(active) if active else None,
                 "map_revision": self.map.revision}
 
