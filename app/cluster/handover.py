@@ -171,8 +171,11 @@ class HandoverParticipant:
        ``catch_up_items`` of the partition (Couchbase's takeover streams until the replica is
        nearly caught up before it sets the vbucket dead), or ``catch_up_wait_s`` passed, so the
        pause is not spent streaming a backlog a busy target built up; then, for at most
-       ``settle_wait_s``, until it is within ``settle_items`` (a handful), so what the stream
-       carries after the fence is the few items in flight, not up to ``catch_up_items``;
+       ``settle_wait_s``, until it is within ``settle_items`` (none by default: the moment the
+       target has acknowledged everything, between two writes), so the fence usually finds the
+       target's acknowledgement already there and waits for no stream round trip, which on a
+       busy pair of nodes is the longest step of the pause; writes go on while it settles, so
+       settling costs the pause nothing;
     2. **fence**: ``Engine.stop_writes``, then the target's acknowledgement of the fenced seqno
        (up to ``ack_wait_s``), recorded with ``fenced_at`` and, the map allowing, the switched map
        in one write; an acknowledgement that comes later is added in a second write, with the
@@ -198,7 +201,7 @@ class HandoverParticipant:
                  on_ack: Callable[[Callable[[int], None]], Callable[[], None]] | None = None,
                  ack_wait_s: float = 0.5, late_ack_wait_s: float = 10.0, catch_up_items: int = 256,
                  catch_up_wait_s: float = 10.0, max_parked: int = 1024,
-                 on_switched: Callable[[bytes, int], None] | None = None, settle_items: int = 16,
+                 on_switched: Callable[[bytes, int], None] | None = None, settle_items: int = 0,
                  settle_wait_s: float = 0.2) -> None:
         self.store = HandoverStore(etcd, layout)
         self.maps = MapStore(etcd, layout)
