@@ -404,7 +404,7 @@ class HandoverParticipant:
         answer reaches a busy source's loop tens of milliseconds after the target, watching the
         map, took over (docs/benchmarks.md, Cluster: "Switch announced"); the target holds such
         a write until its takeover (``until_active``), so sending it there early costs nothing
-        but saves the pause that wait.  Writes stay stopped here whatever etcd answers."""
+        and takes that wait out of the pause.  Writes stay stopped here whatever etcd answers."""
         return self._switching.get(partition)
 
     def _pause_ended(self, partition: int) -> bool:
@@ -422,9 +422,9 @@ class HandoverParticipant:
 
     # ------------------------------------------------------------------ writes at the target
     def taking_over(self, partition: int) -> bool:
-        """Whether this node is the target of ``partition``'s handover and its source has
-        stopped writes (the record is fenced) while the copy here is not active yet: a write
-        that arrives now is one the switch is about to make this node's."""
+        """Whether this node is the target of ``partition``'s handover in flight while the copy
+        here is not active yet: a write that arrives now was sent here by the source, whose
+        switch is about to make it this node's."""
         stored = self.records.get(partition)
         # fenced or not: the source sends writes here as soon as it has sent the switch, which
         # records the fence in the same transaction, so a write may arrive before this node has
