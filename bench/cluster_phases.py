@@ -15,12 +15,13 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import time
 from dataclasses import dataclass, field
 
 from bench.cluster_figures import summary_ms
 
-__all__ = ["HandoverMarks", "PhaseWatch", "PHASES", "phase_rows", "etcd_counts"]
+__all__ = ["HandoverMarks", "PhaseWatch", "PHASES", "phase_rows", "etcd_counts", "fence_steps", "step_rows"]
 
 
 @dataclass
@@ -158,3 +159,47 @@ async def etcd_counts(client: object, etcd_url: str) -> dict[str, float]:
             if line.startswith(f"etcd_mvcc_{name}_total "):
                 out[name] = float(line.split()[1])
     return out
+
+
+#: a source's fence line ends with its steps: "...; catch-up 0 ms, stop 1 ms, ack of 1 item(s) 9 ms, switch 31 ms"
+_FENCE = re.compile(r"stopped taking writes at seqno \d+.*; (?P<steps>(?:[a-z -]+(?: of \d+ item\(s\))? \d+ ms(?:, )?)+)$")
+_STEP = re.compile(r"(?P<name>[a-z -]+?)(?: of (?P<items>\d+) item\(s\))? (?P<ms>\d+) ms")
+#: a target's takeover line: "..., 12 ms after the map came, 0 ms of them in take_over)"
+_TAKEOVER = re.compile(r"taken over as active .*?(?P<after>\d+) ms after the map came, (?P<own>\d+) ms of them in take_over")
+
+
+def fence_steps(log_lines: list[str]) -> dict[str, list[float]]:
+    """Milliseconds of each step of every fence and takeover the nodes logged: the source's
+    catch-up (writes still going), stop, the target's acknowledgement of the last items
+    ("ack"), the etcd transaction from send to answer ("switch", or "record" when the fence
+    was recorded alone), and the target's wait from the map's arrival to its takeover.  The
+    items the last acknowledgement covered are under "ack items"."""
+    out: dict[str, list[float]] = {}
+    for line in log_lines:
+        line = line.rstrip()
+        fence = _FENCE.search(line)
+        if fence is not None:
+            for step in _STEP.finditer(fence.group("steps")):
+                name = step.group("name").strip()
+                out.setdefault(f"source: {name}", []).append(float(step.group("ms")))
+                if step.group("items") is not None:
+                    out.setdefault("source: ack items", []).append(float(step.group("items")))
+            continue
+        takeover = _TAKEOVER.search(line)
+        if takeover is not None:
+            out.setdefault("target: map came -> taken over", []).append(float(takeover.group("after")))
+            out.setdefault("target: in take_over", []).append(float(takeover.group("own")))
+    return out
+
+
+def step_rows(steps: dict[str, list[float]]) -> list[tuple[str, str]]:
+    """(step, "p50 / p99 / max over n") for ``fence_steps``' figures."""
+    rows = []
+    for name, values in steps.items():
+        s = summary_ms(sorted(v / 1000 for v in values)) if "items" not in name else None
+        if s is None:
+            values = sorted(values)
+            rows.append((name, f"median {values[len(values) // 2]:.0f}, max {values[-1]:.0f} over {len(values)}"))
+        else:
+            rows.append((name, f"p50 {s['p50']:.0f} ms, p99 {s['p99']:.0f} ms, max {s['p100']:.0f} ms over {len(values)}"))
+    return rows

@@ -39,7 +39,7 @@ import httpx
 
 from bench import proc_cpu
 from bench.cluster_figures import Figure, summary_ms, verdict
-from bench.cluster_phases import HandoverMarks, PhaseWatch, etcd_counts, phase_rows
+from bench.cluster_phases import HandoverMarks, PhaseWatch, etcd_counts, fence_steps, phase_rows, step_rows
 from bench.cluster_procs import BenchCluster, Node, partition_of, progress
 from bench.suite.procs import ProcessGroup, free_port
 
@@ -78,6 +78,8 @@ class RebalanceRun:
     cpu: dict[str, tuple[dict[str, float], float]] = field(default_factory=dict)
     #: node -> its lock-hold figures over the rebalance (``engine.lock_holds``, ``_holds``)
     holds: dict[str, dict[str, float]] = field(default_factory=dict)
+    #: step -> milliseconds of it in each fence and takeover, from the nodes' logs (``fence_steps``)
+    steps: dict[str, list[float]] = field(default_factory=dict)
 
 
 #: seconds the probes are timed before the rebalance starts (the baseline with nothing moving)
@@ -319,6 +321,10 @@ def measure_rebalance(group: ProcessGroup, work: Path, etcd: str, args: argparse
                            60, "the new node up")
         run = asyncio.run(_rebalance(cluster, new, args))
         run.backfill_items, run.backfill_s = count, seconds
+        lines: list[str] = []
+        for log_file in sorted((work / "rb").glob("*/server.log")):
+            lines.extend(log_file.read_text(errors="replace").splitlines())
+        run.steps = fence_steps(lines)
         progress(f"rebalance: {run.moved} active(s) moved, {run.transferred:,} items transferred in "
                  f"{run.rebalance_s:.1f} s")
         return run
@@ -349,6 +355,11 @@ def rebalance_figures(run: RebalanceRun, args: argparse.Namespace) -> list[Figur
                "independent of the machine's load"),
         *(Figure(f"handover phase: {label}", result, "—", "—")
           for label, result in phase_rows(run.marks, run.moved_partitions)),
+        *(Figure(f"fence step: {label}", result, "—", "—",
+                 "from the nodes' log lines (host monotonic clock, each node's own): source: catch-up (writes "
+                 "still taken), stop, ack (the target's acknowledgement of the last items), switch (the etcd "
+                 "transaction, sent -> answered); target: the map's arrival -> its takeover")
+          for label, result in step_rows(run.steps)),
         Figure("any accepted probe write during the rebalance: sent -> answered", _latency(run.accepted_s), "—", "—",
                "every partition's probe, moving or not: the baseline for 'accepted write sent -> answered' "
                "(the first write a new active answers)"),

@@ -171,8 +171,11 @@ class HandoverParticipant:
        ``catch_up_items`` of the partition (Couchbase's takeover streams until the replica is
        nearly caught up before it sets the vbucket dead), or ``catch_up_wait_s`` passed, so the
        pause is not spent streaming a backlog a busy target built up; then, for at most
-       ``settle_wait_s``, until it is within ``settle_items`` (a handful), so what the stream
-       carries after the fence is the few items in flight, not up to ``catch_up_items``;
+       ``settle_wait_s``, until it is within ``settle_items`` (none by default: the moment the
+       target has acknowledged everything, between two writes), so the fence usually finds the
+       target's acknowledgement already there and waits for no stream round trip, which on a
+       busy pair of nodes is the longest step of the pause; writes go on while it settles, so
+       settling costs the pause nothing;
     2. **fence**: ``Engine.stop_writes``, then the target's acknowledgement of the fenced seqno
        (up to ``ack_wait_s``), recorded with ``fenced_at`` and, the map allowing, the switched map
        in one write; an acknowledgement that comes later is added in a second write, with the
@@ -198,7 +201,7 @@ class HandoverParticipant:
                  on_ack: Callable[[Callable[[int], None]], Callable[[], None]] | None = None,
                  ack_wait_s: float = 0.5, late_ack_wait_s: float = 10.0, catch_up_items: int = 256,
                  catch_up_wait_s: float = 10.0, max_parked: int = 1024,
-                 on_switched: Callable[[bytes, int], None] | None = None, settle_items: int = 16,
+                 on_switched: Callable[[bytes, int], None] | None = None, settle_items: int = 0,
                  settle_wait_s: float = 0.2) -> None:
         self.store = HandoverStore(etcd, layout)
         self.maps = MapStore(etcd, layout)
@@ -231,6 +234,9 @@ class HandoverParticipant:
         self._current: PartitionMap | None = None
         #: the newest map a watch event carried, and its etcd mod revision
         self._map_kv: tuple[bytes, int] | None = None
+        #: partition -> the target of the switch this node, its source, has sent to etcd and not
+        #: yet seen answered: writes refused here go on to that target now (``switching_to``)
+        self._switching: dict[int, str] = {}
 
     async def load(self) -> None:
         kvs, revision = await self.store.etcd.get_prefix(self.store._partitions)
@@ -392,9 +398,18 @@ class HandoverParticipant:
         finally:
             self._parked -= 1
 
+    def switching_to(self, partition: int) -> str | None:
+        """The node a write refused here for ``partition`` should go to before the map says so:
+        the target of the switch this node has sent and etcd has not answered yet.  WHY: the
+        answer reaches a busy source's loop tens of milliseconds after the target, watching the
+        map, took over (docs/benchmarks.md, Cluster: "Switch announced"); the target holds such
+        a write until its takeover (``until_active``), so sending it there early costs nothing
+        and takes that wait out of the pause.  Writes stay stopped here whatever etcd answers."""
+        return self._switching.get(partition)
+
     def _pause_ended(self, partition: int) -> bool:
         current = self._current
-        if not self.in_handover(partition):
+        if not self.in_handover(partition) or partition in self._switching:
             return True
         return current is not None and (current.active_of(partition) != self.node
                                         or not self.engine.writes_stopped(partition))
@@ -407,11 +422,14 @@ class HandoverParticipant:
 
     # ------------------------------------------------------------------ writes at the target
     def taking_over(self, partition: int) -> bool:
-        """Whether this node is the target of ``partition``'s handover and its source has
-        stopped writes (the record is fenced) while the copy here is not active yet: a write
-        that arrives now is one the switch is about to make this node's."""
+        """Whether this node is the target of ``partition``'s handover in flight while the copy
+        here is not active yet: a write that arrives now was sent here by the source, whose
+        switch is about to make it this node's."""
         stored = self.records.get(partition)
-        return (stored is not None and stored.handover.target == self.node and stored.handover.fenced_at is not None
+        # fenced or not: the source sends writes here as soon as it has sent the switch, which
+        # records the fence in the same transaction, so a write may arrive before this node has
+        # seen that transaction (it is held, never applied, until the takeover or ``timeout_s``)
+        return (stored is not None and stored.handover.target == self.node
                 and self.engine.state(partition) is not PartitionState.ACTIVE)
 
     async def until_active(self, partition: int, timeout_s: float) -> bool:
@@ -459,9 +477,16 @@ class HandoverParticipant:
                 return None
             key = self.store.record_key(fenced.partition)
             raw = _dumps(new.to_json())
-            done = await self.store.etcd.txn(
-                [Compare(key, "mod", stored.mod_revision), Compare(self.maps.layout.map, "mod", mod_revision)],
-                [Put(key, _dumps(fenced.to_json())), Put(self.maps.layout.map, raw)])
+            p = fenced.partition
+            # the writes held by the pause go to the target while etcd commits (``switching_to``)
+            self._switching[p] = fenced.target
+            self._release()
+            try:
+                done = await self.store.etcd.txn(
+                    [Compare(key, "mod", stored.mod_revision), Compare(self.maps.layout.map, "mod", mod_revision)],
+                    [Put(key, _dumps(fenced.to_json())), Put(self.maps.layout.map, raw)])
+            finally:
+                self._switching.pop(p, None)
             if done.succeeded:
                 self._map_kv = (raw, done.revision)
                 if self._current is None or new.revision > self._current.revision:

@@ -150,7 +150,8 @@ class ClusterNode:
         # than a dead active's lease takes to expire, so a dead active's replicas stay promotable
         self.replication = ReplicationStreams(engine, self.name, self.etcd, self.layout, self._lease,
                                               max_down_s=2.0 * config.lease_ttl_s + 1.0,
-                                              is_live=lambda node: node in self.nodes, token=config.token)
+                                              is_live=lambda node: node in self.nodes, token=config.token,
+                                              ack_at_once=lambda p: self.handover.taking_over(p))
         #: durable writes of the partitions this node is active for, fed by its replicas' acks
         self.durable = DurableWrites(engine, self.name, is_live=lambda node: node in self.nodes)
         self._orchestrator_task: asyncio.Task[None] | None = None
@@ -485,6 +486,9 @@ class ClusterNode:
     def misdirected(self, partition: int) -> dict[str, Any]:
         """Who serves ``partition`` according to the newest map (for a 421 or ``not_my_partition``)."""
         active = self.map.active_of(partition) if 0 <= partition < self.map.num_partitions else None
+        if active == self.name:
+            # this node's switch of the partition is in etcd's hands: the target holds the write
+            active = self.handover.switching_to(partition) or active
         return {"active": active, "url": self.nodes.get(active) if active else None,
                 "map_revision": self.map.revision}
 

@@ -113,8 +113,11 @@ class ReplicationStreams:
                  publish_settle_s: float = 0.6, open_timeout_s: float = 5.0, max_backoff_s: float = 2.0,
                  max_frame_bytes: int = 64 << 20, max_down_s: float = 10.0,
                  is_live: Callable[[str], bool] = lambda node: True, ack_poll_s: float | None = None,
-                 token: str | None = None) -> None:
+                 token: str | None = None, ack_at_once: Callable[[int], bool] | None = None) -> None:
         self.engine, self.node, self.etcd, self.layout, self.lease = engine, node, etcd, layout, lease
+        #: whether a partition's acks skip the take's gathering (``ReplicaAcker``): a handover's
+        #: target, whose source's write pause waits for them
+        self.ack_at_once = ack_at_once
         #: bearer token for the actives' stream endpoints (admin role when they check tokens)
         self.token = token
         self.publish_interval_s = publish_interval_s
@@ -269,7 +272,7 @@ class ReplicationStreams:
 
     async def _connection(self, active: str, url: str, partitions: frozenset[int]) -> None:
         engine = self.engine
-        acker = ReplicaAcker(engine, self.ack_poll_s, self.counts)
+        acker = ReplicaAcker(engine, self.ack_poll_s, self.counts, at_once=self.ack_at_once)
         offsets = {}
         for p in sorted(partitions):
             offset = self._offset(p)
@@ -584,11 +587,16 @@ class ReplicaAcker:
     WHY: each ack message costs both nodes a send, a receive and a decode whatever it carries
     (docs/benchmarks.md, "Cluster": CPU per replicated bulk); a take is applied in one go, so
     holding its first partition's ack until its last is applied delays nothing by more than the
-    take itself.  Acks are rendered straight to their JSON text (``ack_text``): the generic
+    take itself, except for a partition ``at_once`` names (a handover's target: its source's
+    write pause waits for the ack).  Acks are rendered straight to their JSON text (``ack_text``): the generic
     encoder was most of an ack's cost."""
 
-    def __init__(self, engine: Engine, poll_s: float, counts: ReplicationCounts | None = None) -> None:
+    def __init__(self, engine: Engine, poll_s: float, counts: ReplicationCounts | None = None, *,
+                 at_once: Callable[[int], bool] | None = None) -> None:
         self.engine, self.poll_s = engine, poll_s
+        #: partitions whose acks leave as soon as they are applied, the take's end not awaited:
+        #: a handover's source holds its writes paused until the last items are acknowledged
+        self._at_once = at_once
         self._counts = counts if counts is not None else ReplicationCounts()
         self._wake = asyncio.Event()
         self._streamed: set[int] = set()  # partitions the active streams on this connection
@@ -606,7 +614,7 @@ class ReplicaAcker:
     def applied(self, partition: int) -> None:
         self._streamed.add(partition)
         self._woken.add(partition)
-        if not self._busy:
+        if not self._busy or (self._at_once is not None and self._at_once(partition)):
             self._wake.set()
 
     def begin_take(self) -> None:

@@ -237,3 +237,25 @@ def test_probe_answers_give_the_pause_and_the_handover_marks() -> None:
     assert (m.first_refused, m.first_misdirected, m.accepted_sent, m.accepted) == (1.02, 1.30, 1.31, 1.40)
     assert 1 not in phases.marks
     assert _accepted_within(answers, 1.0, 2.0) == [pytest.approx(0.09), pytest.approx(0.04)]
+
+
+def test_fence_steps_are_read_from_the_nodes_log_lines() -> None:
+    from bench.cluster_phases import fence_steps, step_rows
+
+    lines = [
+        "WARNING node rb1: partition 3 stopped taking writes at seqno 12 and, acknowledged by node rb3, is active "
+        "there from map revision 7 (switched by its source); catch-up 4 ms, stop 1 ms, ack of 2 item(s) 9 ms, "
+        "switch 31 ms",
+        "WARNING node rb2: partition 5 stopped taking writes at seqno 8 for its handover to node rb3; catch-up 0 ms, "
+        "stop 0 ms, ack 500 ms, record 20 ms",
+        "WARNING node rb3: partition 3 taken over as active (map revision 7, 12 ms after the map came, 1 ms of them "
+        "in take_over), failover log kept",
+        "WARNING node rb3: partition 9 promoted to active (map revision 8): new history branch 1 at seqno 4",
+    ]
+    steps = fence_steps(lines)
+    assert steps == {"source: catch-up": [4.0, 0.0], "source: stop": [1.0, 0.0], "source: ack": [9.0, 500.0],
+                     "source: ack items": [2.0], "source: switch": [31.0], "source: record": [20.0],
+                     "target: map came -> taken over": [12.0], "target: in take_over": [1.0]}
+    rows = dict(step_rows(steps))
+    assert rows["source: ack"] == "p50 9 ms, p99 500 ms, max 500 ms over 2"
+    assert rows["source: ack items"] == "median 2, max 2 over 1"

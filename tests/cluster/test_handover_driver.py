@@ -138,7 +138,7 @@ async def test_a_source_stops_writes_for_its_records_and_takes_them_again_when_c
 
 
 async def test_a_source_whose_target_acknowledged_the_fence_switches_the_map_in_the_same_write(
-        client: EtcdClient, tmp_path: Path) -> None:
+        client: EtcdClient, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     layout = Layout(f"/upr/{uuid.uuid4().hex[:8]}")
     store, maps = HandoverStore(client, layout), MapStore(client, layout)
     assert await maps.publish(MAP, 0)
@@ -149,6 +149,16 @@ async def test_a_source_whose_target_acknowledged_the_fence_switches_the_map_in_
         await client.put(store.record_key(0), json.dumps(Handover(0, "a", "b", kind="rebalance").to_json()).encode())
         published: list[tuple[bytes, int]] = []
         node.on_switched = lambda raw, revision: published.append((raw, revision))
+        # while etcd commits the switch, a write refused here already goes on to the target
+        in_flight: list[tuple[str | None, bool]] = []
+        real_txn = client.txn
+
+        async def txn(compares, ops):  # type: ignore[no-untyped-def]
+            refused_now = asyncio.create_task(node.until_settled(0, 10.0))
+            await asyncio.sleep(0.05)
+            in_flight.append((node.switching_to(0), refused_now.done() and refused_now.result()))
+            return await real_txn(compares, ops)
+        monkeypatch.setattr(client, "txn", txn)
         await node.load()
         await node.follow(MAP)
         await asyncio.sleep(0.1)
@@ -171,6 +181,8 @@ async def test_a_source_whose_target_acknowledged_the_fence_switches_the_map_in_
         # held write goes on to the target, neither waiting for the watch
         assert [(PartitionMap.from_json(json.loads(raw)), rev) for raw, rev in published] == [(switched, mod)]
         assert await asyncio.wait_for(waiting, 5.0)
+        assert in_flight == [("b", True)]
+        assert node.switching_to(0) is None  # answered: the map itself names the target now
 
 
 async def test_a_write_refused_during_its_handover_waits_until_the_map_names_the_target(
@@ -203,8 +215,10 @@ async def test_a_target_holds_a_write_between_the_fence_and_its_takeover(client:
         target = HandoverParticipant(client, layout, engine, "b")
         await client.put(store.record_key(0), json.dumps(Handover(0, "a", "b").to_json()).encode())
         await target.load()
-        assert not target.taking_over(0)  # not fenced yet: the source still takes writes
-        assert not await target.until_active(0, 5.0)  # so no wait: refused (a 421 to the source)
+        # not fenced as this node sees it, yet held: the source sends writes here once it has
+        # sent the switch, before this node sees the transaction that fences and switches
+        assert target.taking_over(0)
+        assert not await target.until_active(0, 0.05)  # bounded: then refused (a 421 to the source)
         await client.put(store.record_key(0), json.dumps(Handover(0, "a", "b", fenced_at=0).to_json()).encode())
         await target.load()
         assert target.taking_over(0)

@@ -115,6 +115,28 @@ def test_a_take_sends_one_message_with_what_a_flush_round_moved_meanwhile() -> N
     asyncio.run(scenario())
 
 
+def test_a_handover_targets_partition_is_acked_at_once_during_a_take() -> None:
+    async def scenario() -> None:
+        engine, conn = Engine(), Conn()
+        acker = ReplicaAcker(engine, poll_s=3600.0, at_once=lambda p: p == 7)
+        task = asyncio.create_task(acker.run(conn))  # type: ignore[arg-type]
+        try:
+            await asyncio.sleep(0)
+            acker.begin_take()
+            engine.held = {2: (3, 0), 7: (5, 0)}
+            acker.applied(2)
+            await asyncio.sleep(0.05)
+            assert conn.sent == []  # an ordinary partition's ack gathers until the take ends
+            acker.applied(7)  # the source's write pause waits for this one: it leaves now
+            assert await _next(conn) == [M.SeqnoAck(2, 3, 0), M.SeqnoAck(7, 5, 0)]
+            acker.end_take()
+        finally:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+
+    asyncio.run(scenario())
+
+
 @pytest.mark.parametrize("figures", [(0, 0, 0), (3, 10, 7), (1023, 2**48, 2**47)])
 def test_ack_text_is_the_protocols_encoding(figures: tuple[int, int, int]) -> None:
     assert ack_text(*figures) == M.encode(M.SeqnoAck(*figures))
