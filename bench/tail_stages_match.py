@@ -28,6 +28,22 @@ def _load(path: Path) -> array:  # type: ignore[type-arg]
     return a
 
 
+def _events_of_run(probe_dir: Path, t0: int, t1: int) -> dict[str, list[tuple[int, int]]]:
+    """The stamps of the server that served this run (one file per server process): the one
+    with the most route stamps between the run's first and last send."""
+    best: dict[str, list[tuple[int, int]]] = {}
+    best_n = -1
+    for f in probe_dir.glob("*.stages"):
+        ev: dict[str, list[tuple[int, int]]] = {t: [] for t in "RJjDdWA"}
+        for line in f.read_text().splitlines():
+            t, ns, c = line.split()
+            ev[t].append((int(ns), int(c)))
+        n = sum(1 for ns, _ in ev["R"] if t0 <= ns <= t1 + 10**9)
+        if n > best_n:
+            best, best_n = ev, n
+    return best
+
+
 def main(tail_dir: str, probe_dir: str, name: str = "upr-tail-2500") -> None:
     base = Path(tail_dir) / name
     sent, recv = _load(base.with_suffix(".sent")), _load(base.with_suffix(".recv"))
@@ -39,11 +55,7 @@ def main(tail_dir: str, probe_dir: str, name: str = "upr-tail-2500") -> None:
             j += 1
         reqs.append((sent[i], i, j))
         i = j
-    files = sorted(Path(probe_dir).glob("*.stages"), key=lambda f: f.stat().st_mtime)
-    ev: dict[str, list[tuple[int, int]]] = {t: [] for t in "RJjDdWA"}
-    for line in files[-1].read_text().splitlines():
-        t, ns, c = line.split()
-        ev[t].append((int(ns), int(c)))
+    ev = _events_of_run(Path(probe_dir), reqs[0][0], reqs[-1][0])
     rt = [e[0] for e in ev["R"]]
     first = bisect.bisect_left(rt, reqs[0][0])  # route stamps of earlier workloads/requests
     d_starts = [e[0] for e in ev["D"]]
