@@ -33,7 +33,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from app.stream.cursor import Batch, BatchEncoder, Marker, PartitionCursor
-from app.stream.tailcache import TailCache
+from app.stream.tailcache import CachedSnapshot, TailCache
 from engine.protocol.bundle import encode_parts
 from engine.protocol.shared_pass import BatchStep, MarkerStep, SharedReading, idle_reading
 
@@ -165,7 +165,43 @@ class SharedReadings:
         snap = engine.memory_snapshot(partition, after)
         if snap is None:
             return None
+        small = self._encode_one_batch(codec, partition, after, snap)
+        if small is not None:
+            return small
         return self._encode(codec, partition, after, snap, 1 << 30)
+
+    def _encode_one_batch(self, codec: str, partition: int, after: int, snap: Any) -> SharedReading | None:
+        """``_encode`` of the common tail reading, a fresh memory snapshot whose items fit one
+        frame: its marker and its one ``last`` batch, formatted here without a cursor; None for
+        anything else (several parts or frames, no items), which ``_encode`` then takes.
+
+        WHY: a tailing consumer's pass visits every partition a bulk request touched, a few items
+        each, and the cursor's general reading (plan, iterators, deques, release) cost more per
+        visit than encoding the items (``bench.bench_tail_pass``).  The output is the cursor's,
+        part for part: same marker, same batch cut (``SnapshotPart.columns``), same cache entry."""
+        if len(snap.parts) != 1:
+            return None
+        part = snap.parts[0]
+        frames = part.columns(self._frame_items, self._frame_bytes)
+        try:
+            cols = next(frames, None)
+            if cols is None or not len(cols) or next(frames, None) is not None:
+                return None
+        finally:
+            close = getattr(frames, "close", None)
+            if close is not None:
+                close()
+        data = self._encoders[codec](partition, cols, True)
+        last_seqno = cols.seqnos[-1]
+        marker = Marker(partition, part.start, part.end, part.source, snap.purge_seqno)
+        snap.close()
+        if self._cache is not None:
+            self._cache.put(codec, partition,
+                            CachedSnapshot(part.start - 1, part.end, (marker, Batch(data, last_seqno, True)), len(data)))
+        self.reads += 1
+        return SharedReading(partition, after, max(last_seqno, part.end, snap.high_seqno),
+                             (MarkerStep(part.start, part.end, snap.purge_seqno), BatchStep(last_seqno, True)),
+                             encode_parts([marker.text, data]), 2, len(marker.text) + len(data))
 
     def _encode(self, codec: str, partition: int, after: int, snap: Any, budget: int) -> SharedReading | None:
         """Any thread: ``snap`` encoded as a visit from ``after`` encodes it (the cache is thread-safe)."""

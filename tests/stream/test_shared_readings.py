@@ -128,3 +128,36 @@ async def test_no_disk_reading_when_it_is_larger_than_its_budget(engine: Engine)
     engine.flush_now()
     assert await shared.read("binary", 0, 0, ACTIVE, lambda fn, *a: asyncio.to_thread(fn, *a)) is None
     assert len(shared) == 0
+
+
+@pytest.mark.parametrize("codec", ["binary", "json"])
+@pytest.mark.parametrize("writes", [
+    [("a", 10)],
+    [("a", 10), ("b", 50), ("c", 0)],
+    [("a", 10), ("a", 20), ("b", 5), ("a", 7)],  # rewritten keys: the memory part is deduplicated
+    [("a", 10), ("-a", 0), ("b", 5)],  # a deletion
+    [("big", 70_000), ("b", 5)],  # two frames: the general reading takes it
+    [(f"k{i}", 20) for i in range(5000)],  # more items than one frame holds
+])
+def test_a_one_frame_reading_is_the_cursors_reading_part_for_part(
+        engine: Engine, codec: str, writes: list[tuple[str, int]]) -> None:
+    for key, size in writes:
+        if key.startswith("-"):
+            engine.write(WriteOp(Op.DELETION, key[1:], b""))
+        else:
+            engine.write(WriteOp(Op.MUTATION, key, b"v" * size))
+    fast_cache, usual_cache = TailCache(), TailCache()
+    fast = SharedReadings(engine, ENCODERS, fast_cache, max_items=10_000)
+    usual = SharedReadings(engine, ENCODERS, usual_cache, max_items=10_000)
+    got = fast._read(codec, 0, 0)  # noqa: SLF001 - the two paths compared
+    snap = engine.memory_snapshot(0, 0)
+    want = usual._encode(codec, 0, 0, snap, 1 << 30)  # noqa: SLF001
+    assert got is not None and want is not None
+    assert (got.partition, got.after, got.end, got.steps, got.parts, got.count, got.size) == (
+        want.partition, want.after, want.end, want.steps, want.parts, want.count, want.size)
+    assert bundle_parts(got.parts, got.count) == own_visit(engine, codec, 0)
+    cached, expected = fast_cache.get(codec, 0, 0), usual_cache.get(codec, 0, 0)
+    assert cached is not None and expected is not None
+    assert (cached.after, cached.end, cached.size) == (expected.after, expected.end, expected.size)
+    assert [(type(x), x.text if isinstance(x, Marker) else (x.data, x.last_seqno, x.last)) for x in cached.outputs] \
+        == [(type(x), x.text if isinstance(x, Marker) else (x.data, x.last_seqno, x.last)) for x in expected.outputs]
