@@ -308,8 +308,8 @@ class PassSender:
         WHY: a consumer some way behind the tail gets one or two items per partition per pass,
         so its pass is a marker and a batch for each of ~64 visits, and ``_send_visit`` awaits a
         coroutine per message (credit, emit, control flush) although none of them suspends
-        then: that per-visit machinery, not the items, was the sender's cost per delivery
-        (profile in docs/benchmarks.md, Peers)."""
+        then: sent that way, the per-visit machinery, not the items, is most of the sender's
+        cost per delivery (profile in docs/benchmarks.md, Peers)."""
         if changed is not None or not complete or cursor.holding or self._ceiling_of is not None:
             return False
         if self._close is not None or self._peer_closed:
