@@ -3,6 +3,7 @@
     .venv/bin/python -m bench.bench_passes                    # 50 connections, 1,000 writes/s, 5 s, both modes
     .venv/bin/python -m bench.bench_passes --connections 200 --seconds 5
     .venv/bin/python -m bench.bench_passes --lockstep 2000    # one pass per connection per write
+    .venv/bin/python -m bench.bench_passes --lockstep 200 --batch 100 --modes usual,shared
 
 A real engine (64 partitions, default flush interval) and a real ``StreamServer``; the WebSockets
 are in-process stand-ins that take every message at once and acknowledge the window, so the
@@ -194,15 +195,19 @@ async def run(connections: int, rate: int, seconds: float, shared: bool, paced: 
             "held_deliveries": held, "direct_passes": direct, "wakeups_per_item": wakeups / max(1, delivered)}
 
 
-async def run_lockstep(connections: int, writes: int) -> dict[str, float]:
+async def run_lockstep(connections: int, writes: int, batch: int = 1, shared: bool = True) -> dict[str, float]:
     """Each write is delivered to every connection before the next is made: one pass and one
     message per connection per write whatever the machine's load, so the event loop thread's CPU
     per delivery is the cost of one connection's tail pass (plus the write's share of the hub),
-    comparable between trees on a loaded machine."""
+    comparable between trees on a loaded machine.  ``batch`` documents per write (spread over
+    the partitions by their keys): with ~100, each pass visits most partitions for one or two
+    items each, as a consumer ~0.1 s behind a 1,000/s writer does in the peer suite.
+    ``shared`` False: shared passes off, each connection produces its own visits."""
     with tempfile.TemporaryDirectory() as tmp:
         engine = Engine.open(EngineConfig(data_dir=Path(tmp) / "data", partitions=PARTITIONS))
         runner = EngineRunner(engine)
-        server = StreamServer(engine=engine, runner=runner, limits=StreamLimits(),
+        limits = StreamLimits() if shared else StreamLimits(shared_passes=False)
+        server = StreamServer(engine=engine, runner=runner, limits=limits,
                               streams=StreamRegistry(), metrics=_Metrics(), stream_metrics=_Metrics())
         server.hub.pacer.gather_s = 0  # one write at a time: a held delivery would only be waited for
         sockets = [FakeWebSocket(f"c{i}") for i in range(connections)]
@@ -213,16 +218,22 @@ async def run_lockstep(connections: int, writes: int) -> dict[str, float]:
         messages0 = sum(ws.messages for ws in sockets)
         wakeups0 = sum(getattr(c, "sender_wakeups", 0) for c in conns)
         loop0 = time.thread_time()
+        visits0 = sum(sum(st.visits for st in s.streams.values()) for s in sessions)
         for i in range(writes):
-            (res,) = await runner.write(engine.write_batch, [WriteOp(Op.MUTATION, f"doc:{i:010d}", b"x" * 200)])
-            p, seqno = res.partition, res.seqno
-            while any(s.positions.get(p, 0) < seqno for s in sessions):
-                await asyncio.sleep(0)
-            if i % 64 == 63:
+            ops = [WriteOp(Op.MUTATION, f"doc:{i * batch + j:010d}", b"x" * 200) for j in range(batch)]
+            results = await runner.write(engine.write_batch, ops)
+            highs: dict[int, int] = {}
+            for res in results:
+                highs[res.partition] = max(highs.get(res.partition, 0), res.seqno)
+            while any(s.positions.get(p, 0) < seqno for s in sessions for p, seqno in highs.items()):
+                await asyncio.sleep(0 if batch == 1 else 0.001)  # the check itself is loop time
+            if i % 64 == 63 or batch > 1:
                 for ws in sockets:
                     ws.ack_all()
         loop_cpu = time.thread_time() - loop0
-        delivered = writes * connections
+        delivered = writes * batch * connections
+        visits = sum(sum(st.visits for st in s.streams.values()) for s in sessions) - visits0
+        visits_now = sum(getattr(c, "visits_now", 0) for c in conns)
         messages = sum(ws.messages for ws in sockets) - messages0
         wakeups = sum(getattr(c, "sender_wakeups", 0) for c in conns) - wakeups0
         direct = sum(getattr(c, "direct_passes", 0) for c in conns)
@@ -233,7 +244,8 @@ async def run_lockstep(connections: int, writes: int) -> dict[str, float]:
         runner.shutdown()
         engine.close()
     return {"loop_us_per_item": 1e6 * loop_cpu / delivered, "messages_per_item": messages / delivered,
-            "wakeups_per_item": wakeups / delivered, "direct_passes": direct, "delivered": delivered}
+            "wakeups_per_item": wakeups / delivered, "direct_passes": direct, "delivered": delivered,
+            "visits_per_item": visits / delivered, "visits_now": visits_now / max(1, visits)}
 
 
 def _delivered(conns: list[Any]) -> int:
@@ -246,19 +258,24 @@ def main() -> None:
     ap.add_argument("--connections", type=int, default=50)
     ap.add_argument("--rate", type=int, default=1000)
     ap.add_argument("--seconds", type=float, default=5.0)
-    ap.add_argument("--modes", default="usual,shared",
-                    help="comma-separated: usual (shared passes off), shared, unpaced (shared, wake-up pacing off)")
+    ap.add_argument("--modes", default=None,
+                    help="comma-separated: usual (shared passes off), shared, unpaced (shared, wake-up pacing off); "
+                         "default usual,shared (with --lockstep: shared)")
     ap.add_argument("--lockstep", type=int, default=0, metavar="WRITES",
                     help="instead: WRITES writes, each delivered to every connection before the next")
+    ap.add_argument("--batch", type=int, default=1, metavar="DOCS",
+                    help="with --lockstep: documents per write (100: passes of one or two items per partition)")
     args = ap.parse_args()
     if args.lockstep:
-        r = asyncio.run(run_lockstep(args.connections, args.lockstep))
-        print(f"lockstep {args.connections} connections x {args.lockstep} writes: delivered {r['delivered']:,}, "
-              f"event loop thread {r['loop_us_per_item']:.2f} us per delivered item, "
-              f"{r['messages_per_item']:.3f} messages and {r['wakeups_per_item']:.3f} sender wake-ups per item, "
-              f"{r['direct_passes']:,} passes on the hub's delivery", flush=True)
+        for mode in (args.modes or "shared").split(","):
+            r = asyncio.run(run_lockstep(args.connections, args.lockstep, args.batch, mode == "shared"))
+            print(f"lockstep {mode:6} {args.connections} connections x {args.lockstep} writes of {args.batch}: "
+                  f"delivered {r['delivered']:,}, event loop thread {r['loop_us_per_item']:.2f} us per delivered "
+                  f"item, {r['messages_per_item']:.3f} messages, {r['visits_per_item']:.3f} visits and "
+                  f"{r['wakeups_per_item']:.3f} sender wake-ups per item, {r['visits_now']:.0%} of visits "
+                  f"without suspending, {r['direct_passes']:,} passes on the hub's delivery", flush=True)
         return
-    for mode in args.modes.split(","):
+    for mode in (args.modes or "usual,shared").split(","):
         r = asyncio.run(run(args.connections, args.rate, args.seconds, mode != "usual", paced=mode != "unpaced"))
         print(f"{mode:6} {args.connections} connections x {args.rate}/s for {args.seconds:g}s: "
               f"delivered {r['delivered']:,.0f}/{r['expected']:,.0f}, server CPU {r['cpu_s']:.2f}s "

@@ -99,6 +99,19 @@ class Outbox:
         bundler.add(data)
         self.session.sent(size)
 
+    def bundle_takes(self, count: int, size: int) -> bool:
+        """Whether ``count`` messages of ``size`` bytes in all can join the pending bundle now,
+        with no send in between (``emit_now``); False when not bundling."""
+        bundler = self._bundling()
+        return bundler is not None and bundler.fits_all(count, size)
+
+    def emit_now(self, data: str | bytes) -> None:
+        """``emit`` without suspending, for a message ``bundle_takes`` said the bundle takes."""
+        bundler = self._bundler
+        assert bundler is not None
+        bundler.add(data)
+        self.session.sent(len(data))
+
     @property
     def bundle_pending(self) -> bool:
         """Parts wait in the bundle (the consumer cannot acknowledge them before they go out)."""

@@ -50,6 +50,8 @@ class PassSender:
     inline_passes: int
     shared_sent: int
     direct_passes: int
+    #: visits carried out without suspending (``_send_visit_now``)
+    visits_now: int
     _notified_at: dict[int, float]
     _visit_notified: dict[int, float]
     _visiting: int | None
@@ -97,18 +99,30 @@ class PassSender:
         # writes would wait for every pass of a loop iteration (see docs/benchmarks.md, Stream:
         # fan-out).
         yield_every = self.limits.visits_per_yield
+        pending = list(zip(visits, cursors))
         if self._produce_inline(cursors, check_only=True) is not None:
             # inline: each visit is produced right before it is sent, so the first partition's
             # frames leave without waiting for the encoding of the others
             for i, (visit, cursor) in enumerate(zip(visits, cursors)):
-                produced = self._produce_inline([cursor]) or [([], False, None)]
-                await self._send_visit(visit, cursor, *produced[0])
+                produced = self._produce_inline([cursor])
+                if produced is None:
+                    # the memory no longer covers it (flushed and trimmed during the pass's
+                    # yields): this visit and the rest go in reader jobs, many per job, not
+                    # one reader-thread hop per visit
+                    pending = pending[i:]
+                    break
+                if self._send_visit_now(visit, cursor, *produced[0]):
+                    if self.outbox.queued:
+                        await self.outbox.flush_control()  # as _send_item does after a batch
+                else:
+                    await self._send_visit(visit, cursor, *produced[0])
                 if i % yield_every == yield_every - 1:
                     await self.outbox.flush_bundle()  # a tail pass: what is ready goes out at once
                     await asyncio.sleep(0)
-            await self.outbox.flush_control()  # with cycle_complete, if the pass is over
-            await self.outbox.flush_bundle()
-            return
+            else:
+                await self.outbox.flush_control()  # with cycle_complete, if the pass is over
+                await self.outbox.flush_bundle()
+                return
         await self.outbox.flush_bundle()
         # One job produces visits in order until the chunk budget is used; the visits it did not
         # reach go to the next job, again many at once.  WHY: when each of those made its own
@@ -116,7 +130,6 @@ class PassSender:
         # so the budget covered a handful of the 64 visits) waited for ~60 sequential hops per
         # pass, each queued behind every other connection's jobs: under fan-out such consumers
         # stayed 2-3 s behind the writer with the server's CPU half idle.
-        pending = list(zip(visits, cursors))
         sent = 0
         while pending:
             if sent:
@@ -126,7 +139,11 @@ class PassSender:
             if not produced:  # never without progress: the first visit goes on by itself
                 produced = [([], False, None)]
             for (visit, cursor), (outs, complete, changed) in zip(pending, produced):
-                await self._send_visit(visit, cursor, outs, complete, changed)
+                if self._send_visit_now(visit, cursor, outs, complete, changed):
+                    if self.outbox.queued:
+                        await self.outbox.flush_control()  # as _send_item does after a batch
+                else:
+                    await self._send_visit(visit, cursor, outs, complete, changed)
                 sent += 1
                 if sent % yield_every == 0:
                     # what is ready goes out before others run
@@ -279,6 +296,56 @@ class PassSender:
                 count += reading.count
         self.shared_sent += 1
         return encoded, count, notified
+
+    def _send_visit_now(self, visit: Any, cursor: PartitionCursor, out: list[Marker | Batch], complete: bool,
+                        changed: "StateChanged | None") -> bool:
+        """Carry out a produced visit without suspending, when nothing could make it wait: its
+        reading is complete, the window and the pending bundle take all of it, and its stream is
+        neither bounded nor capped.  Its markers and batches join the bundle with the session's
+        bookkeeping message by message, exactly as ``_send_visit`` does it.  False: nothing was
+        done, ``_send_visit`` carries the visit out.
+
+        WHY: a consumer some way behind the tail gets one or two items per partition per pass,
+        so its pass is a marker and a batch for each of ~64 visits, and ``_send_visit`` awaits a
+        coroutine per message (credit, emit, control flush) although none of them suspends
+        then: sent that way, the per-visit machinery, not the items, is most of the sender's
+        cost per delivery (profile in docs/benchmarks.md, Peers)."""
+        if changed is not None or not complete or cursor.holding or self._ceiling_of is not None:
+            return False
+        if self._close is not None or self._peer_closed:
+            return False
+        session = self.session
+        p = visit.partition
+        stream = session.streams.get(p)
+        if stream is None or stream.end_seqno is not None or stream.visiting != visit.token:
+            return False
+        size = 0
+        for item in out:
+            size += len(item.text) if type(item) is Marker else len(item.data)  # type: ignore[union-attr]
+        flow = session.flow
+        outbox = self.outbox
+        if not session.can_send or flow is None or flow.available < size or not outbox.bundle_takes(len(out), size):
+            return False
+        visit_notified = self._visit_notified
+        for item in out:
+            if type(item) is Marker:
+                session.marker_sent(p, item.start, item.end, item.purge_seqno)
+                outbox.emit_now(item.text)
+                continue
+            outbox.emit_now(item.data)  # type: ignore[union-attr]
+            if item.last_seqno is not None:  # type: ignore[union-attr]
+                notified = visit_notified.pop(p, None)
+                if notified is not None:
+                    outbox.delivered(notified)
+            outs = session.items_sent(p, item.last_seqno, item.last)  # type: ignore[union-attr]
+            if outs:
+                self._carry_out(outs)
+        visit_notified.pop(p, None)
+        outs = session.end_visit(visit)
+        if outs:
+            self._carry_out(outs)
+        self.visits_now += 1
+        return True
 
     async def _send_visit(self, visit: Any, cursor: PartitionCursor, out: list[Marker | Batch], complete: bool,
                           changed: "StateChanged | None") -> None:

@@ -179,6 +179,11 @@ class Bundler:
         n = len(self._parts)
         return n == 0 or OVERHEAD + PART.size * (n + 1) + self.pending_bytes + size <= self.max_bytes
 
+    def fits_all(self, count: int, size: int) -> bool:
+        """Whether ``count`` more parts of ``size`` bytes in all fit with the pending ones, with
+        no flush in between (unlike ``fits``, an empty bundler is no exception)."""
+        return OVERHEAD + PART.size * (len(self._parts) + count) + self.pending_bytes + size <= self.max_bytes
+
     def add(self, part: str | bytes) -> None:
         self._parts.append(part)
         self.pending_bytes += len(part)

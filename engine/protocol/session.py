@@ -98,7 +98,7 @@ from __future__ import annotations
 import enum
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from engine.core.errors import SeqnoRangeError
 from engine.protocol.barrier import BarrierTracker
@@ -172,9 +172,12 @@ class Close:
 Output = Any  # a server message, LookupPartitions, LookupStream or Close
 
 
-@dataclass(frozen=True, slots=True)
-class Visit:
-    """One visit of one stream: snapshot ``partition`` after ``after_seqno``, then ``end_visit``."""
+class Visit(NamedTuple):
+    """One visit of one stream: snapshot ``partition`` after ``after_seqno``, then ``end_visit``.
+
+    A named tuple, not a frozen dataclass: a pass begins one per due stream per connection, and a
+    frozen dataclass's ``__init__`` (one ``object.__setattr__`` per field) costs about twice the
+    tuple's construction (profile in docs/benchmarks.md, Peers)."""
 
     partition: int
     token: int

@@ -123,3 +123,27 @@ def test_bundler_cuts_at_max_bytes_counting_its_own_header_bytes(max_bytes: int,
     shapes = [[len(p) for p in decode_bundle(m)] if is_bundle(m) else len(m) for m in out]
     assert shapes == sent
     assert all(len(m) <= max_bytes for m in out if is_bundle(m))
+
+
+# fits_all: (max_bytes, sizes already pending, parts to add, their bytes) -> whether they all fit
+# with no flush in between (the stream server then adds them without suspending).
+@pytest.mark.parametrize("max_bytes, pending, count, size, fits", [
+    (1000, [], 2, 300, True),                      # marker and batch into an empty bundle
+    (16 + 2 * 8 + 60, [], 2, 60, True),            # exactly max_bytes with the header bytes
+    (16 + 2 * 8 + 61, [], 2, 62, False),           # one byte over
+    (1000, [], 1, 2000, False),                    # bigger than the bundle: unlike fits, no exception
+    (16 + 3 * 8 + 90, [30], 2, 60, True),          # with what is pending
+    (16 + 3 * 8 + 90, [31], 2, 60, False),
+    (1000, [500], 0, 0, True),                     # an idle visit adds nothing
+])
+def test_fits_all_counts_pending_parts_and_header_bytes(max_bytes: int, pending: list[int], count: int,
+                                                        size: int, fits: bool) -> None:
+    bundler = Bundler(max_bytes)
+    for n in pending:
+        bundler.add(b"x" * n)
+    assert bundler.fits_all(count, size) is fits
+    if fits and count:
+        for i in range(count):
+            bundler.add(b"y" * (size // count + (1 if i < size % count else 0)))
+        flushed = bundler.flush()
+        assert flushed is not None and (len(flushed) <= max_bytes or not is_bundle(flushed))

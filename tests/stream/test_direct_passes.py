@@ -135,11 +135,11 @@ class Consumer:
         self.inbox.put_nowait({"type": "websocket.disconnect"})
 
 
-async def _fan_out(tmp: Path, raw: bool, consumers: int = 12, writes: int = 120
+async def _fan_out(tmp: Path, raw: bool, consumers: int = 12, writes: int = 120, limits: StreamLimits | None = None
                    ) -> tuple[list[Consumer], list[Any], dict[int, list[int]]]:
     engine = Engine.open(EngineConfig(data_dir=tmp / "data", partitions=PARTITIONS))
     runner = EngineRunner(engine)
-    server = StreamServer(engine=engine, runner=runner, limits=StreamLimits(), streams=StreamRegistry(),
+    server = StreamServer(engine=engine, runner=runner, limits=limits or StreamLimits(), streams=StreamRegistry(),
                           metrics=_Metrics(), stream_metrics=_Metrics())
     server.hub.pacer = WakePacer(max_spacing_s=0.001)  # paced as under load, quickly
     socks = [Consumer(f"c{i}", raw) for i in range(consumers)]
@@ -228,3 +228,17 @@ async def test_a_failing_direct_pass_ends_its_connection_only(tmp_path: Path) ->
         await asyncio.gather(*tasks, return_exceptions=True)
         runner.shutdown()
         engine.close()
+
+
+async def test_own_visits_sent_without_suspending_deliver_what_a_lone_consumer_gets(tmp_path: Path) -> None:
+    """Shared passes off: each connection produces its own visits, and those that cannot wait
+    (complete, within the window and the pending bundle) are sent without suspending
+    (``PassSender._send_visit_now``); every write still arrives once, in order, inside its
+    snapshot, and every cookie comes back."""
+    socks, conns, written = await _fan_out(tmp_path, raw=True, consumers=8, writes=80,
+                                           limits=StreamLimits(shared_passes=False))
+    for ws in socks:
+        assert ws.items == written
+        assert ws.barriers == [f"c{i}" for i in range(39, 80, 40)]
+    assert sum(c.shared_sent for c in conns) == 0
+    assert sum(c.visits_now for c in conns) > 0
