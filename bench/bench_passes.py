@@ -29,68 +29,14 @@ from typing import Any
 
 from app.runner import EngineRunner
 from app.stream.connection import StreamLimits
-from app.stream.rawframes import RAW_SEND_KEY
 from app.stream.server import StreamServer
 from app.streams_registry import StreamRegistry
 from engine.config import EngineConfig
 from engine.core.types import Op, WriteOp
 from engine.engine import Engine
+from tests.support.raw_transport import NullMetrics, raw_scope
 
 PARTITIONS = 64
-
-
-class _Counter:
-    def labels(self, *_: Any) -> "_Counter":
-        return self
-
-    def inc(self, *_: Any) -> None:
-        pass
-
-    def observe(self, *_: Any) -> None:
-        pass
-
-
-class _Metrics:
-    rollbacks = stream_bytes = delivery = cursor_drops = _Counter()
-
-
-class _Transport:
-    """What ``RawFrames`` writes to: counts messages and payload bytes (the frame header is the first part)."""
-
-    def __init__(self, ws: "FakeWebSocket") -> None:
-        self._ws = ws
-
-    def writelines(self, parts: Any) -> None:
-        parts = tuple(parts)
-        self._ws._sent(sum(map(len, parts[1:])))
-
-    def is_closing(self) -> bool:
-        return False
-
-
-class _Conn:
-    def __init__(self) -> None:
-        from websockets.protocol import OPEN
-        self.state = OPEN
-        self.extensions: list[Any] = []
-        self.expect_continuation_frame = False
-
-
-class WebSocketsSansIOProtocol:
-    """Stands in for uvicorn's protocol of that name, so the connection writes frames to the
-    transport directly (``app.stream.rawframes``) as it does behind a real uvicorn."""
-
-    def __init__(self, ws: "FakeWebSocket") -> None:
-        self.transport = _Transport(ws)
-        self.conn = _Conn()
-        self.writable = asyncio.Event()
-        self.writable.set()
-        self.handshake_complete = True
-        self.close_sent = False
-        self.disconnected = False
-
-    async def send(self, message: Any) -> None:
-        raise AssertionError("the stream sends through RawFrames here")
 
 
 class FakeWebSocket:
@@ -99,7 +45,7 @@ class FakeWebSocket:
 
     def __init__(self, name: str, raw: bool = True) -> None:
         self.client = None
-        self.scope = {RAW_SEND_KEY: WebSocketsSansIOProtocol(self).send} if raw else {}
+        self.scope = raw_scope(self._frame) if raw else {}
         self._inbox: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
         self._unacked = 0
         self.messages = 0
@@ -125,6 +71,10 @@ class FakeWebSocket:
     async def send_bytes(self, data: bytes) -> None:
         self._sent(len(data))
 
+    def _frame(self, parts: Any) -> None:
+        parts = tuple(parts)
+        self._sent(sum(map(len, parts[1:])))  # the first part is the frame header
+
     def _sent(self, size: int) -> None:
         self.messages += 1
         self._unacked += size
@@ -147,7 +97,7 @@ async def run(connections: int, rate: int, seconds: float, shared: bool, paced: 
         runner = EngineRunner(engine)
         limits = StreamLimits() if shared else StreamLimits(shared_passes=False)
         server = StreamServer(engine=engine, runner=runner, limits=limits,
-                              streams=StreamRegistry(), metrics=_Metrics(), stream_metrics=_Metrics())
+                              streams=StreamRegistry(), metrics=NullMetrics(), stream_metrics=NullMetrics())
         if not paced:
             server.hub.pacer.gather_s = 0  # every change wakes the streams at once
         sockets = [FakeWebSocket(f"c{i}") for i in range(connections)]
@@ -208,7 +158,7 @@ async def run_lockstep(connections: int, writes: int, batch: int = 1, shared: bo
         runner = EngineRunner(engine)
         limits = StreamLimits() if shared else StreamLimits(shared_passes=False)
         server = StreamServer(engine=engine, runner=runner, limits=limits,
-                              streams=StreamRegistry(), metrics=_Metrics(), stream_metrics=_Metrics())
+                              streams=StreamRegistry(), metrics=NullMetrics(), stream_metrics=NullMetrics())
         server.hub.pacer.gather_s = 0  # one write at a time: a held delivery would only be waited for
         sockets = [FakeWebSocket(f"c{i}") for i in range(connections)]
         tasks = [asyncio.create_task(server.serve(ws)) for ws in sockets]

@@ -17,7 +17,6 @@ from typing import Any
 from app.runner import EngineRunner
 from app.stream.connection import StreamLimits
 from app.stream.pacing import WakePacer
-from app.stream.rawframes import RAW_SEND_KEY
 from app.stream.server import StreamServer
 from app.streams_registry import StreamRegistry
 from engine.config import EngineConfig
@@ -25,62 +24,9 @@ from engine.core.types import Op, WriteOp
 from engine.engine import Engine
 from engine.protocol.bundle import decode_bundle
 from engine.protocol.frames import decode_binary
+from tests.support.raw_transport import NullMetrics, raw_scope
 
 PARTITIONS = 4
-
-
-class _Counter:
-    def labels(self, *_: Any) -> "_Counter":
-        return self
-
-    def inc(self, *_: Any) -> None:
-        pass
-
-    def observe(self, *_: Any) -> None:
-        pass
-
-
-class _Metrics:
-    rollbacks = stream_bytes = delivery = cursor_drops = _Counter()
-
-
-class _Transport:
-    def __init__(self, ws: "Consumer") -> None:
-        self._ws = ws
-
-    def writelines(self, parts: Any) -> None:
-        parts = list(parts)
-        self._ws.direct += 1
-        payload = b"".join(parts[1:])  # the first part is the frame header
-        text = parts[0][0] & 0x0F == 0x1
-        self._ws.got(payload.decode() if text else payload)
-
-    def is_closing(self) -> bool:
-        return False
-
-
-class _Conn:
-    def __init__(self) -> None:
-        from websockets.protocol import OPEN
-        self.state = OPEN
-        self.extensions: list[Any] = []
-        self.expect_continuation_frame = False
-
-
-class WebSocketsSansIOProtocol:
-    """Named as uvicorn's protocol so ``RawFrames.of`` takes it."""
-
-    def __init__(self, ws: "Consumer") -> None:
-        self.transport = _Transport(ws)
-        self.conn = _Conn()
-        self.writable = asyncio.Event()
-        self.writable.set()
-        self.handshake_complete = True
-        self.close_sent = False
-        self.disconnected = False
-
-    async def send(self, message: Any) -> None:
-        raise AssertionError("unused: the connection writes to the transport")
 
 
 class Consumer:
@@ -88,7 +34,7 @@ class Consumer:
 
     def __init__(self, name: str, raw: bool) -> None:
         self.client = None
-        self.scope = {RAW_SEND_KEY: WebSocketsSansIOProtocol(self).send} if raw else {}
+        self.scope = raw_scope(self._frame) if raw else {}
         self.inbox: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
         self.direct = 0
         self.items: dict[int, list[int]] = {p: [] for p in range(PARTITIONS)}
@@ -102,6 +48,13 @@ class Consumer:
 
     def put(self, obj: dict[str, Any]) -> None:
         self.inbox.put_nowait({"type": "websocket.receive", "text": json.dumps(obj)})
+
+    def _frame(self, parts: Any) -> None:
+        parts = list(parts)
+        self.direct += 1
+        payload = b"".join(parts[1:])  # the first part is the frame header
+        text = parts[0][0] & 0x0F == 0x1
+        self.got(payload.decode() if text else payload)
 
     def got(self, data: bytes | str) -> None:
         parts = decode_bundle(data) if isinstance(data, bytes) else [data]
@@ -140,7 +93,7 @@ async def _fan_out(tmp: Path, raw: bool, consumers: int = 12, writes: int = 120,
     engine = Engine.open(EngineConfig(data_dir=tmp / "data", partitions=PARTITIONS))
     runner = EngineRunner(engine)
     server = StreamServer(engine=engine, runner=runner, limits=limits or StreamLimits(), streams=StreamRegistry(),
-                          metrics=_Metrics(), stream_metrics=_Metrics())
+                          metrics=NullMetrics(), stream_metrics=NullMetrics())
     server.hub.pacer = WakePacer(max_spacing_s=0.001)  # paced as under load, quickly
     socks = [Consumer(f"c{i}", raw) for i in range(consumers)]
     tasks = [asyncio.create_task(server.serve(ws)) for ws in socks]
@@ -194,7 +147,7 @@ async def test_a_failing_direct_pass_ends_its_connection_only(tmp_path: Path) ->
     engine = Engine.open(EngineConfig(data_dir=tmp_path / "data", partitions=PARTITIONS))
     runner = EngineRunner(engine)
     server = StreamServer(engine=engine, runner=runner, limits=StreamLimits(), streams=StreamRegistry(),
-                          metrics=_Metrics(), stream_metrics=_Metrics())
+                          metrics=NullMetrics(), stream_metrics=NullMetrics())
     socks = [Consumer(f"c{i}", raw=True) for i in range(3)]
     tasks = [asyncio.create_task(server.serve(ws)) for ws in socks]
     try:

@@ -1,0 +1,77 @@
+"""In-process stand-ins for what a stream connection writes to.
+
+``StreamServer`` takes metrics objects and, behind a real uvicorn, writes frames straight to the
+transport of uvicorn's sans-I/O WebSocket protocol (``app.stream.rawframes``).  Tests and benches
+that run connections without a server use these instead: metrics that record nothing, and a
+protocol of the same name whose transport hands each message's parts (frame header first) to a
+callback, so the direct write path runs exactly as it would on a socket.
+"""
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Iterable
+from typing import Any
+
+from app.stream.rawframes import RAW_SEND_KEY
+
+#: receives one message's parts: the frame header, then the payload's pieces
+FrameSink = Callable[[Iterable[bytes]], None]
+
+
+class NullCounter:
+    """A Prometheus-like counter/histogram that records nothing."""
+
+    def labels(self, *_: Any) -> "NullCounter":
+        return self
+
+    def inc(self, *_: Any) -> None:
+        pass
+
+    def observe(self, *_: Any) -> None:
+        pass
+
+
+class NullMetrics:
+    """The metrics ``StreamServer`` reads, all recording nothing."""
+
+    rollbacks = stream_bytes = delivery = cursor_drops = NullCounter()
+
+
+class _Transport:
+    def __init__(self, sink: FrameSink) -> None:
+        self._sink = sink
+
+    def writelines(self, parts: Iterable[bytes]) -> None:
+        self._sink(parts)
+
+    def is_closing(self) -> bool:
+        return False
+
+
+class _Conn:
+    def __init__(self) -> None:
+        from websockets.protocol import OPEN
+        self.state = OPEN
+        self.extensions: list[Any] = []
+        self.expect_continuation_frame = False
+
+
+class WebSocketsSansIOProtocol:
+    """Named as uvicorn's protocol, so ``RawFrames.of`` takes it and writes to its transport."""
+
+    def __init__(self, sink: FrameSink) -> None:
+        self.transport = _Transport(sink)
+        self.conn = _Conn()
+        self.writable = asyncio.Event()
+        self.writable.set()
+        self.handshake_complete = True
+        self.close_sent = False
+        self.disconnected = False
+
+    async def send(self, message: Any) -> None:
+        raise AssertionError("unused: the connection writes frames to the transport")
+
+
+def raw_scope(sink: FrameSink) -> dict[str, Any]:
+    """An ASGI scope fragment offering direct frame writes to ``sink``."""
+    return {RAW_SEND_KEY: WebSocketsSansIOProtocol(sink).send}
