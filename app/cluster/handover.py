@@ -22,7 +22,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from app.cluster.etcd import Compare, Delete, EtcdClient, EtcdError, Put, WatchEvent
+from app.cluster.etcd import Compare, Delete, EtcdClient, EtcdError, Get, Put, WatchEvent
 from app.cluster.layout import Layout
 from app.cluster.mapstore import MapStore
 from engine.cluster.handover import Handover, HandoverRequest, HandoverView, advance, switch_by_source, takes_over
@@ -456,35 +456,41 @@ class HandoverParticipant:
             event.set()
 
     # ------------------------------------------------------------------ the source's fence
-    async def _switch(self, stored: Stored, fenced: Handover) -> str | None:
+    async def _switch(self, stored: Stored, fenced: Handover, stamps: _Stamps | None = None) -> str | None:
         """Record the fence and publish the switched map in one transaction, guarded by the map's
         and the record's etcd revisions (``switch_by_source``); None when the map does not allow
-        it or either changed meanwhile: the fence is then recorded alone and the orchestrator
+        it or the record changed meanwhile: the fence is then recorded alone and the orchestrator
         switches (or calls the handover off).  Once it is written the switch is the truth: the
         node follows that map at once (``on_switched``) and the writes held by the pause are
         answered with a 421 naming the target, with no wait for the watch to bring the map
-        back.  Returns the map revision published."""
-        # the newest map the watch brought saves a read; if another map came meanwhile the
-        # transaction fails and the map is read once
+        back.  Returns the map revision published.
+
+        WHY the retries: every partition's switch writes the one map key, and a rebalance's
+        sources switch side by side, so a transaction is often refused only because another
+        source's switch moved the map first.  The refusal reads the record and the map back in
+        the same round trip, and the switch is tried again on that map (``SWITCH_TRIES``), where
+        handing it to the orchestrator would keep the writes paused for its next cycle."""
+        # the newest map the watch brought saves a read
         seen = self._map_kv
-        for _ in range(2):
-            if seen is not None:
-                current, mod_revision = PartitionMap.from_json(json.loads(seen[0])), seen[1]
-            else:
-                current, mod_revision = await self.maps.load(self.engine.num_partitions)
+        if seen is not None:
+            current, mod_revision = PartitionMap.from_json(json.loads(seen[0])), seen[1]
+        else:
+            current, mod_revision = await self.maps.load(self.engine.num_partitions)
+        p = fenced.partition
+        key = self.store.record_key(p)
+        for _ in range(SWITCH_TRIES):
             new = switch_by_source(current, fenced, self.node)
             if new is None:
                 return None
-            key = self.store.record_key(fenced.partition)
             raw = _dumps(new.to_json())
-            p = fenced.partition
             # the writes held by the pause go to the target while etcd commits (``switching_to``)
             self._switching[p] = fenced.target
             self._release()
             try:
                 done = await self.store.etcd.txn(
                     [Compare(key, "mod", stored.mod_revision), Compare(self.maps.layout.map, "mod", mod_revision)],
-                    [Put(key, _dumps(fenced.to_json())), Put(self.maps.layout.map, raw)])
+                    [Put(key, _dumps(fenced.to_json())), Put(self.maps.layout.map, raw)],
+                    [Get(key), Get(self.maps.layout.map)])
             finally:
                 self._switching.pop(p, None)
             if done.succeeded:
@@ -495,9 +501,12 @@ class HandoverParticipant:
                     self.on_switched(raw, done.revision)
                 self._release()
                 return f"is active there from map revision {new.revision} (switched by its source)"
-            if seen is None:
+            if stamps is not None:
+                stamps.mark("switch refused")
+            record, maps = done.reads if len(done.reads) == 2 else ((), ())
+            if not record or record[0].mod_revision != stored.mod_revision or not maps:
                 return None
-            seen = None
+            current, mod_revision = PartitionMap.from_json(json.loads(maps[0].value)), maps[0].mod_revision
         return None
 
     def _on_ack(self, partition: int) -> None:
@@ -573,7 +582,7 @@ class HandoverParticipant:
             acked = self.acked is not None and await self._until(p, acknowledged, self.ack_wait_s)
             stamps.mark(f"ack of {behind} item(s)" if behind is not None else "ack")
             fenced = h.fenced(seqno, self._target_ack(h) if acked else None)
-            switched = await self._switch(stored, fenced) if acked else None
+            switched = await self._switch(stored, fenced, stamps) if acked else None
             if switched is not None:
                 stamps.mark("switch")
                 log.warning("node %s: partition %d stopped taking writes at seqno %d and, acknowledged by node %s, %s; "
@@ -614,6 +623,11 @@ class HandoverParticipant:
     def _behind(self, h: Handover, seqno: int) -> int | None:
         got = self._target_ack(h)
         return max(seqno - got, 0) if got is not None else None
+
+
+#: transactions a source tries for its switch when each is refused only because the map moved
+#: (another source's switch went first)
+SWITCH_TRIES = 4
 
 
 #: how long the source tries to stop a partition's writes on its event loop (the writer lock is

@@ -153,11 +153,11 @@ async def test_a_source_whose_target_acknowledged_the_fence_switches_the_map_in_
         in_flight: list[tuple[str | None, bool]] = []
         real_txn = client.txn
 
-        async def txn(compares, ops):  # type: ignore[no-untyped-def]
+        async def txn(compares, ops, failure=()):  # type: ignore[no-untyped-def]
             refused_now = asyncio.create_task(node.until_settled(0, 10.0))
             await asyncio.sleep(0.05)
             in_flight.append((node.switching_to(0), refused_now.done() and refused_now.result()))
-            return await real_txn(compares, ops)
+            return await real_txn(compares, ops, failure)
         monkeypatch.setattr(client, "txn", txn)
         await node.load()
         await node.follow(MAP)
@@ -183,6 +183,42 @@ async def test_a_source_whose_target_acknowledged_the_fence_switches_the_map_in_
         assert await asyncio.wait_for(waiting, 5.0)
         assert in_flight == [("b", True)]
         assert node.switching_to(0) is None  # answered: the map itself names the target now
+
+
+async def test_a_switch_refused_because_another_moved_the_map_is_tried_again_on_that_map(
+        client: EtcdClient, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    layout = Layout(f"/upr/{uuid.uuid4().hex[:8]}")
+    store, maps = HandoverStore(client, layout), MapStore(client, layout)
+    assert await maps.publish(MAP, 0)
+    # another source's switch (partition 2 to node c) lands between this node's reading of the
+    # map and its transaction, as when a rebalance's sources switch side by side
+    other = PartitionMap(2, (MAP.placements[0], MAP.placements[1], Placement("c", ("a",))))
+    with _engine_of(tmp_path, "a") as engine:
+        _three_writes_to_partition_0(engine)
+        node, _listeners = _source_acked_by_b(client, layout, engine, {"b": 3}, catch_up_items=0, ack_wait_s=5.0)
+        published: list[tuple[bytes, int]] = []
+        node.on_switched = lambda raw, revision: published.append((raw, revision))
+        real_txn = client.txn
+        calls: list[bool] = []
+
+        async def txn(compares, ops, failure=()):  # type: ignore[no-untyped-def]
+            if not calls:
+                await client.put(layout.map, json.dumps(other.to_json()).encode())
+            answer = await real_txn(compares, ops, failure)
+            calls.append(answer.succeeded)
+            return answer
+        monkeypatch.setattr(client, "txn", txn)
+        await client.put(store.record_key(0), json.dumps(Handover(0, "a", "b", kind="rebalance").to_json()).encode())
+        await node.load()
+        await node.follow(MAP)
+        await node.fenced()
+        assert calls == [False, True]  # refused once, then switched by the source itself
+        switched, mod = await maps.load(3)
+        assert switched.revision == 3
+        assert switched.placements == (Placement("b", ("a",)), MAP.placements[1], Placement("c", ("a",)))
+        assert [(PartitionMap.from_json(json.loads(raw)), rev) for raw, rev in published] == [(switched, mod)]
+        record = (await store.records())[0].handover
+        assert (record.fenced_at, record.acked) == (3, 3)
 
 
 async def test_a_write_refused_during_its_handover_waits_until_the_map_names_the_target(
