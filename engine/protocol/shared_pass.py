@@ -32,7 +32,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from engine.protocol.bundle import OVERHEAD
-from engine.protocol.session import Output, ServerSession, Visit
+from engine.protocol.session import Output, ServerSession, Stream, Visit
 
 __all__ = ["BatchStep", "MarkerStep", "SharedReading", "idle_reading", "shared_fits", "take_shared"]
 
@@ -82,6 +82,16 @@ def idle_reading(partition: int, after: int) -> SharedReading:
     return SharedReading(partition, after, after, (), b"", 0, 0)
 
 
+def _takes_whole(stream: Stream, reading: SharedReading) -> bool:
+    """Whether ``stream`` may take ``reading`` whole, as every connection at its position does:
+    not inside a snapshot of its own, no visibility ceiling, not held, and no end seqno the
+    reading could pass (such a stream could end before its last message: it is sent message by
+    message)."""
+    if stream.in_snapshot or stream.ceiling is not None or stream.held:
+        return False
+    return stream.end_seqno is None or stream.end_seqno >= reading.end or not reading.count
+
+
 def shared_fits(session: ServerSession, partitions: Sequence[int], readings: Sequence[SharedReading],
                 max_bytes: int) -> bool:
     """Whether visits of ``partitions`` (``ServerSession.peek_visits``), not begun yet, could be
@@ -97,9 +107,7 @@ def shared_fits(session: ServerSession, partitions: Sequence[int], readings: Seq
     for p, reading in zip(partitions, readings):
         stream = streams.get(p)
         if (stream is None or reading.partition != p or reading.after != stream.position
-                or stream.visiting is not None or stream.in_snapshot or stream.ceiling is not None or stream.held):
-            return False
-        if stream.end_seqno is not None and stream.end_seqno < reading.end and reading.count:
+                or stream.visiting is not None or not _takes_whole(stream, reading)):
             return False
         total += len(reading.parts)
     return total <= flow.available and total <= max_bytes
@@ -121,11 +129,8 @@ def take_shared(session: ServerSession, visits: Sequence[Visit], readings: Seque
     for visit, reading in zip(visits, readings):
         stream = streams.get(visit.partition)
         if (stream is None or reading.partition != visit.partition or reading.after != visit.after_seqno
-                or stream.visiting != visit.token or stream.in_snapshot or stream.ceiling is not None
-                or stream.held):
+                or stream.visiting != visit.token or not _takes_whole(stream, reading)):
             return None
-        if stream.end_seqno is not None and stream.end_seqno < reading.end and reading.count:
-            return None  # it could end before the reading's last message: sent message by message
         total += len(reading.parts)
     if total > flow.available or total > max_bytes:
         return None
