@@ -27,14 +27,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from app.runner import EngineRunner
 from app.stream.connection import StreamLimits
-from app.stream.server import StreamServer
-from app.streams_registry import StreamRegistry
-from engine.config import EngineConfig
 from engine.core.types import Op, WriteOp
-from engine.engine import Engine
-from tests.support.raw_transport import NullMetrics, raw_scope
+from tests.support.raw_transport import InProcessStreams, raw_scope
 
 PARTITIONS = 64
 
@@ -93,15 +88,13 @@ class FakeWebSocket:
 
 async def run(connections: int, rate: int, seconds: float, shared: bool, paced: bool = True) -> dict[str, float]:
     with tempfile.TemporaryDirectory() as tmp:
-        engine = Engine.open(EngineConfig(data_dir=Path(tmp) / "data", partitions=PARTITIONS))
-        runner = EngineRunner(engine)
         limits = StreamLimits() if shared else StreamLimits(shared_passes=False)
-        server = StreamServer(engine=engine, runner=runner, limits=limits,
-                              streams=StreamRegistry(), metrics=NullMetrics(), stream_metrics=NullMetrics())
+        streams = InProcessStreams(Path(tmp) / "data", PARTITIONS, limits)
+        engine, server = streams.engine, streams.server
         if not paced:
             server.hub.pacer.gather_s = 0  # every change wakes the streams at once
         sockets = [FakeWebSocket(f"c{i}") for i in range(connections)]
-        tasks = [asyncio.create_task(server.serve(ws)) for ws in sockets]
+        streams.serve(sockets)
         await asyncio.sleep(0.5)  # hellos and stream requests answered
         total = int(rate * seconds)
         cpu0, loop0, t0 = time.process_time(), time.thread_time(), time.monotonic()
@@ -132,12 +125,7 @@ async def run(connections: int, rate: int, seconds: float, shared: bool, paced: 
         direct = sum(getattr(c, "direct_passes", 0) for c in conns)
         wakeups = sum(getattr(c, "sender_wakeups", 0) for c in conns)
         held = server.hub.pacer.held_deliveries
-        await server.close()
-        for t in tasks:
-            t.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
-        runner.shutdown()
-        engine.close()
+        await streams.close()
     return {"delivered": delivered, "expected": total * connections, "cpu_s": cpu, "wall_s": wall,
             "us_per_item": 1e6 * cpu / max(1, delivered),
             "loop_us_per_item": 1e6 * loop_cpu / max(1, delivered), "messages_per_item": messages / max(1, delivered),
@@ -154,14 +142,12 @@ async def run_lockstep(connections: int, writes: int, batch: int = 1, shared: bo
     items each, as a consumer ~0.1 s behind a 1,000/s writer does in the peer suite.
     ``shared`` False: shared passes off, each connection produces its own visits."""
     with tempfile.TemporaryDirectory() as tmp:
-        engine = Engine.open(EngineConfig(data_dir=Path(tmp) / "data", partitions=PARTITIONS))
-        runner = EngineRunner(engine)
         limits = StreamLimits() if shared else StreamLimits(shared_passes=False)
-        server = StreamServer(engine=engine, runner=runner, limits=limits,
-                              streams=StreamRegistry(), metrics=NullMetrics(), stream_metrics=NullMetrics())
+        streams = InProcessStreams(Path(tmp) / "data", PARTITIONS, limits)
+        engine, runner, server = streams.engine, streams.runner, streams.server
         server.hub.pacer.gather_s = 0  # one write at a time: a held delivery would only be waited for
         sockets = [FakeWebSocket(f"c{i}") for i in range(connections)]
-        tasks = [asyncio.create_task(server.serve(ws)) for ws in sockets]
+        streams.serve(sockets)
         await asyncio.sleep(0.5)  # hellos and stream requests answered
         conns = list(server.streams._handles.values())  # noqa: SLF001 - a bench reads the counters
         sessions = [c.session for c in conns]
@@ -187,12 +173,7 @@ async def run_lockstep(connections: int, writes: int, batch: int = 1, shared: bo
         messages = sum(ws.messages for ws in sockets) - messages0
         wakeups = sum(getattr(c, "sender_wakeups", 0) for c in conns) - wakeups0
         direct = sum(getattr(c, "direct_passes", 0) for c in conns)
-        await server.close()
-        for t in tasks:
-            t.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
-        runner.shutdown()
-        engine.close()
+        await streams.close()
     return {"loop_us_per_item": 1e6 * loop_cpu / delivered, "messages_per_item": messages / delivered,
             "wakeups_per_item": wakeups / delivered, "direct_passes": direct, "delivered": delivered,
             "visits_per_item": visits / delivered, "visits_now": visits_now / max(1, visits)}

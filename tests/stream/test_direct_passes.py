@@ -14,17 +14,12 @@ import json
 from pathlib import Path
 from typing import Any
 
-from app.runner import EngineRunner
 from app.stream.connection import StreamLimits
 from app.stream.pacing import WakePacer
-from app.stream.server import StreamServer
-from app.streams_registry import StreamRegistry
-from engine.config import EngineConfig
 from engine.core.types import Op, WriteOp
-from engine.engine import Engine
 from engine.protocol.bundle import decode_bundle
 from engine.protocol.frames import decode_binary
-from tests.support.raw_transport import NullMetrics, raw_scope
+from tests.support.raw_transport import InProcessStreams, raw_scope
 
 PARTITIONS = 4
 
@@ -90,13 +85,11 @@ class Consumer:
 
 async def _fan_out(tmp: Path, raw: bool, consumers: int = 12, writes: int = 120, limits: StreamLimits | None = None
                    ) -> tuple[list[Consumer], list[Any], dict[int, list[int]]]:
-    engine = Engine.open(EngineConfig(data_dir=tmp / "data", partitions=PARTITIONS))
-    runner = EngineRunner(engine)
-    server = StreamServer(engine=engine, runner=runner, limits=limits or StreamLimits(), streams=StreamRegistry(),
-                          metrics=NullMetrics(), stream_metrics=NullMetrics())
+    streams = InProcessStreams(tmp / "data", PARTITIONS, limits)
+    engine, runner, server = streams.engine, streams.runner, streams.server
     server.hub.pacer = WakePacer(max_spacing_s=0.001)  # paced as under load, quickly
     socks = [Consumer(f"c{i}", raw) for i in range(consumers)]
-    tasks = [asyncio.create_task(server.serve(ws)) for ws in socks]
+    streams.serve(socks)
     written: dict[int, list[int]] = {p: [] for p in range(PARTITIONS)}
     try:
         for i in range(writes):
@@ -113,12 +106,7 @@ async def _fan_out(tmp: Path, raw: bool, consumers: int = 12, writes: int = 120,
             await asyncio.sleep(0.005)
         conns = list(server.streams._handles.values())  # noqa: SLF001 - the test reads the counters
     finally:
-        await server.close()
-        for t in tasks:
-            t.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
-        runner.shutdown()
-        engine.close()
+        await streams.close()
     return socks, conns, written
 
 
@@ -144,12 +132,10 @@ async def test_without_direct_writes_the_sender_task_does_the_passes(tmp_path: P
 async def test_a_failing_direct_pass_ends_its_connection_only(tmp_path: Path) -> None:
     """The pass runs inside the hub's delivery: its failure must not stop the delivery to the
     other connections; the sender task raises it and that connection ends."""
-    engine = Engine.open(EngineConfig(data_dir=tmp_path / "data", partitions=PARTITIONS))
-    runner = EngineRunner(engine)
-    server = StreamServer(engine=engine, runner=runner, limits=StreamLimits(), streams=StreamRegistry(),
-                          metrics=NullMetrics(), stream_metrics=NullMetrics())
+    streams = InProcessStreams(tmp_path / "data", PARTITIONS)
+    engine, runner, server = streams.engine, streams.runner, streams.server
     socks = [Consumer(f"c{i}", raw=True) for i in range(3)]
-    tasks = [asyncio.create_task(server.serve(ws)) for ws in socks]
+    streams.serve(socks)
     try:
         for _ in range(200):
             conns = list(server.streams._handles.values())  # noqa: SLF001 - the test reaches the connections
@@ -175,12 +161,7 @@ async def test_a_failing_direct_pass_ends_its_connection_only(tmp_path: Path) ->
         for ws in socks[1:]:
             assert ws.items == written
     finally:
-        await server.close()
-        for t in tasks:
-            t.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
-        runner.shutdown()
-        engine.close()
+        await streams.close()
 
 
 async def test_own_visits_sent_without_suspending_deliver_what_a_lone_consumer_gets(tmp_path: Path) -> None:

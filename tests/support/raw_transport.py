@@ -10,9 +10,16 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable, Iterable
+from pathlib import Path
 from typing import Any
 
+from app.runner import EngineRunner
+from app.stream.connection import StreamLimits
 from app.stream.rawframes import RAW_SEND_KEY
+from app.stream.server import StreamServer
+from app.streams_registry import StreamRegistry
+from engine.config import EngineConfig
+from engine.engine import Engine
 
 #: receives one message's parts: the frame header, then the payload's pieces
 FrameSink = Callable[[Iterable[bytes]], None]
@@ -75,3 +82,27 @@ class WebSocketsSansIOProtocol:
 def raw_scope(sink: FrameSink) -> dict[str, Any]:
     """An ASGI scope fragment offering direct frame writes to ``sink``."""
     return {RAW_SEND_KEY: WebSocketsSansIOProtocol(sink).send}
+
+
+class InProcessStreams:
+    """A real engine and ``StreamServer`` in this process, serving stand-in sockets: what the
+    direct-pass tests and ``bench.bench_passes`` run their connections on."""
+
+    def __init__(self, data_dir: Path, partitions: int, limits: StreamLimits | None = None) -> None:
+        self.engine = Engine.open(EngineConfig(data_dir=data_dir, partitions=partitions))
+        self.runner = EngineRunner(self.engine)
+        self.server = StreamServer(engine=self.engine, runner=self.runner, limits=limits or StreamLimits(),
+                                   streams=StreamRegistry(), metrics=NullMetrics(), stream_metrics=NullMetrics())
+        self._tasks: list[asyncio.Task[None]] = []
+
+    def serve(self, sockets: Iterable[Any]) -> None:
+        """Serve each socket on a task of its own (they start at the caller's next await)."""
+        self._tasks += [asyncio.create_task(self.server.serve(ws)) for ws in sockets]
+
+    async def close(self) -> None:
+        await self.server.close()
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        self.runner.shutdown()
+        self.engine.close()
