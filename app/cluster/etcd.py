@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import base64
 import json
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -143,22 +143,12 @@ class EtcdClient:
         return _int(answer.get("deleted"))
 
     async def txn(
-        self, compare: Sequence[Compare], success: Sequence[TxnOp], failure: Sequence[TxnOp] = ()
+        self, compare: Sequence[Compare], success: Sequence[TxnOp], failure: Sequence[TxnOp] = (), *,
+        trace: Callable[[str, dict[str, Any]], Awaitable[None]] | None = None,
     ) -> TxnResult:
-        answer = await self._call(
-            "/v3/kv/txn",
-            {
-                "compare": [c.to_json() for c in compare],
-                "success": [op.to_json() for op in success],
-                "failure": [op.to_json() for op in failure],
-            },
-        )
-        reads = tuple(
-            tuple(_kv(kv) for kv in response["response_range"].get("kvs", []))
-            for response in answer.get("responses", [])
-            if "response_range" in response
-        )
-        return TxnResult(bool(answer.get("succeeded", False)), _int(answer.get("header", {}).get("revision")), reads)
+        """``trace``: httpcore's trace callback for this request (a benchmark's stamps)."""
+        answer = await self._call("/v3/kv/txn", txn_body(compare, success, failure), trace=trace)
+        return txn_result(answer)
 
     # ------------------------------------------------------------------ leases
     async def grant(self, ttl: int) -> tuple[int, int]:
@@ -207,7 +197,8 @@ class EtcdClient:
         kvs = tuple(_kv(kv) for kv in answer.get("kvs", []))
         return kvs, _int(answer.get("header", {}).get("revision"))
 
-    async def _call(self, path: str, body: dict[str, Any], *, stream_first: bool = False) -> dict[str, Any]:
+    async def _call(self, path: str, body: dict[str, Any], *, stream_first: bool = False,
+                    trace: Callable[[str, dict[str, Any]], Awaitable[None]] | None = None) -> dict[str, Any]:
         if stream_first:
             async for message in self._stream(path, body):
                 return message
@@ -216,11 +207,12 @@ class EtcdClient:
         self.requests += 1
         for endpoint in self.endpoints:
             try:
-                response = await self._http.post(endpoint + path, json=body)
+                response = await self._http.post(endpoint + path, json=body,
+                                                 extensions={"trace": trace} if trace is not None else None)
             except httpx.TransportError as exc:
                 last = exc
                 continue
-            return _checked(response.json(), path)
+            return checked(response.json(), path)
         raise EtcdUnavailable(f"no etcd endpoint answered ({', '.join(self.endpoints)}): {last}")
 
     async def _stream(self, path: str, body: dict[str, Any]) -> AsyncIterator[dict[str, Any]]:
@@ -231,12 +223,31 @@ class EtcdClient:
                 async with self._http.stream("POST", endpoint + path, json=body, timeout=None) as response:
                     async for line in response.aiter_lines():
                         if line.strip():
-                            yield _checked(json.loads(line), path)
+                            yield checked(json.loads(line), path)
                     return
             except httpx.TransportError as exc:
                 last = exc
                 continue
         raise EtcdUnavailable(f"no etcd endpoint answered ({', '.join(self.endpoints)}): {last}")
+
+
+def txn_body(compare: Sequence[Compare], success: Sequence[TxnOp], failure: Sequence[TxnOp]) -> dict[str, Any]:
+    """The gateway's JSON for a transaction."""
+    return {
+        "compare": [c.to_json() for c in compare],
+        "success": [op.to_json() for op in success],
+        "failure": [op.to_json() for op in failure],
+    }
+
+
+def txn_result(answer: dict[str, Any]) -> TxnResult:
+    """A transaction's answer (already ``checked``) as a ``TxnResult``."""
+    reads = tuple(
+        tuple(_kv(kv) for kv in response["response_range"].get("kvs", []))
+        for response in answer.get("responses", [])
+        if "response_range" in response
+    )
+    return TxnResult(bool(answer.get("succeeded", False)), _int(answer.get("header", {}).get("revision")), reads)
 
 
 def prefix_end(prefix: bytes) -> bytes:
@@ -247,7 +258,8 @@ def prefix_end(prefix: bytes) -> bytes:
     return trimmed[:-1] + bytes([trimmed[-1] + 1])
 
 
-def _checked(answer: dict[str, Any], path: str) -> dict[str, Any]:
+def checked(answer: dict[str, Any], path: str) -> dict[str, Any]:
+    """``answer`` itself, or the ``EtcdError`` it carries raised."""
     error = answer.get("error")
     if isinstance(error, dict):
         raise EtcdError(f"{path}: {error.get('message', error)}", code=error.get("grpc_code"))

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from app.cluster.etcd import Compare, Delete, EtcdClient, EtcdError, Get, Put, WatchEvent
 from app.cluster.layout import Layout
 from app.cluster.mapstore import MapStore
+from app.cluster.switch_trace import SwitchTrace, traced
 from engine.cluster.handover import Handover, HandoverRequest, HandoverView, advance, switch_by_source, takes_over
 from engine.cluster.orchestration import ClusterView
 from engine.cluster.partition_map import PartitionMap
@@ -237,6 +238,8 @@ class HandoverParticipant:
         #: partition -> the target of the switch this node, its source, has sent to etcd and not
         #: yet seen answered: writes refused here go on to that target now (``switching_to``)
         self._switching: dict[int, str] = {}
+        #: stamps of each switch transaction for a benchmark (``app.cluster.switch_trace``), or None
+        self.switch_trace: SwitchTrace | None = None
 
     async def load(self) -> None:
         kvs, revision = await self.store.etcd.get_prefix(self.store._partitions)
@@ -486,13 +489,17 @@ class HandoverParticipant:
             # the writes held by the pause go to the target while etcd commits (``switching_to``)
             self._switching[p] = fenced.target
             self._release()
+            compare = [Compare(key, "mod", stored.mod_revision), Compare(self.maps.layout.map, "mod", mod_revision)]
+            success = [Put(key, _dumps(fenced.to_json())), Put(self.maps.layout.map, raw)]
+            failure = [Get(key), Get(self.maps.layout.map)]
             try:
-                done = await self.store.etcd.txn(
-                    [Compare(key, "mod", stored.mod_revision), Compare(self.maps.layout.map, "mod", mod_revision)],
-                    [Put(key, _dumps(fenced.to_json())), Put(self.maps.layout.map, raw)],
-                    [Get(key), Get(self.maps.layout.map)])
+                done, stamped = await traced(self.switch_trace, lambda stamps: self.store.etcd.txn(
+                    compare, success, failure, trace=stamps.trace if stamps is not None else None))
             finally:
                 self._switching.pop(p, None)
+            if stamped is not None:
+                log.warning("node %s: partition %d: switch trace (%s): %s", self.node, p,
+                            "committed" if done.succeeded else "refused", stamped)
             if done.succeeded:
                 self._map_kv = (raw, done.revision)
                 if self._current is None or new.revision > self._current.revision:

@@ -1,0 +1,133 @@
+"""Stamps of a handover's switch transaction end to end, for the rebalance benchmark.
+
+Off unless the node's environment sets ``UPR_SWITCH_TRACE=1``; then the node samples its own
+event loop's lag (a short sleep's overshoot), records every cyclic-GC collection of its process,
+and each switch transaction the node sends as a handover's source is stamped at every step the
+etcd client passes: handed to the client, a connection acquired (httpcore's first event on it),
+the request's bytes written, the answer's headers read, its body read, and the coroutine resumed
+in the source's fence.  The fence logs one ``switch trace`` line per transaction with these and
+with the loop stalls and collections that overlapped it (``bench.cluster_phases.switch_traces``).
+All stamps are ``time.monotonic()``: the host's clock, one for every process of the bench.
+
+WHY: a handover's pause is mostly its switch transaction, and the slow ones (a few hundred ms
+on an etcd without fsync, where most take tens) could be the source's loop, its GC, the etcd
+client's connection pool, or etcd; only stamps on each side of each step say which.
+"""
+from __future__ import annotations
+
+import asyncio
+import gc
+import os
+import time
+from collections import deque
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+TRACE_ENV = "UPR_SWITCH_TRACE"
+
+#: the sampler's sleep: short enough to see a stall of a few ms, long enough to cost little
+SAMPLE_S = 0.005
+#: overshoots of the sleep kept as stalls (smaller ones are timer granularity)
+STALL_S = 0.005
+
+#: httpcore trace events kept, in the order a request passes them, and their short names
+_EVENTS = {
+    "connection.connect_tcp.started": "connect",
+    "http11.send_request_headers.started": "acquired",
+    "http11.send_request_body.complete": "sent",
+    "http11.receive_response_headers.complete": "answered",
+    "http11.receive_response_body.complete": "read",
+}
+
+
+class RequestStamps:
+    """One request's stamps; ``trace`` is the httpx ``extensions={"trace": ...}`` callback."""
+
+    def __init__(self) -> None:
+        self.handed = time.monotonic()
+        self.marks: dict[str, float] = {}
+        self.connected_new = False
+
+    def mark(self, name: str) -> None:
+        """A step reached (a client that stamps its own steps: ``acquired``, ``sent``, ...)."""
+        self.marks.setdefault(name, time.monotonic())
+
+    async def trace(self, name: str, info: dict[str, Any]) -> None:
+        short = _EVENTS.get(name)
+        if short is None:
+            return
+        if short == "connect":
+            self.connected_new = True
+        self.marks.setdefault(short, time.monotonic())
+
+
+class SwitchTrace:
+    """The node's loop stalls and GC collections (recent ones), and the text of one request's
+    stamps beside them."""
+
+    def __init__(self) -> None:
+        #: (stall start, stall end) of the event loop, seconds
+        self.stalls: deque[tuple[float, float]] = deque(maxlen=4096)
+        #: (start, end, generation) of every collection
+        self.collections: deque[tuple[float, float, int]] = deque(maxlen=4096)
+        self._gc_start = 0.0
+        self._task: asyncio.Task[None] | None = None
+
+    @classmethod
+    def from_env(cls) -> SwitchTrace | None:
+        return cls() if os.environ.get(TRACE_ENV) == "1" else None
+
+    def start(self) -> None:
+        gc.callbacks.append(self._on_gc)
+        self._task = asyncio.get_running_loop().create_task(self._sample())
+
+    async def aclose(self) -> None:
+        if self._on_gc in gc.callbacks:
+            gc.callbacks.remove(self._on_gc)
+        if self._task is not None:
+            self._task.cancel()
+
+    def _on_gc(self, phase: str, info: dict[str, Any]) -> None:
+        if phase == "start":
+            self._gc_start = time.monotonic()
+        else:
+            self.collections.append((self._gc_start, time.monotonic(), info["generation"]))
+
+    async def _sample(self) -> None:
+        while True:
+            due = time.monotonic() + SAMPLE_S
+            await asyncio.sleep(SAMPLE_S)
+            woke = time.monotonic()
+            if woke - due > STALL_S:
+                self.stalls.append((due, woke))
+
+    def describe(self, stamps: RequestStamps, resumed: float) -> str:
+        """``handed->acquired 0 ms, ->sent 1 ms, ...; loop stalled 0 ms (max 0 ms); gc ...``:
+        each step's milliseconds, then what of the node overlapped the whole request."""
+        steps, last = [], stamps.handed
+        for name in ("acquired", "sent", "answered", "read"):
+            at = stamps.marks.get(name)
+            if at is None:
+                steps.append(f"{name} ?")
+                continue
+            steps.append(f"{name} {(at - last) * 1000:.0f} ms")
+            last = at
+        steps.append(f"resumed {(resumed - last) * 1000:.0f} ms")
+        lo, hi = stamps.handed, resumed
+        stalled = [min(e, hi) - max(s, lo) for s, e in self.stalls if e > lo and s < hi]
+        gcs = [(min(e, hi) - max(s, lo), g) for s, e, g in self.collections if e > lo and s < hi]
+        gc_text = ", ".join(f"gen{g} {d * 1000:.0f} ms" for d, g in gcs) or "none"
+        return (f"{', '.join(steps)}; total {(hi - lo) * 1000:.0f} ms"
+                f"{' on a new connection' if stamps.connected_new else ''}; "
+                f"loop stalled {sum(stalled) * 1000:.0f} ms (longest {max(stalled, default=0) * 1000:.0f} ms); "
+                f"gc {gc_text}")
+
+
+async def traced(trace: SwitchTrace | None, call: Callable[[RequestStamps | None], Awaitable[Any]],
+                 ) -> tuple[Any, str | None]:
+    """``call`` with stamps when tracing is on; its result and the stamps' text (None when off)."""
+    if trace is None:
+        return await call(None), None
+    stamps = RequestStamps()
+    result = await call(stamps)
+    return result, trace.describe(stamps, time.monotonic())
