@@ -23,6 +23,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from app.cluster.etcd import Compare, Delete, EtcdClient, EtcdError, Get, Put, WatchEvent
+from app.cluster.etcd_thread import EtcdThread
 from app.cluster.layout import Layout
 from app.cluster.mapstore import MapStore
 from app.cluster.switch_trace import SwitchTrace, traced
@@ -240,6 +241,8 @@ class HandoverParticipant:
         self._switching: dict[int, str] = {}
         #: stamps of each switch transaction for a benchmark (``app.cluster.switch_trace``), or None
         self.switch_trace: SwitchTrace | None = None
+        #: the switch transaction's own connection, on a thread: it waits for no event-loop turn
+        self.switch_etcd = EtcdThread(etcd)
 
     async def load(self) -> None:
         kvs, revision = await self.store.etcd.get_prefix(self.store._partitions)
@@ -372,6 +375,7 @@ class HandoverParticipant:
             task.cancel()
         await self.fenced()
         await asyncio.gather(*list(self._deleting), return_exceptions=True)
+        self.switch_etcd.close()
 
     # ------------------------------------------------------------------ writes during the pause
     def in_handover(self, partition: int) -> bool:
@@ -472,7 +476,11 @@ class HandoverParticipant:
         sources switch side by side, so a transaction is often refused only because another
         source's switch moved the map first.  The refusal reads the record and the map back in
         the same round trip, and the switch is tried again on that map (``SWITCH_TRIES``), where
-        handing it to the orchestrator would keep the writes paused for its next cycle."""
+        handing it to the orchestrator would keep the writes paused for its next cycle.
+
+        WHY its own connection on a thread (``EtcdThread``): the transaction is in the write
+        pause, and on the source's busy event loop each of a request's steps waits for a turn
+        of the loop (docs/benchmarks.md, Cluster: "The switch transaction off the event loop")."""
         # the newest map the watch brought saves a read
         seen = self._map_kv
         if seen is not None:
@@ -493,8 +501,8 @@ class HandoverParticipant:
             success = [Put(key, _dumps(fenced.to_json())), Put(self.maps.layout.map, raw)]
             failure = [Get(key), Get(self.maps.layout.map)]
             try:
-                done, stamped = await traced(self.switch_trace, lambda stamps: self.store.etcd.txn(
-                    compare, success, failure, trace=stamps.trace if stamps is not None else None))
+                done, stamped = await traced(self.switch_trace, lambda stamps: self.switch_etcd.txn(
+                    compare, success, failure, marks=stamps))
             finally:
                 self._switching.pop(p, None)
             if stamped is not None:
