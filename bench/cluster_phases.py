@@ -248,3 +248,42 @@ def switch_rows(traces: list[SwitchStamps]) -> list[tuple[str, str]]:
         s = summary_ms(values)
         rows.append((name, f"p50 {s['p50']:.0f} ms, p99 {s['p99']:.0f} ms, max {s['p100']:.0f} ms over {len(values)}"))
     return rows
+
+
+_STALL = re.compile(r"loop stalled (?P<ms>\d+) ms from (?P<at>[\d.]+) \(monotonic\)")
+
+
+def loop_stalls(log_lines: list[str]) -> list[tuple[float, float]]:
+    """(start, end) in monotonic seconds of every loop stall one node logged (``UPR_SWITCH_TRACE``
+    logs those over 50 ms)."""
+    out = []
+    for line in log_lines:
+        m = _STALL.search(line)
+        if m is not None:
+            start = float(m.group("at"))
+            out.append((start, start + float(m.group("ms")) / 1000))
+    return out
+
+
+def stall_rows(marks: dict[int, HandoverMarks], moved: list[int],
+               stalls: dict[str, list[tuple[float, float]]]) -> list[tuple[str, str]]:
+    """Per moved partition: its pause (first refused write -> accepted), then how much of
+    "map switched -> target took over" the target's loop spent in stalls over 50 ms, and how
+    much of the pause the source's did."""
+    rows = []
+    for p in moved:
+        m = marks.get(p)
+        if m is None or m.switched is None or m.taken_over is None:
+            continue
+
+        def within(node: str, lo: float | None, hi: float | None) -> float:
+            if lo is None or hi is None:
+                return float("nan")
+            return sum(max(0.0, min(e, hi) - max(s, lo)) for s, e in stalls.get(node, [])) * 1000
+
+        pause = (m.accepted - m.first_refused) * 1000 if m.accepted and m.first_refused else float("nan")
+        rows.append((f"partition {p} ({m.source} -> {m.target})",
+                     f"pause {pause:.0f} ms; map switched -> target took over {(m.taken_over - m.switched) * 1000:.0f} ms, "
+                     f"target's loop stalled {within(m.target, m.switched, m.taken_over):.0f} ms of it; "
+                     f"source's loop stalled {within(m.source, m.first_refused, m.accepted):.0f} ms of the pause"))
+    return rows

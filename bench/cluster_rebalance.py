@@ -45,7 +45,9 @@ from bench.cluster_phases import (
     SwitchStamps,
     etcd_counts,
     fence_steps,
+    loop_stalls,
     phase_rows,
+    stall_rows,
     step_rows,
     switch_rows,
     switch_traces,
@@ -92,6 +94,8 @@ class RebalanceRun:
     steps: dict[str, list[float]] = field(default_factory=dict)
     #: every switch transaction's stamps (``app.cluster.switch_trace``): (committed, step -> ms, line)
     switch_traces: list[SwitchStamps] = field(default_factory=list)
+    #: node -> its loop stalls over 50 ms (``UPR_SWITCH_TRACE``), monotonic (start, end)
+    stalls: dict[str, list[tuple[float, float]]] = field(default_factory=dict)
     #: etcd's own "took too long" warnings over the run
     etcd_slow: list[str] = field(default_factory=list)
 
@@ -337,7 +341,10 @@ def measure_rebalance(group: ProcessGroup, work: Path, etcd: str, args: argparse
         run.backfill_items, run.backfill_s = count, seconds
         lines: list[str] = []
         for log_file in sorted((work / "rb").glob("*/server.log")):
-            lines.extend(log_file.read_text(errors="replace").splitlines())
+            node_lines = log_file.read_text(errors="replace").splitlines()
+            lines.extend(node_lines)
+            name = new.name if log_file.parent.name == "new" else log_file.parent.name
+            run.stalls[name] = loop_stalls(node_lines)
         run.steps = fence_steps(lines)
         run.switch_traces = switch_traces(lines)
         etcd_log = work / "etcd.log"
@@ -387,6 +394,8 @@ def rebalance_figures(run: RebalanceRun, args: argparse.Namespace) -> list[Figur
                  "request written -> answer's headers read -> body read -> fence resumed) and what of the "
                  "node overlapped the whole transaction (loop stalls over 5 ms, GC collections)")
           for label, result in switch_rows(run.switch_traces)),
+        *(Figure(f"loop stalls over 50 ms, {label}", result, "—", "—")
+          for label, result in stall_rows(run.marks, run.moved_partitions, run.stalls)),
         Figure("etcd's own slow-request warnings during the run", f"{len(run.etcd_slow)}", "—", "—",
                "etcd's log (threshold: --experimental-warning-apply-duration, 100 ms unless "
                "UPR_BENCH_ETCD_ARGS sets it)"),

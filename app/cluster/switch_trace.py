@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import logging
 import os
 import time
 from collections import deque
@@ -29,6 +30,11 @@ TRACE_ENV = "UPR_SWITCH_TRACE"
 SAMPLE_S = 0.005
 #: overshoots of the sleep kept as stalls (smaller ones are timer granularity)
 STALL_S = 0.005
+#: stalls logged one by one, with their start on the host's clock: a handover's target can be
+#: the node whose loop holds the pause (its watch brings the map), and only its log says so
+LOG_STALL_S = 0.05
+
+log = logging.getLogger("upr.cluster")
 
 #: httpcore trace events kept, in the order a request passes them, and their short names
 _EVENTS = {
@@ -100,6 +106,8 @@ class SwitchTrace:
             woke = time.monotonic()
             if woke - due > STALL_S:
                 self.stalls.append((due, woke))
+                if woke - due > LOG_STALL_S:
+                    log.warning("loop stalled %.0f ms from %.6f (monotonic)", (woke - due) * 1000, due)
 
     def describe(self, stamps: RequestStamps, resumed: float) -> str:
         """``handed->acquired 0 ms, ->sent 1 ms, ...; loop stalled 0 ms (max 0 ms); gc ...``:
