@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import collections
 import json
 import sys
 import time
@@ -350,6 +351,10 @@ def measure_rebalance(group: ProcessGroup, work: Path, etcd: str, args: argparse
         etcd_log = work / "etcd.log"
         run.etcd_slow = [line for line in etcd_log.read_text(errors="replace").splitlines()
                          if "took too long" in line] if etcd_log.exists() else []
+        samples = collections.Counter(line.split("loop stall sample: ", 1)[1][:400] for line in lines
+                                      if "loop stall sample: " in line)
+        for stack, n in samples.most_common(12):
+            progress(f"loop stall sample x{n}: {stack}")
         for trace in run.switch_traces:
             progress(f"switch trace: {trace.line}")
         for line in run.etcd_slow:

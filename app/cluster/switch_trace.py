@@ -19,7 +19,10 @@ import asyncio
 import gc
 import logging
 import os
+import sys
+import threading
 import time
+import traceback
 from collections import deque
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -33,6 +36,10 @@ STALL_S = 0.005
 #: stalls logged one by one, with their start on the host's clock: a handover's target can be
 #: the node whose loop holds the pause (its watch brings the map), and only its log says so
 LOG_STALL_S = 0.05
+
+#: how often a stalled loop's stack is sampled, and how many of its innermost frames are logged
+WATCH_S = 0.02
+STACK_DEPTH = 8
 
 log = logging.getLogger("upr.cluster")
 
@@ -78,6 +85,8 @@ class SwitchTrace:
         self.collections: deque[tuple[float, float, int]] = deque(maxlen=4096)
         self._gc_start = 0.0
         self._task: asyncio.Task[None] | None = None
+        self._loop_thread = self._loop_native = 0
+        self._beat = 0.0
 
     @classmethod
     def from_env(cls) -> SwitchTrace | None:
@@ -86,6 +95,24 @@ class SwitchTrace:
     def start(self) -> None:
         gc.callbacks.append(self._on_gc)
         self._task = asyncio.get_running_loop().create_task(self._sample())
+        self._loop_thread = threading.get_ident()
+        self._loop_native = threading.get_native_id()
+        self._beat = time.monotonic()
+        threading.Thread(target=self._watch_stalls, name="stall sampler", daemon=True).start()
+
+    def _watch_stalls(self) -> None:
+        """While the loop is stalled past ``LOG_STALL_S``, log what the loop's thread is running
+        every ``WATCH_S`` (its innermost frames): which callback holds the loop."""
+        while self._task is not None and not self._task.done():
+            time.sleep(WATCH_S)
+            if time.monotonic() - self._beat < LOG_STALL_S:
+                continue
+            frame = sys._current_frames().get(self._loop_thread)
+            if frame is None:
+                continue
+            stack = traceback.extract_stack(frame)[-STACK_DEPTH:]
+            log.warning("loop stall sample: [%s] %s", _thread_state(self._loop_native), " < ".join(
+                f"{os.path.basename(f.filename)}:{f.lineno} {f.name}" for f in reversed(stack)))
 
     async def aclose(self) -> None:
         if self._on_gc in gc.callbacks:
@@ -103,7 +130,7 @@ class SwitchTrace:
         while True:
             due = time.monotonic() + SAMPLE_S
             await asyncio.sleep(SAMPLE_S)
-            woke = time.monotonic()
+            woke = self._beat = time.monotonic()
             if woke - due > STALL_S:
                 self.stalls.append((due, woke))
                 if woke - due > LOG_STALL_S:
@@ -129,6 +156,16 @@ class SwitchTrace:
                 f"{' on a new connection' if stamps.connected_new else ''}; "
                 f"loop stalled {sum(stalled) * 1000:.0f} ms (longest {max(stalled, default=0) * 1000:.0f} ms); "
                 f"gc {gc_text}")
+
+
+def _thread_state(native_id: int) -> str:
+    """The kernel's state of a thread of this process: R running or runnable (a core is what it
+    lacks, or it runs C code), S sleeping (on a lock such as the GIL, or polling)."""
+    try:
+        with open(f"/proc/self/task/{native_id}/stat", "rb") as f:
+            return f.read().rsplit(b")", 1)[1].split()[0].decode()
+    except OSError:
+        return "?"
 
 
 async def traced(trace: SwitchTrace | None, call: Callable[[RequestStamps | None], Awaitable[Any]],
