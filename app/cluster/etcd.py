@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import base64
 import json
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -143,11 +143,9 @@ class EtcdClient:
         return _int(answer.get("deleted"))
 
     async def txn(
-        self, compare: Sequence[Compare], success: Sequence[TxnOp], failure: Sequence[TxnOp] = (), *,
-        trace: Callable[[str, dict[str, Any]], Awaitable[None]] | None = None,
+        self, compare: Sequence[Compare], success: Sequence[TxnOp], failure: Sequence[TxnOp] = ()
     ) -> TxnResult:
-        """``trace``: httpcore's trace callback for this request (a benchmark's stamps)."""
-        answer = await self._call("/v3/kv/txn", txn_body(compare, success, failure), trace=trace)
+        answer = await self._call("/v3/kv/txn", txn_body(compare, success, failure))
         return txn_result(answer)
 
     # ------------------------------------------------------------------ leases
@@ -197,8 +195,7 @@ class EtcdClient:
         kvs = tuple(_kv(kv) for kv in answer.get("kvs", []))
         return kvs, _int(answer.get("header", {}).get("revision"))
 
-    async def _call(self, path: str, body: dict[str, Any], *, stream_first: bool = False,
-                    trace: Callable[[str, dict[str, Any]], Awaitable[None]] | None = None) -> dict[str, Any]:
+    async def _call(self, path: str, body: dict[str, Any], *, stream_first: bool = False) -> dict[str, Any]:
         if stream_first:
             async for message in self._stream(path, body):
                 return message
@@ -207,8 +204,7 @@ class EtcdClient:
         self.requests += 1
         for endpoint in self.endpoints:
             try:
-                response = await self._http.post(endpoint + path, json=body,
-                                                 extensions={"trace": trace} if trace is not None else None)
+                response = await self._http.post(endpoint + path, json=body)
             except httpx.TransportError as exc:
                 last = exc
                 continue

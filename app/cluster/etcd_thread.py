@@ -32,6 +32,8 @@ __all__ = ["EtcdThread"]
 
 
 class _Marks(Protocol):
+    connected_new: bool
+
     def mark(self, name: str) -> None: ...
 
 
@@ -94,11 +96,14 @@ class EtcdThread:
         last: Exception | None = None
         for i in range(len(endpoints)):
             at = (self._at + i) % len(endpoints)
+            kept = self._conn
             try:
                 conn = self._connection(at)
             except OSError as exc:
                 last = exc
                 continue
+            if job.marks is not None and conn is not kept:
+                job.marks.connected_new = True
             try:
                 if job.marks is not None:
                     job.marks.mark("acquired")

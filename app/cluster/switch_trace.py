@@ -2,16 +2,18 @@
 
 Off unless the node's environment sets ``UPR_SWITCH_TRACE=1``; then the node samples its own
 event loop's lag (a short sleep's overshoot), records every cyclic-GC collection of its process,
-and each switch transaction the node sends as a handover's source is stamped at every step the
-etcd client passes: handed to the client, a connection acquired (httpcore's first event on it),
-the request's bytes written, the answer's headers read, its body read, and the coroutine resumed
-in the source's fence.  The fence logs one ``switch trace`` line per transaction with these and
-with the loop stalls and collections that overlapped it (``bench.cluster_phases.switch_traces``).
+logs each loop stall over ``LOG_STALL_S`` with the loop thread's innermost frames and kernel
+state sampled while it lasts, and each switch transaction the node sends as a handover's source
+is stamped at every step: handed to the client, taken up by the connection (``acquired``), the
+request written, the answer's headers read, its body read, and the coroutine resumed in the
+source's fence.  The fence logs one ``switch trace`` line per transaction with these and with
+the loop stalls and collections that overlapped it (``bench.cluster_phases.switch_traces``).
 All stamps are ``time.monotonic()``: the host's clock, one for every process of the bench.
 
 WHY: a handover's pause is mostly its switch transaction, and the slow ones (a few hundred ms
 on an etcd without fsync, where most take tens) could be the source's loop, its GC, the etcd
-client's connection pool, or etcd; only stamps on each side of each step say which.
+client's connection pool, or etcd; only stamps on each side of each step say which
+(docs/benchmarks.md, Cluster: "The switch transaction off the event loop").
 """
 from __future__ import annotations
 
@@ -43,35 +45,18 @@ STACK_DEPTH = 8
 
 log = logging.getLogger("upr.cluster")
 
-#: httpcore trace events kept, in the order a request passes them, and their short names
-_EVENTS = {
-    "connection.connect_tcp.started": "connect",
-    "http11.send_request_headers.started": "acquired",
-    "http11.send_request_body.complete": "sent",
-    "http11.receive_response_headers.complete": "answered",
-    "http11.receive_response_body.complete": "read",
-}
-
-
 class RequestStamps:
-    """One request's stamps; ``trace`` is the httpx ``extensions={"trace": ...}`` callback."""
+    """One request's stamps, marked by the client that sends it (``EtcdThread``)."""
 
     def __init__(self) -> None:
         self.handed = time.monotonic()
         self.marks: dict[str, float] = {}
+        #: set by a client that had to open a connection for this request
         self.connected_new = False
 
     def mark(self, name: str) -> None:
         """A step reached (a client that stamps its own steps: ``acquired``, ``sent``, ...)."""
         self.marks.setdefault(name, time.monotonic())
-
-    async def trace(self, name: str, info: dict[str, Any]) -> None:
-        short = _EVENTS.get(name)
-        if short is None:
-            return
-        if short == "connect":
-            self.connected_new = True
-        self.marks.setdefault(short, time.monotonic())
 
 
 class SwitchTrace:
