@@ -50,7 +50,6 @@ from app.cluster.election import Election
 from app.cluster.errors import ClusterError, DuplicateNode
 from app.cluster.etcd import EtcdClient, EtcdError
 from app.cluster.handover import HandoverParticipant
-from app.cluster.switch_trace import SwitchTrace
 from app.cluster.layout import Layout
 from app.cluster.mapstore import MapStore
 from app.cluster.membership import ClusterSettings, Membership, join_settings
@@ -59,6 +58,7 @@ from app.cluster.outage import Outage
 from app.cluster.progress_view import ProgressView
 from app.cluster.rebalance import RebalanceStore
 from app.cluster.replication import ReplicationStreams
+from app.cluster.switch_trace import SwitchTrace
 from engine.cluster.partition_map import PartitionMap
 from engine.cluster.promotion import ReplicaProgress
 from engine.cluster.roles import Change, changes
