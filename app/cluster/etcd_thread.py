@@ -44,7 +44,7 @@ class EtcdThread:
     def __init__(self, client: EtcdClient, *, timeout: float = 5.0) -> None:
         self._client = client
         self._timeout = timeout
-        self._jobs: queue.SimpleQueue[_Job | None] = queue.SimpleQueue()
+        self._jobs: queue.SimpleQueue[_Job | object | None] = queue.SimpleQueue()
         self._thread: threading.Thread | None = None
         self._conn: http.client.HTTPConnection | None = None
         #: the endpoint ``_conn`` goes to: the last that answered is tried first
@@ -58,11 +58,20 @@ class EtcdThread:
         loop = asyncio.get_running_loop()
         future: asyncio.Future[dict[str, Any]] = loop.create_future()
         self._client.requests += 1
+        self._start()
+        self._jobs.put(_Job("/v3/kv/txn", body, loop, future, marks))
+        return txn_result(await future)
+
+    def warm(self) -> None:
+        """Start the thread and open the connection now, ahead of the first transaction (a
+        fence's catch-up comes before its pause).  Errors wait for the transaction."""
+        self._start()
+        self._jobs.put(_WARM)
+
+    def _start(self) -> None:
         if self._thread is None:
             self._thread = threading.Thread(target=self._run, name="etcd switch", daemon=True)
             self._thread.start()
-        self._jobs.put(_Job("/v3/kv/txn", body, loop, future, marks))
-        return txn_result(await future)
 
     def close(self) -> None:
         """End the thread once the transactions queued are sent (it closes the connection)."""
@@ -78,6 +87,13 @@ class EtcdThread:
                 if self._conn is not None:
                     self._conn.close()
                 return
+            if job is _WARM:
+                try:
+                    self._connection(self._at)
+                except OSError:
+                    pass  # the transaction tries every endpoint and says why none answered
+                continue
+            assert isinstance(job, _Job)
             try:
                 outcome: tuple[bool, Any] = (True, checked(self._post(job), job.path))
             except Exception as exc:  # noqa: BLE001 - handed to the caller, raised there
@@ -149,6 +165,10 @@ class _Job:
     def __init__(self, path: str, body: bytes, loop: asyncio.AbstractEventLoop,
                  future: asyncio.Future[dict[str, Any]], marks: _Marks | None) -> None:
         self.path, self.body, self.loop, self.future, self.marks = path, body, loop, future, marks
+
+
+#: the job that only opens the connection (``warm``)
+_WARM = object()
 
 
 def _settle(future: asyncio.Future[dict[str, Any]], outcome: tuple[bool, Any]) -> None:

@@ -360,6 +360,8 @@ class HandoverParticipant:
         if (h.source != self.node or h.fenced_at is not None or current is None or current.active_of(p) != self.node
                 or self.engine.state(p) is not PartitionState.ACTIVE or p in self._fencing):
             return
+        # the switch's connection opens during the catch-up, not inside the write pause
+        self.switch_etcd.warm()
         task = asyncio.create_task(self._fence(p, stored), name=f"fence partition {p}")
         self._fencing[p] = task
         task.add_done_callback(lambda _t: self._fencing.pop(p, None))

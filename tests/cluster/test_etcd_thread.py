@@ -46,6 +46,7 @@ class _OneShotServer:
         self.sock = socket.create_server(("127.0.0.1", 0))
         self.url = f"http://127.0.0.1:{self.sock.getsockname()[1]}"
         self.requests = 0
+        self.accepted = threading.Event()
         self.closed = threading.Event()
         self._thread = threading.Thread(target=self._serve, daemon=True)
         self._thread.start()
@@ -56,6 +57,7 @@ class _OneShotServer:
                 conn, _ = self.sock.accept()
             except OSError:
                 return
+            self.accepted.set()
             with conn:
                 data = b""
                 while b"\r\n\r\n" not in data:
@@ -131,4 +133,18 @@ async def test_an_endpoint_that_refuses_connections_gives_way_to_the_next() -> N
     finally:
         channel.close()
         spare.stop()
+        await client.aclose()
+
+
+async def test_warming_opens_the_connection_the_first_transaction_then_uses(answering: _OneShotServer) -> None:
+    client = EtcdClient([answering.url])
+    channel = EtcdThread(client)
+    try:
+        channel.warm()
+        assert answering.accepted.wait(5) and answering.requests == 0  # connected, nothing sent
+        stamps = RequestStamps()
+        assert (await channel.txn([], [Put(b"/k", b"1")], marks=stamps)).succeeded
+        assert answering.requests == 1 and not stamps.connected_new  # on the warmed connection
+    finally:
+        channel.close()
         await client.aclose()
