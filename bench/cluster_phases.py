@@ -21,7 +21,8 @@ from dataclasses import dataclass, field
 
 from bench.cluster_figures import summary_ms
 
-__all__ = ["HandoverMarks", "PhaseWatch", "PHASES", "phase_rows", "etcd_counts", "fence_steps", "step_rows"]
+__all__ = ["HandoverMarks", "PhaseWatch", "PHASES", "SwitchStamps", "phase_rows", "etcd_counts", "fence_steps", "step_rows",
+           "switch_rows", "switch_traces"]
 
 
 @dataclass
@@ -202,4 +203,87 @@ def step_rows(steps: dict[str, list[float]]) -> list[tuple[str, str]]:
             rows.append((name, f"median {values[len(values) // 2]:.0f}, max {values[-1]:.0f} over {len(values)}"))
         else:
             rows.append((name, f"p50 {s['p50']:.0f} ms, p99 {s['p99']:.0f} ms, max {s['p100']:.0f} ms over {len(values)}"))
+    return rows
+
+
+@dataclass
+class SwitchStamps:
+    """One switch transaction's stamps, parsed from the source's ``switch trace`` line."""
+
+    committed: bool
+    #: step -> milliseconds: acquired, sent, answered, read, resumed, total, loop stalled, gc
+    ms: dict[str, float]
+    line: str
+
+
+_TRACE = re.compile(r"node (?P<node>\S+): partition (?P<p>\d+): switch trace \((?P<outcome>committed|refused)\): "
+                    r"(?P<rest>.*)$")
+_TRACE_STEP = re.compile(r"(?P<name>acquired|sent|answered|read|resumed|total|loop stalled|longest|gen\d) "
+                         r"(?P<ms>\d+) ms")
+
+
+def switch_traces(log_lines: list[str]) -> list[SwitchStamps]:
+    """Every ``switch trace`` line the sources logged (``UPR_SWITCH_TRACE=1``), in log order."""
+    out = []
+    for line in log_lines:
+        m = _TRACE.search(line.rstrip())
+        if m is None:
+            continue
+        ms: dict[str, float] = {}
+        for step in _TRACE_STEP.finditer(m.group("rest")):
+            name = "gc" if step.group("name").startswith("gen") else step.group("name")
+            ms[name] = ms.get(name, 0.0) + float(step.group("ms"))
+        out.append(SwitchStamps(m.group("outcome") == "committed", ms,
+                                f"{m.group('node')} p{m.group('p')} {m.group('outcome')}: {m.group('rest')}"))
+    return out
+
+
+def switch_rows(traces: list[SwitchStamps]) -> list[tuple[str, str]]:
+    """(step, "p50 / p99 / max over n") over every traced switch transaction, committed or refused."""
+    rows = []
+    for name in ("total", "acquired", "sent", "answered", "read", "resumed", "loop stalled", "gc"):
+        values = sorted(t.ms.get(name, 0.0) / 1000 for t in traces)
+        if not values:
+            continue
+        s = summary_ms(values)
+        rows.append((name, f"p50 {s['p50']:.0f} ms, p99 {s['p99']:.0f} ms, max {s['p100']:.0f} ms over {len(values)}"))
+    return rows
+
+
+_STALL = re.compile(r"loop stalled (?P<ms>\d+) ms from (?P<at>[\d.]+) \(monotonic\)")
+
+
+def loop_stalls(log_lines: list[str]) -> list[tuple[float, float]]:
+    """(start, end) in monotonic seconds of every loop stall one node logged (``UPR_SWITCH_TRACE``
+    logs those over 50 ms)."""
+    out = []
+    for line in log_lines:
+        m = _STALL.search(line)
+        if m is not None:
+            start = float(m.group("at"))
+            out.append((start, start + float(m.group("ms")) / 1000))
+    return out
+
+
+def stall_rows(marks: dict[int, HandoverMarks], moved: list[int],
+               stalls: dict[str, list[tuple[float, float]]]) -> list[tuple[str, str]]:
+    """Per moved partition: its pause (first refused write -> accepted), then how much of
+    "map switched -> target took over" the target's loop spent in stalls over 50 ms, and how
+    much of the pause the source's did."""
+    rows = []
+    for p in moved:
+        m = marks.get(p)
+        if m is None or m.switched is None or m.taken_over is None:
+            continue
+
+        def within(node: str, lo: float | None, hi: float | None) -> float:
+            if lo is None or hi is None:
+                return float("nan")
+            return sum(max(0.0, min(e, hi) - max(s, lo)) for s, e in stalls.get(node, [])) * 1000
+
+        pause = (m.accepted - m.first_refused) * 1000 if m.accepted and m.first_refused else float("nan")
+        rows.append((f"partition {p} ({m.source} -> {m.target})",
+                     f"pause {pause:.0f} ms; map switched -> target took over {(m.taken_over - m.switched) * 1000:.0f} ms, "
+                     f"target's loop stalled {within(m.target, m.switched, m.taken_over):.0f} ms of it; "
+                     f"source's loop stalled {within(m.source, m.first_refused, m.accepted):.0f} ms of the pause"))
     return rows

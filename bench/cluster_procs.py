@@ -10,6 +10,7 @@ distinct key prefixes.
 """
 from __future__ import annotations
 
+import os
 import signal
 import subprocess
 import sys
@@ -42,6 +43,8 @@ def start_etcd(group: ProcessGroup, workdir: Path, timeout: float = 30.0) -> str
         "--listen-peer-urls", peer_url, "--initial-advertise-peer-urls", peer_url,
         "--initial-cluster", f"bench={peer_url}",
         "--heartbeat-interval", "20", "--election-timeout", "100", "--unsafe-no-fsync", "--log-level", "warn",
+        # a diagnosis's extra flags, e.g. "--metrics extensive --experimental-warning-apply-duration 20ms"
+        *os.environ.get("UPR_BENCH_ETCD_ARGS", "").split(),
     ], name="etcd", log=log)
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:

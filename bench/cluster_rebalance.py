@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import collections
 import json
 import sys
 import time
@@ -39,7 +40,19 @@ import httpx
 
 from bench import proc_cpu
 from bench.cluster_figures import Figure, summary_ms, verdict
-from bench.cluster_phases import HandoverMarks, PhaseWatch, etcd_counts, fence_steps, phase_rows, step_rows
+from bench.cluster_phases import (
+    HandoverMarks,
+    PhaseWatch,
+    SwitchStamps,
+    etcd_counts,
+    fence_steps,
+    loop_stalls,
+    phase_rows,
+    stall_rows,
+    step_rows,
+    switch_rows,
+    switch_traces,
+)
 from bench.cluster_procs import BenchCluster, Node, partition_of, progress
 from bench.suite.procs import ProcessGroup, free_port
 
@@ -80,6 +93,12 @@ class RebalanceRun:
     holds: dict[str, dict[str, float]] = field(default_factory=dict)
     #: step -> milliseconds of it in each fence and takeover, from the nodes' logs (``fence_steps``)
     steps: dict[str, list[float]] = field(default_factory=dict)
+    #: every switch transaction's stamps (``app.cluster.switch_trace``): (committed, step -> ms, line)
+    switch_traces: list[SwitchStamps] = field(default_factory=list)
+    #: node -> its loop stalls over 50 ms (``UPR_SWITCH_TRACE``), monotonic (start, end)
+    stalls: dict[str, list[tuple[float, float]]] = field(default_factory=dict)
+    #: etcd's own "took too long" warnings over the run
+    etcd_slow: list[str] = field(default_factory=list)
 
 
 #: seconds the probes are timed before the rebalance starts (the baseline with nothing moving)
@@ -301,7 +320,7 @@ async def _rebalance(cluster: BenchCluster, new: Node, args: argparse.Namespace)
 
 def measure_rebalance(group: ProcessGroup, work: Path, etcd: str, args: argparse.Namespace) -> RebalanceRun:
     cluster = BenchCluster(group, work, etcd, "rb", args.partitions, replicas=1, size=2,
-                           lease_ttl_s=args.lease_ttl, env={"UPR_LOCK_HOLDS": "1"}).start()
+                           lease_ttl_s=args.lease_ttl, env={"UPR_LOCK_HOLDS": "1", "UPR_SWITCH_TRACE": "1"}).start()
     try:
         progress(f"rebalance: seeding {args.rebalance_items:,} items over {args.partitions} partitions")
         _seed(cluster, args.rebalance_items, args.partitions)
@@ -323,8 +342,23 @@ def measure_rebalance(group: ProcessGroup, work: Path, etcd: str, args: argparse
         run.backfill_items, run.backfill_s = count, seconds
         lines: list[str] = []
         for log_file in sorted((work / "rb").glob("*/server.log")):
-            lines.extend(log_file.read_text(errors="replace").splitlines())
+            node_lines = log_file.read_text(errors="replace").splitlines()
+            lines.extend(node_lines)
+            name = new.name if log_file.parent.name == "new" else log_file.parent.name
+            run.stalls[name] = loop_stalls(node_lines)
         run.steps = fence_steps(lines)
+        run.switch_traces = switch_traces(lines)
+        etcd_log = work / "etcd.log"
+        run.etcd_slow = [line for line in etcd_log.read_text(errors="replace").splitlines()
+                         if "took too long" in line] if etcd_log.exists() else []
+        samples = collections.Counter(line.split("loop stall sample: ", 1)[1][:400] for line in lines
+                                      if "loop stall sample: " in line)
+        for stack, n in samples.most_common(12):
+            progress(f"loop stall sample x{n}: {stack}")
+        for trace in run.switch_traces:
+            progress(f"switch trace: {trace.line}")
+        for line in run.etcd_slow:
+            progress(f"etcd: {line[:400]}")
         progress(f"rebalance: {run.moved} active(s) moved, {run.transferred:,} items transferred in "
                  f"{run.rebalance_s:.1f} s")
         return run
@@ -360,6 +394,16 @@ def rebalance_figures(run: RebalanceRun, args: argparse.Namespace) -> list[Figur
                  "still taken), stop, ack (the target's acknowledgement of the last items), switch (the etcd "
                  "transaction, sent -> answered); target: the map's arrival -> its takeover")
           for label, result in step_rows(run.steps)),
+        *(Figure(f"switch transaction: {label}", result, "—", "—",
+                 "UPR_SWITCH_TRACE: the source's etcd client's steps (handed -> connection acquired -> "
+                 "request written -> answer's headers read -> body read -> fence resumed) and what of the "
+                 "node overlapped the whole transaction (loop stalls over 5 ms, GC collections)")
+          for label, result in switch_rows(run.switch_traces)),
+        *(Figure(f"loop stalls over 50 ms, {label}", result, "—", "—")
+          for label, result in stall_rows(run.marks, run.moved_partitions, run.stalls)),
+        Figure("etcd's own slow-request warnings during the run", f"{len(run.etcd_slow)}", "—", "—",
+               "etcd's log (threshold: --experimental-warning-apply-duration, 100 ms unless "
+               "UPR_BENCH_ETCD_ARGS sets it)"),
         Figure("any accepted probe write during the rebalance: sent -> answered", _latency(run.accepted_s), "—", "—",
                "every partition's probe, moving or not: the baseline for 'accepted write sent -> answered' "
                "(the first write a new active answers)"),

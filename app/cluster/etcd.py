@@ -145,20 +145,8 @@ class EtcdClient:
     async def txn(
         self, compare: Sequence[Compare], success: Sequence[TxnOp], failure: Sequence[TxnOp] = ()
     ) -> TxnResult:
-        answer = await self._call(
-            "/v3/kv/txn",
-            {
-                "compare": [c.to_json() for c in compare],
-                "success": [op.to_json() for op in success],
-                "failure": [op.to_json() for op in failure],
-            },
-        )
-        reads = tuple(
-            tuple(_kv(kv) for kv in response["response_range"].get("kvs", []))
-            for response in answer.get("responses", [])
-            if "response_range" in response
-        )
-        return TxnResult(bool(answer.get("succeeded", False)), _int(answer.get("header", {}).get("revision")), reads)
+        answer = await self._call("/v3/kv/txn", txn_body(compare, success, failure))
+        return txn_result(answer)
 
     # ------------------------------------------------------------------ leases
     async def grant(self, ttl: int) -> tuple[int, int]:
@@ -220,7 +208,7 @@ class EtcdClient:
             except httpx.TransportError as exc:
                 last = exc
                 continue
-            return _checked(response.json(), path)
+            return checked(response.json(), path)
         raise EtcdUnavailable(f"no etcd endpoint answered ({', '.join(self.endpoints)}): {last}")
 
     async def _stream(self, path: str, body: dict[str, Any]) -> AsyncIterator[dict[str, Any]]:
@@ -231,12 +219,31 @@ class EtcdClient:
                 async with self._http.stream("POST", endpoint + path, json=body, timeout=None) as response:
                     async for line in response.aiter_lines():
                         if line.strip():
-                            yield _checked(json.loads(line), path)
+                            yield checked(json.loads(line), path)
                     return
             except httpx.TransportError as exc:
                 last = exc
                 continue
         raise EtcdUnavailable(f"no etcd endpoint answered ({', '.join(self.endpoints)}): {last}")
+
+
+def txn_body(compare: Sequence[Compare], success: Sequence[TxnOp], failure: Sequence[TxnOp]) -> dict[str, Any]:
+    """The gateway's JSON for a transaction."""
+    return {
+        "compare": [c.to_json() for c in compare],
+        "success": [op.to_json() for op in success],
+        "failure": [op.to_json() for op in failure],
+    }
+
+
+def txn_result(answer: dict[str, Any]) -> TxnResult:
+    """A transaction's answer (already ``checked``) as a ``TxnResult``."""
+    reads = tuple(
+        tuple(_kv(kv) for kv in response["response_range"].get("kvs", []))
+        for response in answer.get("responses", [])
+        if "response_range" in response
+    )
+    return TxnResult(bool(answer.get("succeeded", False)), _int(answer.get("header", {}).get("revision")), reads)
 
 
 def prefix_end(prefix: bytes) -> bytes:
@@ -247,7 +254,8 @@ def prefix_end(prefix: bytes) -> bytes:
     return trimmed[:-1] + bytes([trimmed[-1] + 1])
 
 
-def _checked(answer: dict[str, Any], path: str) -> dict[str, Any]:
+def checked(answer: dict[str, Any], path: str) -> dict[str, Any]:
+    """``answer`` itself, or the ``EtcdError`` it carries raised."""
     error = answer.get("error")
     if isinstance(error, dict):
         raise EtcdError(f"{path}: {error.get('message', error)}", code=error.get("grpc_code"))

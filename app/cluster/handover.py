@@ -23,8 +23,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from app.cluster.etcd import Compare, Delete, EtcdClient, EtcdError, Get, Put, WatchEvent
+from app.cluster.etcd_thread import EtcdThread
 from app.cluster.layout import Layout
 from app.cluster.mapstore import MapStore
+from app.cluster.switch_trace import SwitchTrace, traced
 from engine.cluster.handover import Handover, HandoverRequest, HandoverView, advance, switch_by_source, takes_over
 from engine.cluster.orchestration import ClusterView
 from engine.cluster.partition_map import PartitionMap
@@ -237,6 +239,10 @@ class HandoverParticipant:
         #: partition -> the target of the switch this node, its source, has sent to etcd and not
         #: yet seen answered: writes refused here go on to that target now (``switching_to``)
         self._switching: dict[int, str] = {}
+        #: stamps of each switch transaction for a benchmark (``app.cluster.switch_trace``), or None
+        self.switch_trace: SwitchTrace | None = None
+        #: the switch transaction's own connection, on a thread: it waits for no event-loop turn
+        self.switch_etcd = EtcdThread(etcd)
 
     async def load(self) -> None:
         kvs, revision = await self.store.etcd.get_prefix(self.store._partitions)
@@ -354,6 +360,8 @@ class HandoverParticipant:
         if (h.source != self.node or h.fenced_at is not None or current is None or current.active_of(p) != self.node
                 or self.engine.state(p) is not PartitionState.ACTIVE or p in self._fencing):
             return
+        # the switch's connection opens during the catch-up, not inside the write pause
+        self.switch_etcd.warm()
         task = asyncio.create_task(self._fence(p, stored), name=f"fence partition {p}")
         self._fencing[p] = task
         task.add_done_callback(lambda _t: self._fencing.pop(p, None))
@@ -369,6 +377,7 @@ class HandoverParticipant:
             task.cancel()
         await self.fenced()
         await asyncio.gather(*list(self._deleting), return_exceptions=True)
+        self.switch_etcd.close()
 
     # ------------------------------------------------------------------ writes during the pause
     def in_handover(self, partition: int) -> bool:
@@ -469,7 +478,11 @@ class HandoverParticipant:
         sources switch side by side, so a transaction is often refused only because another
         source's switch moved the map first.  The refusal reads the record and the map back in
         the same round trip, and the switch is tried again on that map (``SWITCH_TRIES``), where
-        handing it to the orchestrator would keep the writes paused for its next cycle."""
+        handing it to the orchestrator would keep the writes paused for its next cycle.
+
+        WHY its own connection on a thread (``EtcdThread``): the transaction is in the write
+        pause, and on the source's busy event loop each of a request's steps waits for a turn
+        of the loop (docs/benchmarks.md, Cluster: "The switch transaction off the event loop")."""
         # the newest map the watch brought saves a read
         seen = self._map_kv
         if seen is not None:
@@ -486,13 +499,17 @@ class HandoverParticipant:
             # the writes held by the pause go to the target while etcd commits (``switching_to``)
             self._switching[p] = fenced.target
             self._release()
+            compare = [Compare(key, "mod", stored.mod_revision), Compare(self.maps.layout.map, "mod", mod_revision)]
+            success = [Put(key, _dumps(fenced.to_json())), Put(self.maps.layout.map, raw)]
+            failure = [Get(key), Get(self.maps.layout.map)]
             try:
-                done = await self.store.etcd.txn(
-                    [Compare(key, "mod", stored.mod_revision), Compare(self.maps.layout.map, "mod", mod_revision)],
-                    [Put(key, _dumps(fenced.to_json())), Put(self.maps.layout.map, raw)],
-                    [Get(key), Get(self.maps.layout.map)])
+                done, stamped = await traced(self.switch_trace, lambda stamps: self.switch_etcd.txn(
+                    compare, success, failure, marks=stamps))
             finally:
                 self._switching.pop(p, None)
+            if stamped is not None:
+                log.warning("node %s: partition %d: switch trace (%s): %s", self.node, p,
+                            "committed" if done.succeeded else "refused", stamped)
             if done.succeeded:
                 self._map_kv = (raw, done.revision)
                 if self._current is None or new.revision > self._current.revision:

@@ -58,6 +58,7 @@ from app.cluster.outage import Outage
 from app.cluster.progress_view import ProgressView
 from app.cluster.rebalance import RebalanceStore
 from app.cluster.replication import ReplicationStreams
+from app.cluster.switch_trace import SwitchTrace
 from engine.cluster.partition_map import PartitionMap
 from engine.cluster.promotion import ReplicaProgress
 from engine.cluster.roles import Change, changes
@@ -163,6 +164,8 @@ class ClusterNode:
         self.handover = HandoverParticipant(self.etcd, self.layout, engine, self.name, acked=self._replica_received,
                                             on_ack=self.durable.add_advance_listener,
                                             on_switched=lambda raw, _revision: self._map_event(raw))
+        #: a benchmark's stamps of each switch transaction (``UPR_SWITCH_TRACE=1``), else None
+        self.handover.switch_trace = SwitchTrace.from_env()
         #: the operator's rebalance requests (``/cluster/rebalance``); the orchestrator carries them out
         self.rebalance = RebalanceStore(self.etcd, self.layout)
         self._changed = asyncio.Event()
@@ -179,6 +182,8 @@ class ClusterNode:
 
     # ------------------------------------------------------------------ lifecycle
     async def start(self) -> None:
+        if self.handover.switch_trace is not None:
+            self.handover.switch_trace.start()
         await join_settings(self.etcd, self.layout, self.settings)
         await self._retire_all()  # nothing is served until the newest map says so
         await self._join()
@@ -194,6 +199,8 @@ class ClusterNode:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
         await self.handover.aclose()
+        if self.handover.switch_trace is not None:
+            await self.handover.switch_trace.aclose()
         await self.replication.aclose()
         if self.membership is not None:
             try:

@@ -151,14 +151,14 @@ async def test_a_source_whose_target_acknowledged_the_fence_switches_the_map_in_
         node.on_switched = lambda raw, revision: published.append((raw, revision))
         # while etcd commits the switch, a write refused here already goes on to the target
         in_flight: list[tuple[str | None, bool]] = []
-        real_txn = client.txn
+        real_txn = node.switch_etcd.txn  # the switch's own connection (``EtcdThread``)
 
-        async def txn(compares, ops, failure=()):  # type: ignore[no-untyped-def]
+        async def txn(compares, ops, failure=(), *, marks=None):  # type: ignore[no-untyped-def]
             refused_now = asyncio.create_task(node.until_settled(0, 10.0))
             await asyncio.sleep(0.05)
             in_flight.append((node.switching_to(0), refused_now.done() and refused_now.result()))
-            return await real_txn(compares, ops, failure)
-        monkeypatch.setattr(client, "txn", txn)
+            return await real_txn(compares, ops, failure, marks=marks)
+        monkeypatch.setattr(node.switch_etcd, "txn", txn)
         await node.load()
         await node.follow(MAP)
         await asyncio.sleep(0.1)
@@ -198,16 +198,16 @@ async def test_a_switch_refused_because_another_moved_the_map_is_tried_again_on_
         node, _listeners = _source_acked_by_b(client, layout, engine, {"b": 3}, catch_up_items=0, ack_wait_s=5.0)
         published: list[tuple[bytes, int]] = []
         node.on_switched = lambda raw, revision: published.append((raw, revision))
-        real_txn = client.txn
+        real_txn = node.switch_etcd.txn
         calls: list[bool] = []
 
-        async def txn(compares, ops, failure=()):  # type: ignore[no-untyped-def]
+        async def txn(compares, ops, failure=(), *, marks=None):  # type: ignore[no-untyped-def]
             if not calls:
                 await client.put(layout.map, json.dumps(other.to_json()).encode())
-            answer = await real_txn(compares, ops, failure)
+            answer = await real_txn(compares, ops, failure, marks=marks)
             calls.append(answer.succeeded)
             return answer
-        monkeypatch.setattr(client, "txn", txn)
+        monkeypatch.setattr(node.switch_etcd, "txn", txn)
         await client.put(store.record_key(0), json.dumps(Handover(0, "a", "b", kind="rebalance").to_json()).encode())
         await node.load()
         await node.follow(MAP)
