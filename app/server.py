@@ -16,6 +16,7 @@ from typing import Any
 import uvicorn
 
 from app.auth import TokenTable, check_bind, is_loopback
+from app.fast_bulk import BulkFastPath
 from app.main import EXIT_UNFLUSHED, create_app
 from app.settings import Settings
 from engine import gc_tuning
@@ -155,7 +156,9 @@ def _run(settings: Settings, tokens: TokenTable, engine: Any) -> int:
             log.info("binding %s: tokens required for every request but /health and /ready", settings.host)
     app = create_app(settings, tokens=tokens, open_engine=lambda _config: engine)
     config = uvicorn.Config(
-        app,
+        # bulk writes answered before FastAPI's own outer layers (error page, telemetry, body limit
+        # checks) too; everything else, the lifespan included, goes on to the app
+        BulkFastPath(app, owner=app, limit=settings.max_request_bytes),
         host=settings.host,
         port=settings.port,
         log_level=settings.log_level,
