@@ -113,14 +113,14 @@ async def main_async(args: argparse.Namespace) -> None:
     print(f"server tree {args.server_tree}, {args.requests} requests per cell, {args.inflight} in flight, "
           f"load {os.getloadavg()[0]:.1f}; server idle {idle * 100:.1f} % of a core (taken out of its figures)",
           flush=True)
-    print(f"{'durability':<10} {'docs':>4} " + " ".join(f"{c + ' client':>15} {'server':>8}" for c in CLIENTS),
+    print(f"{'durability':<10} {'docs':>4} " + " ".join(f"{c + ' client':>15} {'server':>8}" for c in args.clients),
           flush=True)
     try:
         for r in range(args.rounds):
             for durability in args.durability:
                 for size in args.sizes:
                     cells = []
-                    for client in CLIENTS:
+                    for client in args.clients:
                         if args.pyspy and client == "api-lean" and spy is None:
                             args.pyspy.mkdir(parents=True, exist_ok=True)
                             exe = shutil.which("py-spy") or str(Path(sys.executable).parent / "py-spy")
@@ -148,6 +148,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--inflight", type=int, default=1)
     p.add_argument("--sizes", type=lambda s: [int(x) for x in s.split(",")], default=[1, 10, 50])
     p.add_argument("--durability", type=lambda s: s.split(","), default=["memory", "persist"])
+    p.add_argument("--clients", type=lambda s: s.split(","), default=list(CLIENTS),
+                   help=f"which of {', '.join(CLIENTS)} (comma-separated)")
     p.add_argument("--server-tree", type=Path, default=ROOT)
     p.add_argument("--pyspy", type=Path, help="record the server with py-spy during the first lean round")
     asyncio.run(main_async(p.parse_args(argv)))
