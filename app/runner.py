@@ -88,7 +88,7 @@ class EngineRunner:
         def job() -> None:
             try:
                 result = fn(*args, **kwargs)
-            except Exception as exc:
+            except BaseException as exc:  # the caller gets it, whatever it is: never a hang
                 inbox.post(_settle, done, None, exc)
             else:
                 inbox.post(_settle, done, result, None)
@@ -112,7 +112,7 @@ class EngineRunner:
         def job() -> None:
             try:
                 result, persisted = fn(*args, **kwargs)
-            except Exception as exc:
+            except BaseException as exc:  # the caller gets it, whatever it is: never a hang
                 inbox.post(_settle, done, None, exc)
                 return
             if persisted is None or persisted.done():
@@ -158,7 +158,7 @@ class EngineRunner:
         def job() -> None:
             try:
                 out = _write_group(engine, ops, persist)
-            except Exception as exc:
+            except BaseException as exc:  # the caller gets it, whatever it is: never a hang
                 inbox.post(self._group_done, loop, group, None, exc)
             else:
                 inbox.post(self._group_done, loop, group, out, None)
