@@ -8,7 +8,9 @@ the same route function (``app.routes.bulk.answer``) with the same authorisation
 (``app.limits.limited``), request metrics and problem handlers (the app's own
 ``exception_handlers``), so the answer is the one the full stack gives.  Any other request,
 an app with dependency overrides (tests), or one served under a root path goes through the
-full stack.
+full stack.  ``app.server`` also puts one in front of the whole FastAPI app (what uvicorn calls),
+so a bulk request skips FastAPI's own outer layers as well; the one inside the app's middleware
+serves in-process apps (tests, ``bench.bulk_request_cpu``).
 """
 from __future__ import annotations
 

@@ -1,7 +1,8 @@
 """Calls into the synchronous engine from the event loop, off the event loop.
 
-WHY two executors: the engine serialises writes anyway, so one writer thread keeps them
-in arrival order without lock contention, while reads (LMDB read transactions, stats) get
+WHY a writer thread and a reader pool: the engine serialises writes anyway, so one writer
+thread (``app.writer_thread``: one loop wake-up per run of jobs) keeps them in arrival order
+without lock contention, while reads (LMDB read transactions, stats) get
 a few threads of their own so a long read never delays a write.  LMDB is never touched on
 the event loop thread.
 
@@ -19,6 +20,7 @@ import concurrent.futures
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar
 
+from app.writer_thread import LoopInbox, WriterThread
 from engine.core.errors import UprError
 from engine.core.types import WriteOp, WriteResult
 
@@ -41,19 +43,58 @@ def _write_group(engine: Engine, ops: Sequence[WriteOp], persist: Sequence[bool]
     return results, (engine.persist_future(targets) if targets else None)
 
 
+def _settle(done: asyncio.Future[Any], result: Any, exc: BaseException | None) -> None:
+    """On the loop: the job's outcome into its future, unless the caller went away."""
+    if done.done():  # the caller went away (client disconnect)
+        return
+    if exc is not None:
+        done.set_exception(exc)
+    else:
+        done.set_result(result)
+
+
+def _outcome(f: concurrent.futures.Future[None]) -> BaseException | None:
+    return concurrent.futures.CancelledError() if f.cancelled() else f.exception()
+
+
 class EngineRunner:
     def __init__(self, engine: Engine, read_threads: int = 4) -> None:
         self.engine = engine
-        self._writer = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="upr-writer")
+        self._writer = WriterThread("upr-writer")
         self._readers = concurrent.futures.ThreadPoolExecutor(read_threads, thread_name_prefix="upr-reader")
+        self._inbox: LoopInbox | None = None
         self._pending: list[_Pending] = []
         self._inflight = False
         self.groups = 0
         self.grouped_writes = 0
 
+    def _inbox_of(self, loop: asyncio.AbstractEventLoop) -> LoopInbox:
+        inbox = self._inbox
+        if inbox is None or inbox.loop is not loop:
+            inbox = self._inbox = LoopInbox(loop)
+        return inbox
+
+    @property
+    def writer_thread(self) -> WriterThread:
+        """The writer thread (its ``runs`` and ``jobs`` counters: tests, benchmarks)."""
+        return self._writer
+
     async def write(self, fn: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
         """Run ``fn`` on the single writer thread."""
-        return await asyncio.wrap_future(self._writer.submit(fn, *args, **kwargs))
+        loop = asyncio.get_running_loop()
+        inbox = self._inbox_of(loop)
+        done: asyncio.Future[T] = loop.create_future()
+
+        def job() -> None:
+            try:
+                result = fn(*args, **kwargs)
+            except BaseException as exc:  # the caller gets it, whatever it is: never a hang
+                inbox.post(_settle, done, None, exc)
+            else:
+                inbox.post(_settle, done, result, None)
+
+        self._writer.submit(job, inbox)
+        return await done
 
     async def write_durable(self, fn: Callable[P, tuple[T, concurrent.futures.Future[None] | None]],
                             *args: P.args, **kwargs: P.kwargs) -> T:
@@ -63,37 +104,23 @@ class EngineRunner:
         WHY not ``await write(...)`` then ``await wrap_future(persist)``: each of those wakes
         the event loop from another thread, and such a wake-up showed as ≈ 7 % of the writer
         thread's GIL time under bulk load (py-spy, docs/benchmarks.md); here the loop is woken
-        once, by whichever thread finishes last."""
+        once, by whichever thread finishes last (and the writer's once per run of jobs)."""
         loop = asyncio.get_running_loop()
+        inbox = self._inbox_of(loop)
         done: asyncio.Future[T] = loop.create_future()
-
-        def settle(result: Any, exc: BaseException | None) -> None:  # on the loop
-            if done.done():  # the caller went away (client disconnect)
-                return
-            if exc is not None:
-                done.set_exception(exc)
-            else:
-                done.set_result(result)
-
-        def wake(result: Any, exc: BaseException | None) -> None:  # on the writer or flusher thread
-            try:
-                loop.call_soon_threadsafe(settle, result, exc)
-            except RuntimeError:  # the loop is closed: nobody waits any more
-                pass
 
         def job() -> None:
             try:
                 result, persisted = fn(*args, **kwargs)
-            except Exception as exc:
-                wake(None, exc)
+            except BaseException as exc:  # the caller gets it, whatever it is: never a hang
+                inbox.post(_settle, done, None, exc)
                 return
-            if persisted is None:
-                wake(result, None)
-            else:
-                persisted.add_done_callback(
-                    lambda f: wake(result, concurrent.futures.CancelledError() if f.cancelled() else f.exception()))
+            if persisted is None or persisted.done():
+                inbox.post(_settle, done, result, None if persisted is None else _outcome(persisted))
+            else:  # settled on the flusher thread, which wakes the loop itself
+                persisted.add_done_callback(lambda f: inbox.post_and_wake(_settle, done, result, _outcome(f)))
 
-        self._writer.submit(job)
+        self._writer.submit(job, inbox)
         return await done
 
     async def read(self, fn: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
@@ -124,25 +151,35 @@ class EngineRunner:
         self._inflight = True
         self.groups += 1
         self.grouped_writes += len(group)
+        inbox = self._inbox_of(loop)
+        engine = self.engine
+        ops, persist = [g[0] for g in group], [g[1] for g in group]
+
+        def job() -> None:
+            try:
+                out = _write_group(engine, ops, persist)
+            except BaseException as exc:  # the caller gets it, whatever it is: never a hang
+                inbox.post(self._group_done, loop, group, None, exc)
+            else:
+                inbox.post(self._group_done, loop, group, out, None)
+
         try:
-            cf = self._writer.submit(_write_group, self.engine, [g[0] for g in group], [g[1] for g in group])
-        except RuntimeError as exc:  # executor shut down
+            self._writer.submit(job, inbox)
+        except RuntimeError as exc:  # the writer thread is shut down
             self._inflight = False
             for _, _, fut in group:
                 if not fut.done():
                     fut.set_exception(exc)
-            return
-        cf.add_done_callback(lambda f: loop.call_soon_threadsafe(self._group_done, loop, group, f))
 
-    def _group_done(self, loop: asyncio.AbstractEventLoop, group: list[_Pending], cf: concurrent.futures.Future[Any]) -> None:
+    def _group_done(self, loop: asyncio.AbstractEventLoop, group: list[_Pending], out: Any,
+                    exc: BaseException | None) -> None:
         self._inflight = False
-        exc = cf.exception()
         if exc is not None:
             for _, _, fut in group:
                 if not fut.done():
                     fut.set_exception(exc)
         else:
-            results, persist_cf = cf.result()
+            results, persist_cf = out
             shared: asyncio.Future[None] | None = None
             if persist_cf is not None:
                 shared = asyncio.wrap_future(persist_cf, loop=loop)
@@ -158,7 +195,7 @@ class EngineRunner:
             self._send_group(loop)
 
     def shutdown(self) -> None:
-        self._writer.shutdown(wait=True, cancel_futures=False)
+        self._writer.shutdown()
         self._readers.shutdown(wait=True, cancel_futures=True)
 
 

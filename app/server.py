@@ -16,6 +16,7 @@ from typing import Any
 import uvicorn
 
 from app.auth import TokenTable, check_bind, is_loopback
+from app.fast_bulk import BulkFastPath
 from app.main import EXIT_UNFLUSHED, create_app
 from app.settings import Settings
 from engine import gc_tuning
@@ -29,14 +30,16 @@ EXIT_CONFIG = 2
 class _Server(uvicorn.Server):
     """Writes ``settings.ready_file`` with the bound URL once the socket listens (port 0 works)."""
 
-    def __init__(self, config: uvicorn.Config, ready_file: Path | None) -> None:
+    def __init__(self, config: uvicorn.Config, ready_file: Path | None, app: Any = None) -> None:
         super().__init__(config)
         self._ready_file = ready_file
+        #: the FastAPI app (its ``state``): ``config.app`` may be a layer in front of it
+        self._app = app if app is not None else config.app
 
     async def shutdown(self, sockets: list | None = None) -> None:  # type: ignore[type-arg]
         """End stream connections first (``stream_end(shutting_down)``, close 1001): uvicorn's own
         shutdown would close every WebSocket with 1012 before the lifespan runs."""
-        app_state = getattr(self.config.app, "state", None)
+        app_state = getattr(self._app, "state", None)
         feed = getattr(app_state, "event_feed", None)
         if feed is not None:
             feed.close()  # a console's long poll would otherwise hold the exit for its whole wait
@@ -48,7 +51,7 @@ class _Server(uvicorn.Server):
                 if isinstance(result, Exception):
                     log.warning("stream shutdown failed: %s", result)
         await super().shutdown(sockets)
-        state = getattr(self.config.app, "state", None)
+        state = getattr(self._app, "state", None)
         if state is not None and not getattr(state, "closed_clean", True):
             # uvicorn re-raises the SIGTERM/SIGINT it caught once shutdown is over; dying by that
             # signal would look like an ordinary stop, so ``serve`` returns EXIT_UNFLUSHED instead
@@ -155,7 +158,9 @@ def _run(settings: Settings, tokens: TokenTable, engine: Any) -> int:
             log.info("binding %s: tokens required for every request but /health and /ready", settings.host)
     app = create_app(settings, tokens=tokens, open_engine=lambda _config: engine)
     config = uvicorn.Config(
-        app,
+        # bulk writes answered before FastAPI's own outer layers (error page, telemetry, body limit
+        # checks) too; everything else, the lifespan included, goes on to the app
+        BulkFastPath(app, owner=app, limit=settings.max_request_bytes),
         host=settings.host,
         port=settings.port,
         log_level=settings.log_level,
@@ -173,7 +178,7 @@ def _run(settings: Settings, tokens: TokenTable, engine: Any) -> int:
         ws_per_message_deflate=False,
         server_header=False,
     )
-    server = _Server(config, settings.ready_file)
+    server = _Server(config, settings.ready_file, app)
     # server.run(), not asyncio.run(server.serve()): only run() builds the loop from config.loop, so
     # the plain asyncio loop ran here instead of uvloop (measured: see docs/benchmarks.md, HTTP)
     server.run()

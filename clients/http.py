@@ -20,7 +20,7 @@ import os
 import time
 from collections.abc import Iterable, Mapping
 from typing import Any
-from urllib.parse import quote
+from urllib.parse import quote, urlencode
 
 import httpx
 import orjson
@@ -28,6 +28,11 @@ import orjson
 from engine.core.types import Document
 
 from .errors import AuthFailed, ConnectionFailed, HttpError
+from .h1 import Response as H1Response
+from .h1_pool import ConnectFailed, ExchangeFailed, H1Pool
+
+#: an answer from either transport: the attributes this module reads are the same
+Answer = httpx.Response | H1Response
 from .redirects import MAX_HOPS, DocumentRoute, parse_servers
 
 __all__ = ["DEFAULT_SERVER", "HttpApi", "AsyncHttpApi", "bulk_body", "default_server", "default_token", "doc_path"]
@@ -51,7 +56,7 @@ def _headers(token: str | None) -> dict[str, str]:
     return {"Authorization": f"Bearer {token}"} if token else {}
 
 
-def _raise_for(resp: httpx.Response, what: str) -> None:
+def _raise_for(resp: Answer, what: str) -> None:
     if resp.status_code < 400:
         return
     detail, code, field, partition = resp.reason_phrase, None, None, None
@@ -69,7 +74,7 @@ def _raise_for(resp: httpx.Response, what: str) -> None:
     raise HttpError(message, status=resp.status_code, server_code=code, field=field, partition=partition)
 
 
-def _problem_body(resp: httpx.Response) -> Any:
+def _problem_body(resp: Answer) -> Any:
     try:
         return resp.json()
     except ValueError:
@@ -81,7 +86,7 @@ def _unreachable(what: str, servers: tuple[str, ...], exc: Exception) -> Connect
     return ConnectionFailed(f"{what}: cannot reach {where}: {exc or type(exc).__name__}")
 
 
-def _document(what: str, key: str, resp: httpx.Response) -> Document | None:
+def _document(what: str, key: str, resp: Answer) -> Document | None:
     if resp.status_code == 404:
         return None
     _raise_for(resp, what)
@@ -231,40 +236,60 @@ class HttpApi:
         self.close()
 
 
+_CONNECT_ERRORS = (httpx.ConnectError, ConnectFailed)
+_TRANSPORT_ERRORS = (httpx.TransportError, ExchangeFailed, ConnectFailed)
+
+
 class AsyncHttpApi:
-    """Non-blocking client used inside the consumer's event loop."""
+    """Non-blocking client used inside the consumer's event loop, and the async writer's.
+
+    Requests to ``http://`` servers go over ``clients.h1_pool``'s keep-alive connections (WHY:
+    a small write's client CPU, ``clients.h1``); ``https://`` ones, or every one with
+    ``lean=False``, through ``httpx``.  Both give the same answers and the same typed errors."""
 
     def __init__(self, server: str | None = None, token: str | None = None, *, timeout: float = 10.0,
-                 max_hops: int = MAX_HOPS) -> None:
+                 max_hops: int = MAX_HOPS, lean: bool = True) -> None:
         self.servers = parse_servers(server or default_server())
         self.server = self.servers[0]
         self.max_hops = max_hops
         self._client = httpx.AsyncClient(headers=_headers(token), timeout=timeout)
+        self._lean = H1Pool(timeout=timeout) if lean else None
+        self._auth = tuple(_headers(token).items())
 
-    async def _call(self, method: str, path: str, what: str, **kw: Any) -> httpx.Response:
+    async def _send(self, method: str, server: str, path: str, *, content: bytes = b"",
+                    params: Mapping[str, str] | None = None, headers: Mapping[str, str] | None = None) -> Answer:
+        """One request to ``server``: an ``httpx.Response`` or a ``clients.h1.Response`` (the
+        same attributes for what this module reads)."""
+        if self._lean is None or not server.startswith("http://"):
+            return await self._client.request(method, server + path, content=content, params=params,
+                                              headers=headers)
+        target = f"{path}?{urlencode(params)}" if params else path
+        return await self._lean.request(server, method, target, (*self._auth, *(headers or {}).items()), content)
+
+    async def _call(self, method: str, path: str, what: str, **kw: Any) -> Answer:
         """See ``HttpApi._call``."""
         for i, server in enumerate(self.servers):
             try:
-                resp = await self._client.request(method, server + path, **kw)
-            except httpx.ConnectError as exc:
+                resp = await self._send(method, server, path, **kw)
+            except _CONNECT_ERRORS as exc:
                 if i + 1 < len(self.servers):
                     continue
                 raise _unreachable(what, self.servers, exc) from None
-            except httpx.TransportError as exc:
+            except _TRANSPORT_ERRORS as exc:
                 raise _unreachable(what, (server,), exc) from None
             self.server = server
             return resp
         raise AssertionError("unreachable: parse_servers never returns an empty tuple")
 
-    async def _routed(self, method: str, path: str, what: str, **kw: Any) -> tuple[httpx.Response, str]:
+    async def _routed(self, method: str, path: str, what: str, **kw: Any) -> tuple[Answer, str]:
         """See ``HttpApi._routed``."""
         resp = await self._call(method, path, what, **kw)
         route = DocumentRoute(self.server, self.max_hops)
         while hop := route.next(resp.status_code, _problem_body(resp)):
             await asyncio.sleep(hop.delay)
             try:
-                resp = await self._client.request(method, hop.url + path, **kw)
-            except httpx.TransportError as exc:
+                resp = await self._send(method, hop.url, path, **kw)
+            except _TRANSPORT_ERRORS as exc:
                 raise _unreachable(f"{what} (sent on to {hop.url})", (hop.url,), exc) from None
         return resp, route.describe(what)
 
@@ -292,10 +317,20 @@ class AsyncHttpApi:
 
     async def bulk(self, ops: Iterable[Mapping[str, Any]], *, durability: str | None = None,
                    ndjson: bool = False, columns: bool = False) -> dict[str, Any]:
-        """``POST /docs/_bulk``; see ``HttpApi.bulk``."""
+        """``POST /docs/_bulk``; see ``HttpApi.bulk``.  A whole-request ``421`` or ``503
+        partition-not-active`` (nothing applied) is followed as for one document."""
         body, headers = bulk_body(ops, ndjson=ndjson)
-        return await self._json("POST", BULK_PATH, content=body, params=_bulk_params(durability, columns),
-                                headers=headers)
+        return await self.bulk_bytes(body, headers["Content-Type"], durability=durability, columns=columns)
+
+    async def bulk_bytes(self, body: bytes, content_type: str = "application/json", *,
+                         durability: str | None = None, columns: bool = False) -> dict[str, Any]:
+        """``bulk`` of a body the caller already encoded (``bulk_body``'s output, or the same
+        items formatted by a writer that holds its values as JSON text already)."""
+        resp, what = await self._routed("POST", BULK_PATH, "POST /docs/_bulk", content=body,
+                                        params=_bulk_params(durability, columns),
+                                        headers={"Content-Type": content_type})
+        _raise_for(resp, what)
+        return resp.json()
 
     async def partitions(self) -> list[dict[str, Any]]:
         return (await self._json("GET", "/partitions"))["partitions"]
@@ -315,3 +350,5 @@ class AsyncHttpApi:
 
     async def aclose(self) -> None:
         await self._client.aclose()
+        if self._lean is not None:
+            await self._lean.aclose()

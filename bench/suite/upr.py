@@ -2,8 +2,10 @@
 
 Server: ``python -m app.cli server`` on 127.0.0.1 with port 0 (the bound URL comes back through
 ``--ready-file``), a fresh data dir per workload (a restart is upr's "empty the feed").
-Writer: ``POST /docs/_bulk?durability=persist`` with a JSON array of ``set`` items; the response
-comes after the batch is fsynced (the ack), and is checked for per-item failures.
+Writer: ``POST /docs/_bulk?durability=persist`` with a JSON array of ``set`` items, through the
+client library's ``AsyncHttpApi.bulk_bytes`` (what a user's async writer calls: keep-alive
+HTTP/1.1, typed errors); the response comes after the batch is fsynced (the ack), and is checked
+for per-item failures.
 Reader: the stream protocol at ``GET /stream`` spoken directly with ``engine.protocol``: hello
 with the binary codec and a 64 MiB window, one ``stream_request`` per partition (from seqno 0, or
 from each partition's high seqno for "now"), the values cut out of each batch with
@@ -114,7 +116,9 @@ class UprSystem(System):
         await self._boot()
 
     async def writer(self) -> _Writer:
-        return _Writer(self._http, self.write_durability)
+        from clients.http import AsyncHttpApi
+
+        return _Writer(AsyncHttpApi(self.url, timeout=120), self.write_durability)
 
     async def metrics_text(self) -> str:
         """The server's Prometheus text (the tail workload keeps it beside its timings)."""
@@ -147,24 +151,19 @@ class UprMemorySystem(UprSystem):
 
 
 class _Writer:
-    def __init__(self, http: Any, durability: str) -> None:
-        self._http = http
-        self._params = {"durability": durability, "results": "columns"}  # per-item results as arrays
+    def __init__(self, api: Any, durability: str) -> None:
+        self._api = api  # clients.http.AsyncHttpApi
+        self._durability = durability
 
     async def write(self, docs: Sequence[Doc]) -> None:
-        import orjson
-
+        # the documents are JSON text already: the items are formatted around them, not re-encoded
         body = b"[" + b",".join(b'{"op":"set","key":"%s","value":%s}' % (k.encode(), d) for k, d in docs) + b"]"
-        resp = await self._http.post("/docs/_bulk", params=self._params, content=body,
-                                     headers={"content-type": "application/json"})
-        if resp.status_code != 200:
-            raise RuntimeError(f"bulk answered {resp.status_code}: {resp.text[:200]}")
-        out = orjson.loads(resp.content)
+        out = await self._api.bulk_bytes(body, durability=self._durability, columns=True)
         if out.get("failed") or out.get("succeeded") != len(docs):
             raise RuntimeError(f"bulk: {out.get('succeeded')} succeeded, {out.get('failed')} failed of {len(docs)}")
 
     async def close(self) -> None:
-        pass
+        await self._api.aclose()
 
 
 async def open_stream(conn: dict[str, Any], start: Start, ident: int) -> AsyncIterator[list[bytes | str]]:

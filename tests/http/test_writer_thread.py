@@ -1,0 +1,64 @@
+"""``app.writer_thread``: jobs run in order on one thread; what queued while the thread was busy
+runs as one run with one loop wake-up; results and errors reach their callers; shutdown runs
+what is queued.  Also ``EngineRunner.write``/``write_durable`` on it."""
+from __future__ import annotations
+
+import asyncio
+import threading
+
+import pytest
+
+from app.runner import EngineRunner
+from app.writer_thread import LoopInbox, WriterThread
+
+
+async def test_jobs_queued_while_busy_run_together_with_one_wake() -> None:
+    loop = asyncio.get_running_loop()
+    inbox = LoopInbox(loop)
+    writer = WriterThread("test-writer")
+    gate = threading.Event()
+    order: list[int] = []
+    done = loop.create_future()
+    try:
+        writer.submit(gate.wait, inbox)
+        while writer.jobs == 0:  # the thread holds the first job: the rest queue behind it
+            await asyncio.sleep(0.001)
+        for i in range(20):
+            writer.submit(lambda i=i: (order.append(i), inbox.post(done.set_result, None) if i == 19 else None), inbox)
+        wakes = inbox.wakes
+        gate.set()
+        await asyncio.wait_for(done, 30)
+        assert order == list(range(20))
+        assert inbox.wakes - wakes == 1  # twenty results, one loop wake-up
+        assert writer.runs == 2 and writer.jobs == 21
+    finally:
+        writer.shutdown()
+
+
+async def test_a_failing_job_does_not_end_the_thread_and_shutdown_runs_what_is_queued() -> None:
+    inbox = LoopInbox(asyncio.get_running_loop())
+    writer = WriterThread("test-writer")
+    ran: list[str] = []
+    writer.submit(lambda: 1 / 0, inbox)
+    writer.submit(lambda: ran.append("after"), inbox)
+    writer.shutdown()
+    assert ran == ["after"]
+    with pytest.raises(RuntimeError):
+        writer.submit(lambda: None, inbox)
+    writer.shutdown()  # twice is fine
+
+
+async def test_the_runner_settles_writes_on_the_writer_thread() -> None:
+    runner = EngineRunner(engine=None)  # type: ignore[arg-type]
+    try:
+        names = await asyncio.gather(*(runner.write(lambda: threading.current_thread().name) for _ in range(5)))
+        assert names == ["upr-writer"] * 5
+        with pytest.raises(ZeroDivisionError):
+            await runner.write(lambda: 1 / 0)
+        assert await runner.write(lambda x, y=0: x + y, 1, y=2) == 3
+        cancelled = asyncio.ensure_future(runner.write(threading.Event().wait, 0.05))
+        await asyncio.sleep(0)
+        cancelled.cancel()  # the caller went away: its result is dropped, the next write is served
+        assert await runner.write(lambda: "next") == "next"
+    finally:
+        runner.shutdown()
