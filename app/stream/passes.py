@@ -201,7 +201,7 @@ class PassSender:
         outs = take_shared(self.session, visits, readings, self.limits.bundle_bytes)
         if outs is None:
             return False
-        encoded, count, notified = self._shared_sent(visits, readings)
+        encoded, count, notified = self._shared_sent(readings)
         self._carry_out(outs)
         if count:
             await self.outbox.send_pass(encoded, count, notified)
@@ -232,29 +232,30 @@ class PassSender:
         partitions = session.peek_visits(self.limits.max_visits_per_job)
         if not partitions:
             return True  # nothing due (or the window is full): the sender would park again
-        streams, cursors, codec = session.streams, self.cursors, self.codec
-        readings: list[Any] = []
+        streams, cursors = session.streams, self.cursors
         for p in partitions:
-            stream = streams[p]
             cursor = cursors.get(p)
             if cursor is None or cursor.holding or cursor.open_snapshot:
                 return False
-            reading = shared.reading(codec, p, stream.position, stream.expected_state)
-            if reading is None:
+        readings = shared.readings(self.codec, partitions, streams)
+        if readings is None:
+            return False
+        # the whole pass at once from the readings' table (the common tail pass), else visit by visit
+        outs = session.take_readings(readings, self.limits.bundle_bytes)
+        if outs is None:
+            if not shared_fits(session, partitions, readings, self.limits.bundle_bytes):
                 return False
-            readings.append(reading)
-        if not shared_fits(session, partitions, readings, self.limits.bundle_bytes):
-            return False
-        visits = [session.begin_visit(p) for p in partitions]  # what begin_visits would begin: nothing changed
-        outs = take_shared(session, visits, readings, self.limits.bundle_bytes)
-        if outs is None:  # not expected after shared_fits: the sender carries them out
-            self._begun = visits
-            return False
-        for v in visits:
-            at = self._notified_at.pop(v.partition, None)
+            visits = [session.begin_visit(p) for p in partitions]  # what begin_visits would begin: nothing changed
+            outs = take_shared(session, visits, readings, self.limits.bundle_bytes)
+            if outs is None:  # not expected after shared_fits: the sender carries them out
+                self._begun = visits
+                return False
+        notified_at, visit_notified = self._notified_at, self._visit_notified
+        for p in partitions:
+            at = notified_at.pop(p, None)
             if at is not None:
-                self._visit_notified[v.partition] = at
-        encoded, count, notified = self._shared_sent(visits, readings)
+                visit_notified[p] = at
+        encoded, count, notified = self._shared_sent(readings)
         self._carry_out(outs, wake=False)
         outbox.send_pass_now(encoded, count, notified)
         self.direct_passes += 1
@@ -273,21 +274,27 @@ class PassSender:
                 self._carry_out(self.session.end_visit(v))
         return kept
 
-    def _shared_sent(self, visits: list[Any], readings: list[Any]) -> tuple[list[bytes], int, list[float]]:
+    def _shared_sent(self, readings: list[Any]) -> tuple[list[bytes], int, list[float]]:
         """The cursors' and notifications' side of a shared pass the session took
-        (``take_shared``): the readings' parts to send, how many, and when their changes were notified."""
+        (``take_shared``, ``take_readings``): the readings' parts to send, how many, and when
+        their changes were notified."""
         notified: list[float] = []
         encoded: list[bytes] = []
         count = 0
         visit_notified = self._visit_notified
-        for visit, reading in zip(visits, readings):
-            p = visit.partition
-            cursor = self.cursors[p]
+        cursors = self.cursors
+        for reading in readings:
+            p = reading.partition
+            cursor = cursors[p]
             cursor.last_seqno = cursor.high_seqno = reading.end
             cursor.tailing = True
-            for step in reading.steps:
-                if isinstance(step, MarkerStep):
-                    cursor.snap_start = step.start  # the last part's, as the cursor's own reading leaves it
+            marker = reading.marker
+            if marker is not None:
+                cursor.snap_start = marker[0]
+            else:
+                for step in reading.steps:
+                    if type(step) is MarkerStep:
+                        cursor.snap_start = step.start  # the last part's, as the cursor's own reading leaves it
             at = visit_notified.pop(p, None)
             if at is not None and reading.delivers:
                 notified.append(at)

@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import asyncio
 from collections import OrderedDict
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
 from app.stream.cursor import Batch, BatchEncoder, Marker, PartitionCursor
@@ -79,6 +79,42 @@ class SharedReadings:
             return None
         self._store(key, entry)
         return entry
+
+    def readings(self, codec: str, partitions: Sequence[int], streams: Mapping[int, Any]) -> list[SharedReading] | None:
+        """``reading`` for each of ``partitions`` at its stream's position (``streams``: the
+        session's), in one call; None as soon as one has none (the pass goes the usual way).
+
+        WHY one call: a hub delivery of a bulk write touches most partitions, and a tailing
+        connection's pass asks for all of them at once; the first connection at those positions
+        reads and encodes every partition here, in one loop, and every other connection at the
+        same positions gets the same readings back (``ServerSession.take_readings`` then
+        advances its session over them in one call)."""
+        engine = self._engine
+        if engine.closed:
+            return None
+        entries = self._entries
+        state_of, high_of = engine.state, engine.high_seqno
+        out: list[SharedReading] = []
+        for p in partitions:
+            stream = streams[p]
+            after = stream.position
+            if state_of(p) != stream.expected_state:
+                return None
+            high = high_of(p)
+            if high <= after:
+                out.append(idle_reading(p, after))
+                continue
+            key = (codec, p, after)
+            entry = entries.get(key)
+            if entry is None or entry.end != high:
+                entry = self._read(codec, p, after)
+                if entry is None:
+                    return None
+                self._store(key, entry)
+            else:
+                self.hits += 1
+            out.append(entry)
+        return out
 
     def _store(self, key: tuple[str, int, int], entry: SharedReading) -> None:
         old = self._entries.pop(key, None)
@@ -199,9 +235,9 @@ class SharedReadings:
             self._cache.put(codec, partition,
                             CachedSnapshot(part.start - 1, part.end, (marker, Batch(data, last_seqno, True)), len(data)))
         self.reads += 1
-        return SharedReading(partition, after, max(last_seqno, part.end, snap.high_seqno),
-                             (MarkerStep(part.start, part.end, snap.purge_seqno), BatchStep(last_seqno, True)),
-                             encode_parts([marker.text, data]), 2, len(marker.text) + len(data))
+        return SharedReading.one_batch(partition, after, max(last_seqno, part.end, snap.high_seqno),
+                                       (part.start, part.end, snap.purge_seqno), last_seqno,
+                                       encode_parts([marker.text, data]), len(marker.text) + len(data))
 
     def _encode(self, codec: str, partition: int, after: int, snap: Any, budget: int) -> SharedReading | None:
         """Any thread: ``snap`` encoded as a visit from ``after`` encodes it (the cache is thread-safe)."""
