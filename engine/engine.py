@@ -60,7 +60,8 @@ from engine.cluster.replica_rollback import Resync, Undo
 from engine.replica_undo import UndoResult, undo_above
 from engine.replica import (ByKeyReader, ItemsStep, MarkerStep, ReplicaStep, append_items, apply_items,
                             reads_persisted_records)
-from engine.snapshot import PartitionSnapshot, capture, capture_memory_only, memory_backlog
+from engine.protocol.frames import Columns
+from engine.snapshot import PartitionSnapshot, capture, capture_memory_only, memory_backlog, memory_frame
 from engine.storage.store import Store
 from engine.writequeue import WriteQueue
 
@@ -284,6 +285,17 @@ class Engine:
         may be needed."""
         part = self._part(partition)
         return capture_memory_only(partition, part.queue.root, after_seqno, part.purge_seqno)
+
+    def memory_frame(self, partition: int, after_seqno: int, max_backlog: int, max_items: int,
+                     max_bytes: int) -> tuple[int, int, Columns] | None:
+        """``(high seqno, purge seqno, items)`` when ``memory_snapshot(partition, after_seqno)``
+        is one memory part of at most ``max_backlog`` seqnos whose items are one batch of
+        ``columns(max_items, max_bytes)``; else None (see ``engine.snapshot.memory_frame``).  Safe
+        on an event loop, like ``memory_snapshot``."""
+        part = self._part(partition)
+        root = part.queue.root
+        cols = memory_frame(root, after_seqno, max_backlog, max_items, max_bytes)
+        return None if cols is None else (root.high, part.purge_seqno, cols)
 
     def memory_backlog(self, partition: int, after_seqno: int) -> int | None:
         """How many seqnos a memory-only snapshot after ``after_seqno`` covers, or None when a

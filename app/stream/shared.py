@@ -32,12 +32,15 @@ from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
-from app.stream.cursor import Batch, BatchEncoder, Marker, PartitionCursor
+from app.stream.cursor import Batch, BatchEncoder, Marker, PartitionCursor, marker_text
 from app.stream.tailcache import CachedSnapshot, TailCache
 from engine.protocol.bundle import encode_parts
+from engine.protocol.message_types import SnapshotSource
 from engine.protocol.shared_pass import BatchStep, MarkerStep, SharedReading, idle_reading
 
 __all__ = ["SharedReadings"]
+
+_MEMORY = SnapshotSource.MEMORY
 
 
 class SharedReadings:
@@ -195,6 +198,9 @@ class SharedReadings:
 
     def _read(self, codec: str, partition: int, after: int) -> SharedReading | None:
         engine = self._engine
+        frame = engine.memory_frame(partition, after, self.max_items, self._frame_items, self._frame_bytes)
+        if frame is not None:
+            return self._one_frame(codec, partition, after, *frame)
         backlog = engine.memory_backlog(partition, after)
         if backlog is None or backlog > self.max_items:
             return None
@@ -205,6 +211,25 @@ class SharedReadings:
         if small is not None:
             return small
         return self._encode(codec, partition, after, snap, 1 << 30)
+
+    def _one_frame(self, codec: str, partition: int, after: int, high: int, purge_seqno: int,
+                   cols: Any) -> SharedReading:
+        """The reading of a memory snapshot after ``after`` whose items ``cols`` (up to ``high``)
+        are one batch (``Engine.memory_frame``): its marker and its one ``last`` batch, and the
+        same ``TailCache`` entry ``_encode_one_batch`` (and the cursor) make.  WHY: the tail's
+        common reading, made for every partition a write touched, without a snapshot object
+        (see ``_encode_one_batch``)."""
+        data = self._encoders[codec](partition, cols, True)
+        last_seqno = cols.seqnos[-1]
+        start = after + 1
+        text = marker_text(partition, start, high, _MEMORY, purge_seqno)
+        if self._cache is not None:
+            marker = Marker(partition, start, high, _MEMORY, purge_seqno, text)
+            self._cache.put(codec, partition, CachedSnapshot(after, high, (marker, Batch(data, last_seqno, True)),
+                                                             len(data)))
+        self.reads += 1
+        return SharedReading.one_batch(partition, after, high, (start, high, purge_seqno), last_seqno,
+                                       encode_parts([text, data]), len(text) + len(data))
 
     def _encode_one_batch(self, codec: str, partition: int, after: int, snap: Any) -> SharedReading | None:
         """``_encode`` of the common tail reading, a fresh memory snapshot whose items fit one
