@@ -27,6 +27,7 @@ from typing import Any
 
 from app.stream.cursor import Batch, BatchEncoder, Marker, PartitionCursor
 from engine.protocol import messages as M
+from engine.protocol.bundle import bundle_cuts
 from engine.protocol.frames import encode_binary_columns, encode_json_columns
 from engine.protocol.shared_pass import MarkerStep, shared_fits, take_shared
 
@@ -202,6 +203,7 @@ class PassSender:
         if outs is None:
             return False
         encoded, count, notified = self._shared_sent(readings)
+        self.shared_sent += 1
         self._carry_out(outs)
         if count:
             await self.outbox.send_pass(encoded, count, notified)
@@ -242,7 +244,10 @@ class PassSender:
             return False
         # the whole pass at once from the readings' table (the common tail pass), else visit by visit
         outs = session.take_readings(readings, self.limits.bundle_bytes)
-        if outs is None:
+        cuts = None
+        if outs is not None:
+            cuts = bundle_cuts([len(r.parts) for r in readings], self.limits.bundle_bytes)
+        else:
             if not shared_fits(session, partitions, readings, self.limits.bundle_bytes):
                 return False
             visits = [session.begin_visit(p) for p in partitions]  # what begin_visits would begin: nothing changed
@@ -255,7 +260,16 @@ class PassSender:
             at = notified_at.pop(p, None)
             if at is not None:
                 visit_notified[p] = at
+        if cuts is not None and len(cuts) > 1:
+            # several bundles (as full as each may be); the pass's outputs go after the last
+            start = 0
+            for end in cuts[:-1]:
+                encoded, count, notified = self._shared_sent(readings[start:end])
+                outbox.send_pass_now(encoded, count, notified)
+                start = end
+            readings = readings[start:]
         encoded, count, notified = self._shared_sent(readings)
+        self.shared_sent += 1
         self._carry_out(outs, wake=False)
         outbox.send_pass_now(encoded, count, notified)
         self.direct_passes += 1
@@ -301,7 +315,6 @@ class PassSender:
             if reading.count:
                 encoded.append(reading.parts)
                 count += reading.count
-        self.shared_sent += 1
         return encoded, count, notified
 
     def _send_visit_now(self, visit: Any, cursor: PartitionCursor, out: list[Marker | Batch], complete: bool,

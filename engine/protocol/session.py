@@ -102,7 +102,7 @@ from typing import Any, NamedTuple, Protocol
 
 from engine.core.errors import SeqnoRangeError
 from engine.protocol.barrier import BarrierTracker
-from engine.protocol.bundle import OVERHEAD, decode_bundle, is_bundle
+from engine.protocol.bundle import OVERHEAD, bundle_cuts, decode_bundle, is_bundle
 from engine.protocol.errors import CloseCode, ErrorCode, ProtocolError
 from engine.protocol.flow import FlowControl
 from engine.protocol.messages import (
@@ -667,15 +667,17 @@ class ServerSession:
         """Begin, carry out and end at once one visit per reading, in order: the partitions
         ``peek_visits`` named, each read from the stream's position as one snapshot marker and
         one ``last`` batch (``TailReading.marker`` set) or as nothing (an idle reading,
-        ``count`` 0), all of whose parts go in one bundle of at most ``max_bytes``.  Returns the
-        outputs (``cycle_complete`` when the pass is over); None: not possible, nothing changed.
+        ``count`` 0), whose parts go in bundles of at most ``max_bytes`` (``bundle.bundle_cuts``
+        of the readings' ``parts``: the adapter sends them so, the outputs after the last).
+        Returns the outputs (``cycle_complete`` when the pass is over); None: not possible,
+        nothing changed.
 
         The bookkeeping is ``begin_visit``, ``marker_sent``, ``items_sent`` and ``end_visit``
         of every visit in that order, without their per-visit objects.  It is refused when a
         barrier cookie is pending (each visit's end may release one, with the positions of that
         moment: the visit-by-visit path keeps that exact), a stream is bounded, capped, held,
         inside a snapshot or being visited, a reading is not at its stream's position or has
-        any other shape, or the window does not take it all.  WHY one call: a tailing
+        any other shape or is larger than a bundle, or the window does not take it all.  WHY one call: a tailing
         consumer's pass visits every partition a write touched, and the visit-by-visit
         bookkeeping was a fixed share of each visit's cost (``bench.bench_tail_pass``)."""
         if not readings or not self.can_send or self._barrier.pending:
@@ -683,15 +685,16 @@ class ServerSession:
         flow = self.flow
         assert flow is not None
         streams = self.streams
-        total = OVERHEAD
+        sizes: list[int] = []
         for r in readings:
             stream = streams.get(r.partition)
             if (stream is None or stream.visiting is not None or stream.in_snapshot or stream.ceiling is not None
                     or stream.held or stream.end_seqno is not None or r.after != stream.position
                     or (r.count and r.marker is None)):
                 return None
-            total += len(r.parts)
-        if total > flow.available or total > max_bytes:
+            sizes.append(len(r.parts))
+        cuts = bundle_cuts(sizes, max_bytes)
+        if cuts is None or sum(sizes) + OVERHEAD * len(cuts) > flow.available:
             return None
         barrier, candidates, positions = self._barrier, self._candidates, self.positions
         for r in readings:

@@ -387,3 +387,20 @@ def test_a_table_pass_is_the_shared_pass_state_for_state() -> None:
     got = table.session.take_readings(readings, BIG)
     assert got is not None and want is not None and [encode(o) for o in got] == [encode(o) for o in want]
     assert _state(table.session.__dict__) == _state(shared.session.__dict__)
+
+
+def test_a_table_pass_larger_than_a_bundle_is_taken_when_the_window_holds_every_bundle() -> None:
+    """The readings go in several bundles (``bundle_cuts``): the window must hold each one's header too."""
+    engine = Engine()
+    engine.high = [5, 5, 5, 5]
+    readings = [table_reading(p, 0, 5) for p in range(PARTITIONS)]
+    piece = len(readings[0].parts)
+    max_bytes = OVERHEAD + 2 * piece  # two readings per bundle: two bundles
+    for window_room, taken in ((4 * piece + OVERHEAD, False), (4 * piece + 2 * OVERHEAD, True)):
+        c = Consumer(engine, BIG)
+        s = c.session
+        s.sent(s.flow.available - window_room)  # type: ignore[union-attr]
+        outs = s.take_readings(readings, max_bytes)
+        assert (outs is not None) is taken
+        if taken:
+            assert s.positions == {p: 5 for p in range(PARTITIONS)}
