@@ -227,9 +227,10 @@ class PassSender:
         change came): the same pass, instead of beginning the visits one reading at a time."""
         shared = self.hub.shared
         outbox = self.outbox
-        if ((not sender and (not self._parked or self._wake.is_set())) or shared is None or not self.limits.shared_passes
-                or self.limits.inline_items <= 0 or self._ceiling_of is not None or self._close is not None
-                or self._peer_closed or self._cursor_lock.locked() or outbox.queued or outbox.bundle_pending
+        if ((not sender and (not self._parked or self._wake.is_set())) or shared is None
+                or not self.limits.shared_passes or self.limits.inline_items <= 0
+                or self._ceiling_of is not None or self._close is not None or self._peer_closed
+                or self._cursor_lock.locked() or outbox.queued or outbox.bundle_pending
                 or not outbox.bundling or not outbox.writes_now):
             return False
         session = self.session

@@ -45,8 +45,8 @@ from collections.abc import Sequence
 
 from engine.protocol.binary_header import HEADER, BinaryFormat
 
-__all__ = ["BUNDLE", "BUNDLE_MAGIC", "Bundler", "OVERHEAD", "PART_BINARY", "PART_TEXT", "bundle_cuts", "bundle_of_encoded",
-           "bundle_pieces", "bundle_spans", "decode_bundle", "encode_bundle", "encode_parts", "is_bundle"]
+__all__ = ["BUNDLE", "BUNDLE_MAGIC", "Bundler", "OVERHEAD", "PART_BINARY", "PART_TEXT", "bundle_cuts",
+           "bundle_of_encoded", "bundle_pieces", "bundle_spans", "decode_bundle", "encode_bundle", "encode_parts", "is_bundle"]
 
 BUNDLE_MAGIC = b"UPRM"
 BUNDLE_VERSION = 1

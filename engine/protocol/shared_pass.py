@@ -21,6 +21,13 @@ does not fit the flow-control window.  A refused pass goes the usual way (per-co
 production, waiting for credit), which is how a consumer that fell behind catches up on its own;
 once it is back at the shared positions its passes are shared again.
 
+The tail's common pass is cheaper still: when every reading is one marker and one ``last`` batch
+(``SharedReading.one_batch``) or idle, ``ServerSession.take_readings`` begins, carries out and
+ends all its visits in one call from the readings' fields (no ``Visit`` per partition), with the
+same resulting state as ``begin_visit`` + ``take_shared``, and the parts may span several bundles
+(``bundle.bundle_cuts``).  It refuses more (a pending cookie, any bounded stream), and a refused
+pass comes here.
+
 Barrier cookies stay exact because a reading is only offered while it is current: the adapter
 uses one only while the partition's high seqno still equals the reading's end, so it is what a
 snapshot taken at the visit's start would hold (a write to the partition always advances its
