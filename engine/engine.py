@@ -20,6 +20,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 from concurrent.futures import Future
 
 import lmdb
@@ -82,6 +83,7 @@ class Engine:
         self._turn = lock_holds.timed(lmdb_turn(), "lmdb_turn")
         self._closed = False
         self._listeners: list[Callable[[int], None]] = []
+        self._batch_listeners: list[Callable[[Any], None]] = []
         self._writer = BatchWriter(partitions, store, self._turn, max_key_bytes=config.max_key_bytes,
                                    max_value_bytes=config.max_value_bytes,
                                    last_cas=max((p.persisted_max_cas for p in partitions), default=0))
@@ -686,14 +688,22 @@ class Engine:
             out[p] = part.purge_seqno
         return out
 
-    def add_listener(self, callback: Callable[[int], None]) -> Callable[[], None]:
-        """Call ``callback(partition)`` after writes are queued or a state changes there."""
+    def add_listener(self, callback: Callable[[Any], None], *, batch: bool = False) -> Callable[[], None]:
+        """Call ``callback(partition)`` after writes are queued or a state changes there; with
+        ``batch``, ``callback(partitions)`` once per write batch or change (an iterable of the
+        partitions, not to be kept).  WHY ``batch``: a listener that hands the partitions to
+        another thread (the streams' change hub) gets a write's partitions all at once, so the
+        other thread never sees a write half announced (a delivery, and a pass, per part)."""
         with self._lock:
-            self._listeners = [*self._listeners, callback]
+            if batch:
+                self._batch_listeners = [*self._batch_listeners, callback]
+            else:
+                self._listeners = [*self._listeners, callback]
 
         def remove() -> None:
             with self._lock:
                 self._listeners = [cb for cb in self._listeners if cb is not callback]
+                self._batch_listeners = [cb for cb in self._batch_listeners if cb is not callback]
 
         return remove
 
@@ -788,6 +798,11 @@ class Engine:
 
     def _notify(self, partitions: object) -> None:
         self._flusher.note_change()
+        for callback in self._batch_listeners:
+            try:
+                callback(partitions)
+            except Exception:
+                log.exception("engine listener failed")
         for p in partitions:  # type: ignore[attr-defined]
             for callback in self._listeners:
                 try:
