@@ -25,24 +25,17 @@ import time
 from pathlib import Path
 from typing import Any
 
-from app.runner import EngineRunner
-from app.stream.connection import StreamLimits
-from app.stream.server import StreamServer
-from app.streams_registry import StreamRegistry
-from bench.bench_passes import PARTITIONS, FakeWebSocket, _Metrics
-from engine.config import EngineConfig
+from bench.bench_passes import PARTITIONS, FakeWebSocket
 from engine.core.types import Op, WriteOp
-from engine.engine import Engine
+from tests.support.raw_transport import InProcessStreams
 
 
 async def run(batch: int, batches: int, profile: cProfile.Profile | None) -> dict[str, float]:
     with tempfile.TemporaryDirectory() as tmp:
-        engine = Engine.open(EngineConfig(data_dir=Path(tmp) / "data", partitions=PARTITIONS))
-        runner = EngineRunner(engine)
-        server = StreamServer(engine=engine, runner=runner, limits=StreamLimits(),
-                              streams=StreamRegistry(), metrics=_Metrics(), stream_metrics=_Metrics())
+        streams = InProcessStreams(Path(tmp) / "data", PARTITIONS)
+        engine, runner, server = streams.engine, streams.runner, streams.server
         ws = FakeWebSocket("tail")
-        task = asyncio.create_task(server.serve(ws))
+        streams.serve([ws])
         await asyncio.sleep(0.5)  # hello and stream requests answered
         (conn,) = list(server.streams._handles.values())  # noqa: SLF001 - a bench reads the counters
         session = conn.session
@@ -66,11 +59,7 @@ async def run(batch: int, batches: int, profile: cProfile.Profile | None) -> dic
             loop_cpu += time.thread_time() - t0
             ws.ack_all()
         messages = ws.messages - messages0
-        await server.close()
-        task.cancel()
-        await asyncio.gather(task, return_exceptions=True)
-        runner.shutdown()
-        engine.close()
+        await streams.close()
     return {"batch": batch, "batches": batches, "loop_us_per_batch": 1e6 * loop_cpu / batches,
             "loop_us_per_visit": 1e6 * loop_cpu / max(1, visits), "loop_us_per_doc": 1e6 * loop_cpu / n,
             "visits_per_batch": visits / batches, "messages_per_batch": messages / batches}

@@ -20,6 +20,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 from concurrent.futures import Future
 
 import lmdb
@@ -60,7 +61,8 @@ from engine.cluster.replica_rollback import Resync, Undo
 from engine.replica_undo import UndoResult, undo_above
 from engine.replica import (ByKeyReader, ItemsStep, MarkerStep, ReplicaStep, append_items, apply_items,
                             reads_persisted_records)
-from engine.snapshot import PartitionSnapshot, capture, capture_memory_only, memory_backlog
+from engine.protocol.frames import Columns
+from engine.snapshot import PartitionSnapshot, capture, capture_memory_only, memory_backlog, memory_frame
 from engine.storage.store import Store
 from engine.writequeue import WriteQueue
 
@@ -81,6 +83,7 @@ class Engine:
         self._turn = lock_holds.timed(lmdb_turn(), "lmdb_turn")
         self._closed = False
         self._listeners: list[Callable[[int], None]] = []
+        self._batch_listeners: list[Callable[[Any], None]] = []
         self._writer = BatchWriter(partitions, store, self._turn, max_key_bytes=config.max_key_bytes,
                                    max_value_bytes=config.max_value_bytes,
                                    last_cas=max((p.persisted_max_cas for p in partitions), default=0))
@@ -284,6 +287,17 @@ class Engine:
         may be needed."""
         part = self._part(partition)
         return capture_memory_only(partition, part.queue.root, after_seqno, part.purge_seqno)
+
+    def memory_frame(self, partition: int, after_seqno: int, max_backlog: int, max_items: int,
+                     max_bytes: int) -> tuple[int, int, Columns] | None:
+        """``(high seqno, purge seqno, items)`` when ``memory_snapshot(partition, after_seqno)``
+        is one memory part of at most ``max_backlog`` seqnos whose items are one batch of
+        ``columns(max_items, max_bytes)``; else None (see ``engine.snapshot.memory_frame``).  Safe
+        on an event loop, like ``memory_snapshot``."""
+        part = self._part(partition)
+        root = part.queue.root
+        cols = memory_frame(root, after_seqno, max_backlog, max_items, max_bytes)
+        return None if cols is None else (root.high, part.purge_seqno, cols)
 
     def memory_backlog(self, partition: int, after_seqno: int) -> int | None:
         """How many seqnos a memory-only snapshot after ``after_seqno`` covers, or None when a
@@ -674,14 +688,22 @@ class Engine:
             out[p] = part.purge_seqno
         return out
 
-    def add_listener(self, callback: Callable[[int], None]) -> Callable[[], None]:
-        """Call ``callback(partition)`` after writes are queued or a state changes there."""
+    def add_listener(self, callback: Callable[[Any], None], *, batch: bool = False) -> Callable[[], None]:
+        """Call ``callback(partition)`` after writes are queued or a state changes there; with
+        ``batch``, ``callback(partitions)`` once per write batch or change (an iterable of the
+        partitions, not to be kept).  WHY ``batch``: a listener that hands the partitions to
+        another thread (the streams' change hub) gets a write's partitions all at once, so the
+        other thread never sees a write half announced (a delivery, and a pass, per part)."""
         with self._lock:
-            self._listeners = [*self._listeners, callback]
+            if batch:
+                self._batch_listeners = [*self._batch_listeners, callback]
+            else:
+                self._listeners = [*self._listeners, callback]
 
         def remove() -> None:
             with self._lock:
                 self._listeners = [cb for cb in self._listeners if cb is not callback]
+                self._batch_listeners = [cb for cb in self._batch_listeners if cb is not callback]
 
         return remove
 
@@ -776,6 +798,11 @@ class Engine:
 
     def _notify(self, partitions: object) -> None:
         self._flusher.note_change()
+        for callback in self._batch_listeners:
+            try:
+                callback(partitions)
+            except Exception:
+                log.exception("engine listener failed")
         for p in partitions:  # type: ignore[attr-defined]
             for callback in self._listeners:
                 try:

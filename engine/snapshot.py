@@ -266,6 +266,28 @@ def memory_backlog(root: QueueRoot, after_seqno: int) -> int | None:
     return max(0, root.high - after_seqno)
 
 
+def memory_frame(root: QueueRoot, after_seqno: int, max_backlog: int, max_items: int,
+                 max_bytes: int) -> Columns | None:
+    """The items ``capture_memory_only(...)``'s one part would yield as its only batch of
+    ``columns(max_items, max_bytes)`` (same cut), when that is what it would be: no disk part, at
+    most ``max_backlog`` seqnos after ``after_seqno``, at least one item, one batch.  None for
+    anything else (nothing new, a disk part, a longer backlog, several batches).
+
+    WHY: a tailing consumer's pass reads a few new items of each partition a write touched, and
+    the general reading (snapshot, part, reader, batch generators) cost more per partition than
+    the items (``bench.bench_tail_pass``)."""
+    high = root.high
+    if high <= after_seqno or high - after_seqno > max_backlog or memory_backlog(root, after_seqno) is None:
+        return None
+    items = list(root.items(after_seqno + 1, high))
+    n = len(items)
+    if not n or n > max_items:
+        return None
+    if n > 1 and sum(map(len, map(_value_of, items[:-1]))) >= max_bytes:
+        return None  # the batch would close before its last item
+    return Columns(*zip(*items))
+
+
 def capture_memory_only(partition: int, root: QueueRoot, after_seqno: int,
                         purge_seqno: int) -> PartitionSnapshot | None:
     """The snapshot ``capture`` would take, from the queue root alone, when it can have no disk

@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 
 __all__ = ["CoalescedPartitions"]
 
@@ -35,6 +35,20 @@ class CoalescedPartitions:
     def mark(self, partition: int) -> None:
         with self._lock:
             self._dirty.add(partition)
+            if self._scheduled or self._closed:
+                return
+            self._scheduled = True
+            self._first_mark = time.monotonic()
+        try:
+            self._loop.call_soon_threadsafe(self._run)
+        except RuntimeError:  # the loop is closed: the server is going away
+            pass
+
+    def mark_many(self, partitions: Iterable[int]) -> None:
+        """``mark`` for each of ``partitions`` at once: one lock, at most one callback, and the
+        loop never takes half of them (the callback is scheduled after all are added)."""
+        with self._lock:
+            self._dirty.update(partitions)
             if self._scheduled or self._closed:
                 return
             self._scheduled = True

@@ -465,6 +465,11 @@ class StreamConnection(PassSender):
             if self._close is not None:
                 await self._close_socket(int(self._close.code), self._close.reason)
                 return
+            if not self._begun:
+                done = self.direct_passes
+                self._direct_pass(sender=True)  # the common tail pass, from the readings' table
+                if self.direct_passes != done or self._begun:
+                    continue
             visits = self._take_begun() if self._begun else session.begin_visits(self.limits.max_visits_per_job)
             if visits:
                 await self._visit_batch(visits)

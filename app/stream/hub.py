@@ -52,7 +52,7 @@ class ChangeHub:
     def __init__(self, add_listener: Callable[[Callable[[int], None]], Callable[[], None]],
                  loop: asyncio.AbstractEventLoop, jobs: JobBatcher | None = None,
                  shared: Callable[[TailCache], "SharedReadings"] | None = None,
-                 pacer: WakePacer | None = None) -> None:
+                 pacer: WakePacer | None = None, batch_listener: bool = False) -> None:
         self._loop = loop
         self._changes = CoalescedPartitions(loop, self._deliver)
         #: wakes the streams at once on an idle loop, a few writes at a time on a busy one (pacing.py)
@@ -68,11 +68,17 @@ class ChangeHub:
         self.shared = shared(self.cache) if shared is not None else None
         #: stream jobs of all connections batched into one reader-thread hop (see jobs.py)
         self.jobs = jobs
-        self._remove = add_listener(self._on_change)
+        #: ``batch_listener``: ``add_listener(cb, batch=True)`` hands each write's partitions at
+        #: once (``Engine.add_listener``), so a delivery never carries half a write
+        self._remove = (add_listener(self._on_changes, batch=True)  # type: ignore[call-arg]
+                        if batch_listener else add_listener(self._on_change))
 
     # ---------------------------------------------------------------- writer thread
     def _on_change(self, partition: int) -> None:
         self._changes.mark(partition)
+
+    def _on_changes(self, partitions: Iterable[int]) -> None:
+        self._changes.mark_many(partitions)
 
     # ---------------------------------------------------------------- event loop
     def _deliver(self, dirty: frozenset[int]) -> None:

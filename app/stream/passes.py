@@ -27,6 +27,7 @@ from typing import Any
 
 from app.stream.cursor import Batch, BatchEncoder, Marker, PartitionCursor
 from engine.protocol import messages as M
+from engine.protocol.bundle import bundle_cuts
 from engine.protocol.frames import encode_binary_columns, encode_json_columns
 from engine.protocol.shared_pass import MarkerStep, shared_fits, take_shared
 
@@ -201,7 +202,8 @@ class PassSender:
         outs = take_shared(self.session, visits, readings, self.limits.bundle_bytes)
         if outs is None:
             return False
-        encoded, count, notified = self._shared_sent(visits, readings)
+        encoded, count, notified = self._shared_sent(readings)
+        self.shared_sent += 1
         self._carry_out(outs)
         if count:
             await self.outbox.send_pass(encoded, count, notified)
@@ -209,7 +211,7 @@ class PassSender:
             await self.outbox.flush_control()
         return True
 
-    def _direct_pass(self) -> bool:
+    def _direct_pass(self, sender: bool = False) -> bool:
         """Carry out the pass now, on the loop, from shared readings of the write queue's memory,
         without waking the sender task; False: nothing was begun (or the begun visits were handed
         to the sender, ``_begun``), wake the sender.
@@ -220,41 +222,57 @@ class PassSender:
         and one transport write.  Called from the hub's delivery (``notify``), this is that pass
         with nothing around it.  Only while the sender is parked with nothing to do (so nothing
         of its own is in flight), the transport takes writes directly, and every due visit has a
-        current reading in memory that fits the window; anything else goes the usual way."""
+        current reading in memory that fits the window; anything else goes the usual way.
+        ``sender``: called by the sender task itself, between passes (it was awake when the
+        change came): the same pass, instead of beginning the visits one reading at a time."""
         shared = self.hub.shared
         outbox = self.outbox
-        if (not self._parked or self._wake.is_set() or shared is None or not self.limits.shared_passes
-                or self.limits.inline_items <= 0 or self._ceiling_of is not None or self._close is not None
-                or self._peer_closed or self._cursor_lock.locked() or outbox.queued or outbox.bundle_pending
+        if ((not sender and (not self._parked or self._wake.is_set())) or shared is None
+                or not self.limits.shared_passes or self.limits.inline_items <= 0
+                or self._ceiling_of is not None or self._close is not None or self._peer_closed
+                or self._cursor_lock.locked() or outbox.queued or outbox.bundle_pending
                 or not outbox.bundling or not outbox.writes_now):
             return False
         session = self.session
         partitions = session.peek_visits(self.limits.max_visits_per_job)
         if not partitions:
             return True  # nothing due (or the window is full): the sender would park again
-        streams, cursors, codec = session.streams, self.cursors, self.codec
-        readings: list[Any] = []
+        streams, cursors = session.streams, self.cursors
         for p in partitions:
-            stream = streams[p]
             cursor = cursors.get(p)
             if cursor is None or cursor.holding or cursor.open_snapshot:
                 return False
-            reading = shared.reading(codec, p, stream.position, stream.expected_state)
-            if reading is None:
+        readings = shared.readings(self.codec, partitions, streams)
+        if readings is None:
+            return False
+        # the whole pass at once from the readings' table (the common tail pass), else visit by visit
+        outs = session.take_readings(readings, self.limits.bundle_bytes)
+        cuts = None
+        if outs is not None:
+            cuts = bundle_cuts([len(r.parts) for r in readings], self.limits.bundle_bytes)
+        else:
+            if not shared_fits(session, partitions, readings, self.limits.bundle_bytes):
                 return False
-            readings.append(reading)
-        if not shared_fits(session, partitions, readings, self.limits.bundle_bytes):
-            return False
-        visits = [session.begin_visit(p) for p in partitions]  # what begin_visits would begin: nothing changed
-        outs = take_shared(session, visits, readings, self.limits.bundle_bytes)
-        if outs is None:  # not expected after shared_fits: the sender carries them out
-            self._begun = visits
-            return False
-        for v in visits:
-            at = self._notified_at.pop(v.partition, None)
+            visits = [session.begin_visit(p) for p in partitions]  # what begin_visits would begin: nothing changed
+            outs = take_shared(session, visits, readings, self.limits.bundle_bytes)
+            if outs is None:  # not expected after shared_fits: the sender carries them out
+                self._begun = visits
+                return False
+        notified_at, visit_notified = self._notified_at, self._visit_notified
+        for p in partitions:
+            at = notified_at.pop(p, None)
             if at is not None:
-                self._visit_notified[v.partition] = at
-        encoded, count, notified = self._shared_sent(visits, readings)
+                visit_notified[p] = at
+        if cuts is not None and len(cuts) > 1:
+            # several bundles (as full as each may be); the pass's outputs go after the last
+            start = 0
+            for end in cuts[:-1]:
+                encoded, count, notified = self._shared_sent(readings[start:end])
+                outbox.send_pass_now(encoded, count, notified)
+                start = end
+            readings = readings[start:]
+        encoded, count, notified = self._shared_sent(readings)
+        self.shared_sent += 1
         self._carry_out(outs, wake=False)
         outbox.send_pass_now(encoded, count, notified)
         self.direct_passes += 1
@@ -273,28 +291,33 @@ class PassSender:
                 self._carry_out(self.session.end_visit(v))
         return kept
 
-    def _shared_sent(self, visits: list[Any], readings: list[Any]) -> tuple[list[bytes], int, list[float]]:
+    def _shared_sent(self, readings: list[Any]) -> tuple[list[bytes], int, list[float]]:
         """The cursors' and notifications' side of a shared pass the session took
-        (``take_shared``): the readings' parts to send, how many, and when their changes were notified."""
+        (``take_shared``, ``take_readings``): the readings' parts to send, how many, and when
+        their changes were notified."""
         notified: list[float] = []
         encoded: list[bytes] = []
         count = 0
         visit_notified = self._visit_notified
-        for visit, reading in zip(visits, readings):
-            p = visit.partition
-            cursor = self.cursors[p]
+        cursors = self.cursors
+        for reading in readings:
+            p = reading.partition
+            cursor = cursors[p]
             cursor.last_seqno = cursor.high_seqno = reading.end
             cursor.tailing = True
-            for step in reading.steps:
-                if isinstance(step, MarkerStep):
-                    cursor.snap_start = step.start  # the last part's, as the cursor's own reading leaves it
+            marker = reading.marker
+            if marker is not None:
+                cursor.snap_start = marker[0]
+            else:
+                for step in reading.steps:
+                    if type(step) is MarkerStep:
+                        cursor.snap_start = step.start  # the last part's, as the cursor's own reading leaves it
             at = visit_notified.pop(p, None)
             if at is not None and reading.delivers:
                 notified.append(at)
             if reading.count:
                 encoded.append(reading.parts)
                 count += reading.count
-        self.shared_sent += 1
         return encoded, count, notified
 
     def _send_visit_now(self, visit: Any, cursor: PartitionCursor, out: list[Marker | Batch], complete: bool,

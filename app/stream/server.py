@@ -49,7 +49,7 @@ class StreamServer:
         self.streams = streams
         self.slots = ConnectionSlots(limits.max_connections, limits.max_connections_per_client)
         self.jobs = JobBatcher(runner.read)
-        self.hub = ChangeHub(engine.add_listener, asyncio.get_running_loop(), self.jobs,
+        self.hub = ChangeHub(engine.add_listener, asyncio.get_running_loop(), self.jobs, batch_listener=True,
                              shared=lambda cache: SharedReadings(
                                  engine, ENCODERS, cache, max_items=limits.inline_items,
                                  frame_bytes=limits.frame_bytes, frame_items=limits.frame_items))

@@ -29,15 +29,18 @@ from __future__ import annotations
 
 import asyncio
 from collections import OrderedDict
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
-from app.stream.cursor import Batch, BatchEncoder, Marker, PartitionCursor
+from app.stream.cursor import Batch, BatchEncoder, Marker, PartitionCursor, marker_text
 from app.stream.tailcache import CachedSnapshot, TailCache
 from engine.protocol.bundle import encode_parts
+from engine.protocol.message_types import SnapshotSource
 from engine.protocol.shared_pass import BatchStep, MarkerStep, SharedReading, idle_reading
 
 __all__ = ["SharedReadings"]
+
+_MEMORY = SnapshotSource.MEMORY
 
 
 class SharedReadings:
@@ -79,6 +82,42 @@ class SharedReadings:
             return None
         self._store(key, entry)
         return entry
+
+    def readings(self, codec: str, partitions: Sequence[int], streams: Mapping[int, Any]) -> list[SharedReading] | None:
+        """``reading`` for each of ``partitions`` at its stream's position (``streams``: the
+        session's), in one call; None as soon as one has none (the pass goes the usual way).
+
+        WHY one call: a hub delivery of a bulk write touches most partitions, and a tailing
+        connection's pass asks for all of them at once; the first connection at those positions
+        reads and encodes every partition here, in one loop, and every other connection at the
+        same positions gets the same readings back (``ServerSession.take_readings`` then
+        advances its session over them in one call)."""
+        engine = self._engine
+        if engine.closed:
+            return None
+        entries = self._entries
+        state_of, high_of = engine.state, engine.high_seqno
+        out: list[SharedReading] = []
+        for p in partitions:
+            stream = streams[p]
+            after = stream.position
+            if state_of(p) != stream.expected_state:
+                return None
+            high = high_of(p)
+            if high <= after:
+                out.append(idle_reading(p, after))
+                continue
+            key = (codec, p, after)
+            entry = entries.get(key)
+            if entry is None or entry.end != high:
+                entry = self._read(codec, p, after)
+                if entry is None:
+                    return None
+                self._store(key, entry)
+            else:
+                self.hits += 1
+            out.append(entry)
+        return out
 
     def _store(self, key: tuple[str, int, int], entry: SharedReading) -> None:
         old = self._entries.pop(key, None)
@@ -159,6 +198,9 @@ class SharedReadings:
 
     def _read(self, codec: str, partition: int, after: int) -> SharedReading | None:
         engine = self._engine
+        frame = engine.memory_frame(partition, after, self.max_items, self._frame_items, self._frame_bytes)
+        if frame is not None:
+            return self._one_frame(codec, partition, after, *frame)
         backlog = engine.memory_backlog(partition, after)
         if backlog is None or backlog > self.max_items:
             return None
@@ -169,6 +211,25 @@ class SharedReadings:
         if small is not None:
             return small
         return self._encode(codec, partition, after, snap, 1 << 30)
+
+    def _one_frame(self, codec: str, partition: int, after: int, high: int, purge_seqno: int,
+                   cols: Any) -> SharedReading:
+        """The reading of a memory snapshot after ``after`` whose items ``cols`` (up to ``high``)
+        are one batch (``Engine.memory_frame``): its marker and its one ``last`` batch, and the
+        same ``TailCache`` entry ``_encode_one_batch`` (and the cursor) make.  WHY: the tail's
+        common reading, made for every partition a write touched, without a snapshot object
+        (see ``_encode_one_batch``)."""
+        data = self._encoders[codec](partition, cols, True)
+        last_seqno = cols.seqnos[-1]
+        start = after + 1
+        text = marker_text(partition, start, high, _MEMORY, purge_seqno)
+        if self._cache is not None:
+            marker = Marker(partition, start, high, _MEMORY, purge_seqno, text)
+            self._cache.put(codec, partition, CachedSnapshot(after, high, (marker, Batch(data, last_seqno, True)),
+                                                             len(data)))
+        self.reads += 1
+        return SharedReading.one_batch(partition, after, high, (start, high, purge_seqno), last_seqno,
+                                       encode_parts([text, data]), len(text) + len(data))
 
     def _encode_one_batch(self, codec: str, partition: int, after: int, snap: Any) -> SharedReading | None:
         """``_encode`` of the common tail reading, a fresh memory snapshot whose items fit one
@@ -199,9 +260,9 @@ class SharedReadings:
             self._cache.put(codec, partition,
                             CachedSnapshot(part.start - 1, part.end, (marker, Batch(data, last_seqno, True)), len(data)))
         self.reads += 1
-        return SharedReading(partition, after, max(last_seqno, part.end, snap.high_seqno),
-                             (MarkerStep(part.start, part.end, snap.purge_seqno), BatchStep(last_seqno, True)),
-                             encode_parts([marker.text, data]), 2, len(marker.text) + len(data))
+        return SharedReading.one_batch(partition, after, max(last_seqno, part.end, snap.high_seqno),
+                                       (part.start, part.end, snap.purge_seqno), last_seqno,
+                                       encode_parts([marker.text, data]), len(marker.text) + len(data))
 
     def _encode(self, codec: str, partition: int, after: int, snap: Any, budget: int) -> SharedReading | None:
         """Any thread: ``snap`` encoded as a visit from ``after`` encodes it (the cache is thread-safe)."""

@@ -45,8 +45,8 @@ from collections.abc import Sequence
 
 from engine.protocol.binary_header import HEADER, BinaryFormat
 
-__all__ = ["BUNDLE", "BUNDLE_MAGIC", "Bundler", "OVERHEAD", "PART_BINARY", "PART_TEXT", "bundle_of_encoded",
-           "bundle_pieces", "bundle_spans", "decode_bundle", "encode_bundle", "encode_parts", "is_bundle"]
+__all__ = ["BUNDLE", "BUNDLE_MAGIC", "Bundler", "OVERHEAD", "PART_BINARY", "PART_TEXT", "bundle_cuts",
+           "bundle_of_encoded", "bundle_pieces", "bundle_spans", "decode_bundle", "encode_bundle", "encode_parts", "is_bundle"]
 
 BUNDLE_MAGIC = b"UPRM"
 BUNDLE_VERSION = 1
@@ -84,6 +84,26 @@ def encode_parts(parts: Sequence[str | bytes]) -> bytes:
             chunks.append(pack(PART_BINARY, len(data)))
         chunks.append(data)
     return b"".join(chunks)
+
+
+def bundle_cuts(sizes: Sequence[int], max_bytes: int) -> list[int] | None:
+    """How a pass of laid-out pieces (``sizes``: bytes of each, parts and part headers, in
+    order; 0 for a piece with no part) splits into bundles of at most ``max_bytes`` each, in
+    order, each as full as it can be: the end index (exclusive) of each bundle, the last one
+    ``len(sizes)``.  None when one piece alone does not fit a bundle.  A bundle's size on the
+    wire is ``OVERHEAD`` plus its pieces."""
+    cuts: list[int] = []
+    size = 0
+    room = max_bytes - OVERHEAD
+    for i, n in enumerate(sizes):
+        if n > room:
+            return None
+        if size + n > room:
+            cuts.append(i)
+            size = 0
+        size += n
+    cuts.append(len(sizes))
+    return cuts
 
 
 def bundle_of_encoded(count: int, *encoded: bytes) -> bytes:

@@ -96,13 +96,13 @@ proceed even when others must roll back.
 from __future__ import annotations
 
 import enum
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, Protocol
 
 from engine.core.errors import SeqnoRangeError
 from engine.protocol.barrier import BarrierTracker
-from engine.protocol.bundle import decode_bundle, is_bundle
+from engine.protocol.bundle import OVERHEAD, bundle_cuts, decode_bundle, is_bundle
 from engine.protocol.errors import CloseCode, ErrorCode, ProtocolError
 from engine.protocol.flow import FlowControl
 from engine.protocol.messages import (
@@ -139,6 +139,7 @@ __all__ = [
     "ServerSession",
     "SessionState",
     "Stream",
+    "TailReading",
     "Visit",
 ]
 
@@ -182,6 +183,26 @@ class Visit(NamedTuple):
     partition: int
     token: int
     after_seqno: int
+
+
+class TailReading(Protocol):
+    """What ``ServerSession.take_readings`` reads of a reading (``shared_pass.SharedReading``):
+    ``partition`` read after ``after``; ``marker`` ``(start, end, purge_seqno)`` and
+    ``last_seqno`` of its one marker and one ``last`` batch (None: no such shape); ``count``
+    messages laid out in ``parts``."""
+
+    @property
+    def partition(self) -> int: ...
+    @property
+    def after(self) -> int: ...
+    @property
+    def marker(self) -> tuple[int, int, int] | None: ...
+    @property
+    def last_seqno(self) -> int | None: ...
+    @property
+    def count(self) -> int: ...
+    @property
+    def parts(self) -> bytes: ...
 
 
 @dataclass(slots=True)
@@ -641,6 +662,58 @@ class ServerSession:
         self._candidates.discard(partition)  # back with the next notify, cookie or held reading
         self._visits[stream.visiting] = partition
         return Visit(partition, stream.visiting, stream.position)
+
+    def take_readings(self, readings: Sequence[TailReading], max_bytes: int) -> list[Output] | None:
+        """Begin, carry out and end at once one visit per reading, in order: the partitions
+        ``peek_visits`` named, each read from the stream's position as one snapshot marker and
+        one ``last`` batch (``TailReading.marker`` set) or as nothing (an idle reading,
+        ``count`` 0), whose parts go in bundles of at most ``max_bytes`` (``bundle.bundle_cuts``
+        of the readings' ``parts``: the adapter sends them so, the outputs after the last).
+        Returns the outputs (``cycle_complete`` when the pass is over); None: not possible,
+        nothing changed.
+
+        The bookkeeping is ``begin_visit``, ``marker_sent``, ``items_sent`` and ``end_visit``
+        of every visit in that order, without their per-visit objects.  It is refused when a
+        barrier cookie is pending (each visit's end may release one, with the positions of that
+        moment: the visit-by-visit path keeps that exact), a stream is bounded, capped, held,
+        inside a snapshot or being visited, a reading is not at its stream's position or has
+        any other shape or is larger than a bundle, or the window does not take it all.  WHY one call: a tailing
+        consumer's pass visits every partition a write touched, and the visit-by-visit
+        bookkeeping was a fixed share of each visit's cost (``bench.bench_tail_pass``)."""
+        if not readings or not self.can_send or self._barrier.pending:
+            return None
+        flow = self.flow
+        assert flow is not None
+        streams = self.streams
+        sizes: list[int] = []
+        for r in readings:
+            stream = streams.get(r.partition)
+            if (stream is None or stream.visiting is not None or stream.in_snapshot or stream.ceiling is not None
+                    or stream.held or stream.end_seqno is not None or r.after != stream.position
+                    or (r.count and r.marker is None)):
+                return None
+            sizes.append(len(r.parts))
+        cuts = bundle_cuts(sizes, max_bytes)
+        if cuts is None or sum(sizes) + OVERHEAD * len(cuts) > flow.available:
+            return None
+        barrier, candidates, positions = self._barrier, self._candidates, self.positions
+        for r in readings:
+            p = r.partition
+            stream = streams[p]
+            stream.dirty = False
+            token = barrier.begin_visit(p)
+            candidates.discard(p)
+            marker = r.marker
+            if marker is not None:
+                stream.snap_start, snap_end, stream.purge_seqno = marker
+                stream.snap_end = snap_end
+                last = r.last_seqno
+                position = snap_end if last is None or snap_end > last else last
+                stream.position = positions[p] = position
+            stream.visits += 1
+            barrier.end_visit(p, token)
+        self._cursor = readings[-1].partition
+        return self._maybe_finish_pass()
 
     def snapshot_marker(
         self, partition: int, start: int, end: int, source: SnapshotSource | str, purge_seqno: int

@@ -21,6 +21,13 @@ does not fit the flow-control window.  A refused pass goes the usual way (per-co
 production, waiting for credit), which is how a consumer that fell behind catches up on its own;
 once it is back at the shared positions its passes are shared again.
 
+The tail's common pass is cheaper still: when every reading is one marker and one ``last`` batch
+(``SharedReading.one_batch``) or idle, ``ServerSession.take_readings`` begins, carries out and
+ends all its visits in one call from the readings' fields (no ``Visit`` per partition), with the
+same resulting state as ``begin_visit`` + ``take_shared``, and the parts may span several bundles
+(``bundle.bundle_cuts``).  It refuses more (a pending cookie, any bounded stream), and a refused
+pass comes here.
+
 Barrier cookies stay exact because a reading is only offered while it is current: the adapter
 uses one only while the partition's high seqno still equals the reading's end, so it is what a
 snapshot taken at the visit's start would hold (a write to the partition always advances its
@@ -29,7 +36,7 @@ high seqno).
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from engine.protocol.bundle import OVERHEAD
 from engine.protocol.session import Output, ServerSession, Stream, Visit
@@ -54,27 +61,69 @@ class BatchStep:
     last: bool
 
 
-@dataclass(frozen=True, slots=True)
 class SharedReading:
     """``partition`` read after ``after`` up to ``end`` (its high seqno then), encoded once.
 
     ``steps`` describe the messages in order; ``parts`` are the same messages laid out as bundle
-    parts (``count`` of them, ``size`` bytes of messages, what flow control counts for them)."""
+    parts (``count`` of them, ``size`` bytes of messages, what flow control counts for them).
+
+    The tail's common reading is one snapshot marker and one ``last`` batch (``one_batch``): it
+    keeps the marker's ``(start, end, purge_seqno)`` in ``marker`` and the batch's last seqno in
+    ``last_seqno``, and makes ``steps`` only when asked.  WHY: such readings are made for every
+    partition a write touched, and three frozen objects per reading cost more than formatting
+    its marker (``bench.bench_tail_pass``); ``ServerSession.take_readings`` reads the two fields
+    directly."""
+
+    __slots__ = ("partition", "after", "end", "_steps", "parts", "count", "size", "delivers", "marker", "last_seqno")
 
     partition: int
     after: int
     end: int
-    steps: tuple[MarkerStep | BatchStep, ...]
     parts: bytes
     count: int
     size: int
     #: whether the reading carries items (an idle visit sends nothing); computed once, read by
     #: every connection the reading is shared with
-    delivers: bool = field(init=False)
+    delivers: bool
+    #: a one-batch reading's marker ``(start, end, purge_seqno)``; None for any other reading
+    marker: tuple[int, int, int] | None
+    #: a one-batch reading's last seqno (None for any other reading)
+    last_seqno: int | None
 
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "delivers",
-                           any(isinstance(s, BatchStep) and s.last_seqno is not None for s in self.steps))
+    def __init__(self, partition: int, after: int, end: int, steps: tuple[MarkerStep | BatchStep, ...],
+                 parts: bytes, count: int, size: int) -> None:
+        self.partition, self.after, self.end = partition, after, end
+        self._steps: tuple[MarkerStep | BatchStep, ...] | None = tuple(steps)
+        self.parts, self.count, self.size = parts, count, size
+        self.delivers = any(isinstance(s, BatchStep) and s.last_seqno is not None for s in steps)
+        self.marker = None
+        self.last_seqno = None
+
+    @classmethod
+    def one_batch(cls, partition: int, after: int, end: int, marker: tuple[int, int, int], last_seqno: int,
+                  parts: bytes, size: int) -> "SharedReading":
+        """A reading of one ``snapshot`` marker (``marker``: start, end, purge seqno) and one
+        ``last`` batch ending at ``last_seqno``, laid out in ``parts``."""
+        self = cls.__new__(cls)
+        self.partition, self.after, self.end = partition, after, end
+        self._steps = None
+        self.parts, self.count, self.size = parts, 2, size
+        self.delivers = True
+        self.marker = marker
+        self.last_seqno = last_seqno
+        return self
+
+    @property
+    def steps(self) -> tuple[MarkerStep | BatchStep, ...]:
+        steps = self._steps
+        if steps is None:
+            assert self.marker is not None
+            steps = self._steps = (MarkerStep(*self.marker), BatchStep(self.last_seqno, True))
+        return steps
+
+    def __repr__(self) -> str:
+        return (f"SharedReading(partition={self.partition}, after={self.after}, end={self.end}, "
+                f"steps={self.steps!r}, count={self.count}, size={self.size})")
 
 
 def idle_reading(partition: int, after: int) -> SharedReading:

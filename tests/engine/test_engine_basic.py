@@ -133,6 +133,16 @@ def test_listener_is_told_partitions(engine) -> None:
     assert len(seen) == len({r.partition for r in results})
 
 
+def test_a_batch_listener_is_told_each_writes_partitions_at_once(engine) -> None:
+    calls: list[list[int]] = []
+    remove = engine.add_listener(lambda partitions: calls.append(sorted(partitions)), batch=True)
+    results = engine.write_batch([put(f"k{i}") for i in range(20)])
+    assert calls == [sorted({r.partition for r in results})]
+    remove()
+    engine.write(put("zz"))
+    assert len(calls) == 1
+
+
 def test_flusher_running_until_close(make_engine) -> None:
     engine = make_engine()
     assert engine.flusher_running and not engine.closed

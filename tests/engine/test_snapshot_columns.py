@@ -78,3 +78,25 @@ def test_empty_and_of_items_columns_encode_like_items() -> None:
         assert encode_json_columns(9, cols, False) == encode_json(9, sample, False)
         assert list(decode_binary(encode_binary_columns(9, cols, True)).items()) == sample
     assert Columns.of_items([]).last_seqno is None
+
+
+@pytest.mark.parametrize("max_items, max_bytes", [(1000, 1 << 20), (7, 1 << 20), (1000, 500), (3, 1), (1, 1 << 20)])
+@pytest.mark.parametrize("after", [0, 1, 1700, 2900, 10_000])
+def test_memory_frame_is_the_memory_snapshots_one_batch_or_none(make_engine, max_items, max_bytes, after) -> None:
+    """``Engine.memory_frame`` answers exactly when ``memory_snapshot`` is one memory part of one
+    batch, with that batch's items, the snapshot's high seqno and purge seqno."""
+    engine = make_engine(partitions=2, **SLOW_FLUSH)
+    load(engine)
+    for p in range(2):
+        for a in {min(after, engine.high_seqno(p)), engine.high_seqno(p) - 1, engine.high_seqno(p) - 5}:
+            got = engine.memory_frame(p, a, 10_000, max_items, max_bytes)
+            snap = engine.memory_snapshot(p, a)
+            batches = [] if snap is None or len(snap.parts) != 1 else list(snap.parts[0].columns(max_items, max_bytes))
+            if len(batches) != 1:
+                assert got is None
+                continue
+            assert got is not None
+            high, purge, cols = got
+            assert (high, purge) == (snap.high_seqno, snap.purge_seqno)
+            assert list(cols) == list(batches[0])
+            assert engine.memory_frame(p, a, high - a - 1, max_items, max_bytes) is None  # backlog over the limit

@@ -7,6 +7,8 @@ import pytest
 
 from engine.protocol.bundle import (
     BUNDLE_MAGIC,
+    OVERHEAD,
+    bundle_cuts,
     HEADER,
     PART,
     PART_BINARY,
@@ -147,3 +149,24 @@ def test_fits_all_counts_pending_parts_and_header_bytes(max_bytes: int, pending:
             bundler.add(b"y" * (size // count + (1 if i < size % count else 0)))
         flushed = bundler.flush()
         assert flushed is not None and (len(flushed) <= max_bytes or not is_bundle(flushed))
+
+
+@pytest.mark.parametrize("sizes, max_bytes, cuts", [
+    ([], 100, [0]),
+    ([10, 20, 30], 100, [3]),
+    ([40, 40, 40], 16 + 80, [2, 3]),  # the header counts: two pieces fill a bundle
+    ([40, 0, 40, 0, 40], 16 + 80, [4, 5]),  # an idle piece rides with the bundle before it
+    ([80, 1], 16 + 80, [1, 2]),
+    ([81], 16 + 80, None),  # one piece larger than a bundle
+    ([10, 81], 16 + 80, None),
+])
+def test_bundle_cuts_fill_each_bundle_in_order(sizes: list[int], max_bytes: int, cuts: list[int] | None) -> None:
+    assert OVERHEAD == 16
+    assert bundle_cuts(sizes, max_bytes) == cuts
+    if cuts is not None:
+        start = 0
+        for end in cuts:
+            assert OVERHEAD + sum(sizes[start:end]) <= max_bytes
+            if end < len(sizes):  # as full as it may be: the next piece would not fit
+                assert OVERHEAD + sum(sizes[start:end + 1]) > max_bytes
+            start = end

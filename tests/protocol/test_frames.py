@@ -227,3 +227,30 @@ def test_live_values_are_the_values_of_the_items_not_deleted(partition: int, ite
     expected = [i.value for i in items if not i.deleted]
     assert live_values(frame) == expected
     assert live_values(memoryview(b"xx" + frame)[2:]) == expected
+
+
+def _reference_binary(partition: int, items: list[Item], last: bool) -> bytes:
+    """The binary frame's layout written out field by field (little-endian, as specified)."""
+    from itertools import accumulate
+    n = len(items)
+    out = [b"UPRB", bytes([1, 1 if last else 0]), struct.pack("<HII", partition, n, 0)]
+    for column in ("seqno", "cas", "rev"):
+        out.append(struct.pack(f"<{n}Q", *(getattr(i, column) for i in items)))
+    out.append(struct.pack(f"<{n}I", *accumulate(len(i.key) for i in items)))
+    out.append(struct.pack(f"<{n}I", *accumulate(len(i.value) for i in items)))
+    out.append(bytes(int(i.deleted) for i in items))
+    out += [i.key for i in items] + [i.value for i in items]
+    return b"".join(out)
+
+
+@pytest.mark.parametrize("n", [1, 2, 3, 31, 32, 33, 64])
+def test_small_and_large_batches_make_the_layouts_bytes(n: int) -> None:
+    """Batches of up to 32 items pack their columns in one call, larger ones through arrays:
+    both make exactly the specified layout."""
+    items = [ITEMS[i % len(ITEMS)]._replace(seqno=i + 1) for i in range(n)]
+    assert encode_binary(7, items, n % 2 == 0) == _reference_binary(7, items, n % 2 == 0)
+
+
+def test_a_small_batch_out_of_range_fails_as_a_large_one() -> None:
+    with pytest.raises(OverflowError):
+        encode_binary(1, [Item(b"k", -1, 1, 1, False, b"v")], True)

@@ -48,6 +48,16 @@ def reading(p: int, after: int, end: int) -> SharedReading:
     return SharedReading(p, after, end, steps, encode_parts([marker, batch]), 2, len(marker) + len(batch))
 
 
+def table_reading(p: int, after: int, end: int) -> SharedReading:
+    """``reading`` in the one-batch shape a memory reading of the tail has (``SharedReading.one_batch``)."""
+    if end <= after:
+        return idle_reading(p, after)
+    marker = f'{{"type":"snapshot","partition":{p},"start":{after + 1},"end":{end}}}'
+    batch = f"items {p} {after + 1}..{end}".encode().ljust(FRAME, b".")
+    return SharedReading.one_batch(p, after, end, (after + 1, end, 0), end, encode_parts([marker, batch]),
+                                   len(marker) + len(batch))
+
+
 class Consumer:
     """One connection's session, fed as the stream server feeds it; ``sent`` is what it sent."""
 
@@ -99,6 +109,28 @@ class Consumer:
                     s.sent(FRAME)
                     self.run(s.items_sent(p, step.last_seqno, step.last))
             self.run(s.end_visit(visit))
+
+    def pass_table(self) -> bool:
+        """A pass as the hub's delivery makes it: the whole pass from one-batch readings in one
+        call (``take_readings``) when the session accepts it, else the shared or usual way."""
+        s = self.session
+        partitions = s.peek_visits(64)
+        if partitions:
+            readings = [table_reading(p, s.streams[p].position, self.engine.high[p]) for p in partitions]
+            before = _state(copy.deepcopy(s.__dict__))
+            outs = s.take_readings(readings, BIG)
+            if outs is not None:
+                self.shared += 1
+                for r in readings:
+                    if r.count:
+                        start, end, _purge = r.marker  # type: ignore[misc]
+                        self.sent.append(("marker", r.partition, start, end))
+                        self.sent.append(("batch", r.partition, r.last_seqno, True))
+                        s.sent(FRAME)
+                self.run(outs)
+                return True
+            assert _state(s.__dict__) == before, "a refused table pass changed the session"
+        return self.pass_(True)
 
     def pass_(self, shared: bool) -> bool:
         s = self.session
@@ -189,14 +221,15 @@ actions = st.lists(
        st.lists(st.sampled_from([None, 3, 8]), min_size=6, max_size=6))
 def test_shared_passes_send_what_one_by_one_passes_send(schedule: list[tuple[str, int]], windows: list[int],
                                                         ends: list[int | None]) -> None:
+    """Three twins per consumer: shared passes, table passes (``take_readings``), one by one."""
     engine = Engine()
-    consumers = [(Consumer(engine, w, e), Consumer(engine, w, e)) for w, e in zip(windows, ends)]
+    consumers = [(Consumer(engine, w, e), Consumer(engine, w, e), Consumer(engine, w, e)) for w, e in zip(windows, ends)]
     cookies = 0
     for op, arg in schedule:
         if op == "write":
             engine.high[arg] += 1
-            for pair in consumers:
-                for c in pair:
+            for trio in consumers:
+                for c in trio:
                     c.session.notify(arg)
         elif op == "cookie":
             for c in consumers[arg]:
@@ -210,22 +243,23 @@ def test_shared_passes_send_what_one_by_one_passes_send(schedule: list[tuple[str
                 if c.session.is_open(arg % PARTITIONS):
                     c.run(c.session.receive_message(CloseStream(arg % PARTITIONS)))
         else:
-            shared, usual = consumers[arg]
+            shared, usual, table = consumers[arg]
             shared.pass_(True)
             usual.pass_(False)
-    for shared, usual in consumers:  # writes stop: drain both
+            table.pass_table()
+    for shared, usual, table in consumers:  # writes stop: drain all three
         for _ in range(4 * PARTITIONS + 4):
-            for c in (shared, usual):
+            for c in (shared, usual, table):
                 c.run(c.session.receive_message(Ack(c.session.flow.in_flight)))  # type: ignore[union-attr]
-            a, b = shared.pass_(True), usual.pass_(False)
-            assert a == b
+            a, b, t = shared.pass_(True), usual.pass_(False), table.pass_table()
+            assert a == b == t
             if not a:
                 break
-        assert _view(shared.sent) == _view(usual.sent)
-        assert shared.session.positions == usual.session.positions
-        assert shared.session.cycle == usual.session.cycle
-        assert shared.cookies == usual.cookies == {}
-        for p, stream in shared.session.streams.items():
+        assert _view(shared.sent) == _view(usual.sent) == _view(table.sent)
+        assert shared.session.positions == usual.session.positions == table.session.positions
+        assert shared.session.cycle == usual.session.cycle == table.session.cycle
+        assert shared.cookies == usual.cookies == table.cookies == {}
+        for p, stream in table.session.streams.items():
             assert stream.position == engine.high[p]
 
 
@@ -288,3 +322,85 @@ def test_a_shared_pass_ends_the_pass_with_cycle_complete_and_moves_every_positio
     assert c.session.positions == {0: 3, 1: 0, 2: 7, 3: 1}
     assert [decode_bundle(b"UPRM\x01\x00\x00\x00\x02\x00\x00\x00\x00\x00\x00\x00" + readings[0].parts)[0]][0].startswith(
         '{"type":"snapshot","partition":0,"start":1,"end":3')
+
+
+@pytest.mark.parametrize(
+    "case",
+    [
+        "reading_at_another_position",
+        "window_too_small",
+        "bundle_too_small",
+        "capped_stream",
+        "bounded_stream",
+        "in_snapshot",
+        "cookie_pending",
+        "visit_in_progress",
+        "stepped_reading",
+    ],
+)
+def test_table_refusals_change_nothing(case: str) -> None:
+    engine = Engine()
+    engine.high = [5, 5, 5, 5]
+    window, end_seqno, visibility, max_bytes = BIG, None, Visibility.MEMORY, BIG
+    if case == "window_too_small":
+        window = 4096
+    if case == "bounded_stream":
+        end_seqno = 100
+    if case == "capped_stream":
+        visibility = Visibility.PERSISTED
+    if case == "bundle_too_small":
+        max_bytes = OVERHEAD + 100
+    c = Consumer(engine, window, end_seqno, visibility)
+    s = c.session
+    if case == "capped_stream":
+        for p in range(PARTITIONS):
+            s.visible_ceiling(p, 5)
+    if case == "window_too_small":
+        s.sent(s.flow.available - 1000)  # type: ignore[union-attr]  # room for two readings, not four
+    if case == "cookie_pending":
+        c.cookie("k")
+    partitions = s.peek_visits(64)
+    assert partitions
+    readings = [table_reading(p, 0, 5) for p in partitions]
+    if case == "reading_at_another_position":
+        readings[1] = table_reading(partitions[1], 1, 5)
+    if case == "in_snapshot":
+        s.streams[partitions[0]].in_snapshot = True
+    if case == "visit_in_progress":
+        s.begin_visit(partitions[-1])
+    if case == "stepped_reading":
+        readings[0] = reading(partitions[0], 0, 5)
+    before = _state(copy.deepcopy(s.__dict__))
+    assert s.take_readings(readings, max_bytes) is None
+    assert _state(s.__dict__) == before
+
+
+def test_a_table_pass_is_the_shared_pass_state_for_state() -> None:
+    """``take_readings`` leaves the session exactly as ``begin_visit`` + ``take_shared`` do."""
+    engine = Engine()
+    engine.high = [3, 0, 7, 1]
+    table, shared = Consumer(engine, BIG), Consumer(engine, BIG)
+    partitions = table.session.peek_visits(64)
+    readings = [table_reading(p, 0, engine.high[p]) for p in partitions]
+    visits = [shared.session.begin_visit(p) for p in partitions]
+    want = take_shared(shared.session, visits, readings, BIG)
+    got = table.session.take_readings(readings, BIG)
+    assert got is not None and want is not None and [encode(o) for o in got] == [encode(o) for o in want]
+    assert _state(table.session.__dict__) == _state(shared.session.__dict__)
+
+
+def test_a_table_pass_larger_than_a_bundle_is_taken_when_the_window_holds_every_bundle() -> None:
+    """The readings go in several bundles (``bundle_cuts``): the window must hold each one's header too."""
+    engine = Engine()
+    engine.high = [5, 5, 5, 5]
+    readings = [table_reading(p, 0, 5) for p in range(PARTITIONS)]
+    piece = len(readings[0].parts)
+    max_bytes = OVERHEAD + 2 * piece  # two readings per bundle: two bundles
+    for window_room, taken in ((4 * piece + OVERHEAD, False), (4 * piece + 2 * OVERHEAD, True)):
+        c = Consumer(engine, BIG)
+        s = c.session
+        s.sent(s.flow.available - window_room)  # type: ignore[union-attr]
+        outs = s.take_readings(readings, max_bytes)
+        assert (outs is not None) is taken
+        if taken:
+            assert s.positions == {p: 5 for p in range(PARTITIONS)}

@@ -179,6 +179,43 @@ async def test_hub_coalesces_a_busy_writer_into_few_loop_callbacks() -> None:
     assert listeners == []
 
 
+async def test_a_batch_listening_hub_delivers_a_writes_partitions_together() -> None:
+    """With ``batch_listener`` each write's partitions are marked at once: the loop's delivery
+    never carries part of a write, even while the writer thread keeps writing."""
+    listeners: list[Any] = []
+
+    def add_listener(cb: Any, batch: bool = False) -> Any:
+        assert batch
+        listeners.append(cb)
+        return lambda: listeners.remove(cb)
+
+    hub = ChangeHub(add_listener, asyncio.get_running_loop(), batch_listener=True)
+    got: list[frozenset[int]] = []
+
+    class Sub:
+        def notify(self, partitions: frozenset[int]) -> None:
+            got.append(partitions)
+
+    hub.subscribe(Sub())
+    writes = [tuple(range(w % 5, 64, 5)) for w in range(300)]  # each write touches 12-13 partitions
+
+    def writer() -> None:
+        for partitions in writes:
+            listeners[0](partitions)
+
+    thread = threading.Thread(target=writer)
+    thread.start()
+    while thread.is_alive():
+        await asyncio.sleep(0)
+    thread.join()
+    await asyncio.sleep(0.01)
+    assert set().union(*got) == set(range(64))
+    for delivery in got:  # a union of whole writes
+        assert all(set(w) <= delivery for w in writes if set(w) & delivery)
+    hub.close()
+    assert listeners == []
+
+
 def ten_on_disk_five_in_memory(engine: Engine) -> None:
     """Seqnos 1..10 persisted, 11..15 only in the write queue's memory (partition 0)."""
     for i in range(10):

@@ -35,6 +35,9 @@ class Consumer:
         self.items: dict[int, list[int]] = {p: [] for p in range(PARTITIONS)}
         self.snap_end: dict[int, int] = {p: 0 for p in range(PARTITIONS)}
         self.barriers: list[str] = []
+        self.largest = 0  # the largest message received
+        #: bundles carrying items but not their pass's end (``cycle_complete``): a pass in several
+        self.unfinished = 0
         self.put({"type": "hello", "name": name, "codec": "binary", "window_bytes": 1 << 20, "protocol": 1,
                   "bundle": True})
         for p in range(PARTITIONS):
@@ -52,7 +55,10 @@ class Consumer:
         self.got(payload.decode() if text else payload)
 
     def got(self, data: bytes | str) -> None:
+        self.largest = max(self.largest, len(data))
         parts = decode_bundle(data) if isinstance(data, bytes) else [data]
+        if len(parts) > 1 and isinstance(parts[-1], bytes):
+            self.unfinished += 1
         for part in parts:
             if isinstance(part, bytes):
                 batch = decode_binary(part)
@@ -176,3 +182,31 @@ async def test_own_visits_sent_without_suspending_deliver_what_a_lone_consumer_g
         assert ws.barriers == [f"c{i}" for i in range(39, 80, 40)]
     assert sum(c.shared_sent for c in conns) == 0
     assert sum(c.visits_now for c in conns) > 0
+
+
+async def test_a_pass_larger_than_a_bundle_goes_out_on_the_delivery_in_several(tmp_path: Path) -> None:
+    """Each write touches every partition with ~1 KiB of items: its pass does not fit one bundle
+    of 2 KiB, and is still carried out on the hub's delivery, in several full bundles."""
+    streams = InProcessStreams(tmp_path / "data", PARTITIONS, StreamLimits(bundle_bytes=2048))
+    engine, runner, server = streams.engine, streams.runner, streams.server
+    server.hub.pacer.gather_s = 0
+    socks = [Consumer(f"c{i}", True) for i in range(3)]
+    streams.serve(socks)
+    written: dict[int, list[int]] = {p: [] for p in range(PARTITIONS)}
+    try:
+        for i in range(20):
+            ops = [WriteOp(Op.MUTATION, f"k{i}-{j}", b"v" * 100) for j in range(24)]
+            for res in await runner.write(engine.write_batch, ops):
+                written[res.partition].append(res.seqno)
+            for _ in range(400):
+                if all(ws.items == written for ws in socks):
+                    break
+                await asyncio.sleep(0.005)
+        conns = list(server.streams._handles.values())  # noqa: SLF001 - the test reads the counters
+    finally:
+        await streams.close()
+    for ws in socks:
+        assert ws.items == written  # every write once, in seqno order, inside its snapshot
+        assert ws.largest <= 2048
+    assert sum(c.direct_passes for c in conns) > 0  # such passes were taken on the delivery
+    assert all(ws.unfinished for ws in socks)  # in more than one bundle each

@@ -138,6 +138,8 @@ async def test_no_disk_reading_when_it_is_larger_than_its_budget(engine: Engine)
     [("a", 10), ("-a", 0), ("b", 5)],  # a deletion
     [("big", 70_000), ("b", 5)],  # two frames: the general reading takes it
     [(f"k{i}", 20) for i in range(5000)],  # more items than one frame holds
+    [("a", 10), ("big", 70_000)],  # the last item reaches the frame's bytes: still one frame
+    [(f"k{i}", i) for i in range(40)],  # more items than the small-batch packing takes
 ])
 def test_a_one_frame_reading_is_the_cursors_reading_part_for_part(
         engine: Engine, codec: str, writes: list[tuple[str, int]]) -> None:
