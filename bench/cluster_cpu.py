@@ -150,7 +150,7 @@ def main(argv: list[str] | None = None) -> int:
                 # per second per node: the replication path's wake-ups and messages
                 span = (args.seconds + 1) * len(nodes)
                 print("    per node per second: " + ", ".join(
-                    f"{k} {v / span:.1f}" for k, v in moved.items() if k not in ("inline", "thread", "progress txns")),
+                    f"{k} {v / span:.3g}" for k, v in moved.items() if k not in ("inline", "thread", "progress txns")),
                     flush=True)
                 time.sleep(2)
     finally:
