@@ -286,6 +286,8 @@ class Flusher:
         kick = self._kick
         if kick.wait(self._interval) or self._gather <= self._interval:
             return
+        if not any(p.queue.root.high > p.queue.persisted for p in self._partitions):
+            return  # an idle look (``IDLE_WAKE_S``): nothing to gather for
         deadline = time.monotonic() + self._gather - self._interval
         gathered = False
         while not (self._waiters or self.eager_listeners or self._stopping
