@@ -658,9 +658,10 @@ class ReplicaAcker:
 
     async def run(self, conn: StreamConnection) -> None:
         self._loop = asyncio.get_running_loop()
-        # eager: the active's ``persist_majority`` writes wait for this copy's persistence, and a
-        # round gathered here (``engine.flusher.GATHER_S``) would add its wait to each of them
-        remove = self.engine.add_persist_listener(self._on_persisted)
+        # eager for replica partitions: the active's ``persist_majority`` writes wait for this
+        # copy's persistence, and a round gathered here (``engine.flusher.GATHER_S``) would add
+        # its wait to each of them; this node's own ``memory`` writes wait for nobody and gather
+        remove = self.engine.add_persist_listener(self._on_persisted, replicas_only=True)
         try:
             await self._run(conn)
         finally:
