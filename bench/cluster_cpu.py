@@ -3,10 +3,13 @@ without an observer: the load-independent signal for the replication path.
 
 Two nodes, one replica each way (as ``bench.bench_cluster --only lag``), the same paced writer
 (one bulk per node every ``--tick-ms``), each node's CPU seconds over the window divided by the
-bulks and the writes it took.  ``--pyspy DIR`` also records both nodes with py-spy (raw, idle
+bulks and the writes it took.  A rate of 0 measures the pair idle (cluster up, no writes): the
+fixed cost every per-bulk figure stands on.  A rate below one write per tick writes one item per
+``1/rate`` s instead.  ``--pyspy DIR`` also records both nodes with py-spy (raw, idle
 samples left out) into DIR for the window::
 
     PYTHONPATH=. python -m bench.cluster_cpu --rates 500,5000 --seconds 10
+    PYTHONPATH=. python -m bench.cluster_cpu --rates 0,50,500,5000 --seconds 10
 """
 from __future__ import annotations
 
@@ -69,6 +72,16 @@ def node_counters(url: str) -> dict[str, float]:
     return out
 
 
+async def idle_window(cpu: CpuWindow, stop_at: float) -> None:
+    """Sample the nodes' CPU over the window without writing anything."""
+    while True:
+        now = time.monotonic()
+        cpu.sample(now)
+        if now >= stop_at:
+            return
+        await asyncio.sleep(min(0.05, max(stop_at - now, 0.001)))
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--rates", default="500,5000", help="offered memory writes/s, comma-separated")
@@ -76,6 +89,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--tick-ms", type=float, default=10.0)
     p.add_argument("--partitions", type=int, default=64)
     p.add_argument("--pyspy", type=Path, help="record both nodes with py-spy into this directory")
+    p.add_argument("--pyspy-idle", action="store_true",
+                   help="with --pyspy: record idle samples too (--idle) instead of only GIL holders (--gil)")
     p.add_argument("--env", action="append", default=[], metavar="NAME=VALUE",
                    help="set in both nodes' environment (e.g. UPR_FLUSH_INTERVAL_MS=20); repeatable")
     args = p.parse_args(argv)
@@ -98,7 +113,8 @@ def main(argv: list[str] | None = None) -> int:
                     for n in nodes:
                         assert n.proc is not None
                         spies.append(subprocess.Popen(
-                            [spy, "record", "-r", "200", "-f", "raw", "--nonblocking", "--gil", "-d",
+                            [spy, "record", "-r", "200", "-f", "raw", "--nonblocking",
+                             "--idle" if args.pyspy_idle else "--gil", "-d",
                              str(int(args.seconds + 1)), "-o", str(args.pyspy / f"{n.name}-{rate:.0f}.txt"),
                              "--pid", str(n.proc.pid)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
                 start_at = time.monotonic() + 1.0
@@ -106,8 +122,14 @@ def main(argv: list[str] | None = None) -> int:
                 cpu = CpuWindow(procs, start_at, stop_at)
                 etcd_before = etcd_requests(etcd)
                 nodes_before = [node_counters(n.url) for n in nodes]
-                acks, sent, errors = asyncio.run(paced_writer(actives, args.partitions, rate, args.tick_ms / 1000,
-                                                              start_at, stop_at, cpu))
+                tick = max(args.tick_ms / 1000, 1 / rate) if rate > 0 else args.tick_ms / 1000
+                sent_bulks: dict[str, int] = {}
+                if rate > 0:
+                    acks, sent, errors = asyncio.run(paced_writer(actives, args.partitions, rate, tick,
+                                                                  start_at, stop_at, cpu, bulks=sent_bulks))
+                else:
+                    sent, errors = 0, 0
+                    asyncio.run(idle_window(cpu, stop_at))
                 etcd_after = etcd_requests(etcd)
                 moved = {k: sum(node_counters(n.url)[k] - b[k] for n, b in zip(nodes, nodes_before))
                          for k in nodes_before[0]}
@@ -117,18 +139,18 @@ def main(argv: list[str] | None = None) -> int:
                 etcd_rate = {m: (etcd_after.get(m, 0) - n) / (args.seconds + 1) for m, n in etcd_before.items()}
                 etcd_txt = ", ".join(f"{m} {r:.1f}/s" for m, r in sorted(etcd_rate.items()) if r >= 0.05)
                 used = cpu.used()
-                bulks = args.seconds / (args.tick_ms / 1000)  # per node
-                parts = ", ".join(f"{c:.0%}" for c in used)
-                per_bulk = sum(used) * args.seconds / (bulks * len(nodes)) * 1e3
+                bulks = sum(sent_bulks.values())  # both nodes
+                parts = ", ".join(f"{c:.1%}" for c in used)
+                per_bulk = sum(used) * args.seconds / max(bulks, 1) * 1e3
                 per_write = sum(used) * args.seconds / max(sent, 1) * 1e6
                 print(f"{rate:,.0f}/s: nodes' CPU {parts}; per bulk (per node) {per_bulk:.2f} ms; "
-                      f"per write (both nodes) {per_write:.0f} µs; {sent} sent, {errors} errors; "
+                      f"per write (both nodes) {per_write:.0f} µs; {bulks} bulks, {sent} sent, {errors} errors; "
                       f"etcd requests {etcd_txt}; replica runs applied inline {moved['inline']:.0f}, on a "
                       f"thread {moved['thread']:.0f}, progress txns {moved['progress txns']:.0f}; load {os.getloadavg()[0]:.1f}", flush=True)
                 # per second per node: the replication path's wake-ups and messages
                 span = (args.seconds + 1) * len(nodes)
                 print("    per node per second: " + ", ".join(
-                    f"{k} {v / span:.1f}" for k, v in moved.items() if k not in ("inline", "thread", "progress txns")),
+                    f"{k} {v / span:.3g}" for k, v in moved.items() if k not in ("inline", "thread", "progress txns")),
                     flush=True)
                 time.sleep(2)
     finally:

@@ -86,9 +86,11 @@ class CpuWindow:
 
 
 async def paced_writer(actives: dict[int, str], partitions: int, rate: float, tick: float, start_at: float,
-                       stop_at: float, cpu: CpuWindow, max_in_flight: int = 16) -> tuple[list[Ack], int, int]:
+                       stop_at: float, cpu: CpuWindow, max_in_flight: int = 16,
+                       bulks: dict[str, int] | None = None) -> tuple[list[Ack], int, int]:
     """Bulk ``memory`` writes at ``rate`` items/s from now to ``stop_at``; the acks of writes sent
-    from ``start_at`` on, the items sent in that window and the errors."""
+    from ``start_at`` on, the items sent in that window and the errors.  ``bulks``, if given,
+    counts the bulk requests sent in the window per node URL."""
     pools = {url: Pool(url) for url in set(actives.values())}
     per_tick = max(1, round(rate * tick))
     acks: list[Ack] = []
@@ -141,6 +143,8 @@ async def paced_writer(actives: dict[int, str], partitions: int, rate: float, ti
                 await in_flight.acquire()
                 if sent >= start_at:
                     counts["sent"] += len(ops)
+                    if bulks is not None:
+                        bulks[url] = bulks.get(url, 0) + 1
                 task = asyncio.create_task(send(url, orjson.dumps(ops), len(ops), sent))
                 tasks.add(task)
                 task.add_done_callback(tasks.discard)

@@ -707,7 +707,8 @@ class Engine:
 
         return remove
 
-    def add_persist_listener(self, callback: Callable[[int], None], *, eager: bool = True) -> Callable[[], None]:
+    def add_persist_listener(self, callback: Callable[[int], None], *, eager: bool = True,
+                             replicas_only: bool = False) -> Callable[[], None]:
         """Call ``callback(partition)`` on the flusher's thread after a flush round persisted
         more of that partition (its persisted seqno grew); the callback must be cheap.  WHY: a
         stream that may deliver only persisted writes waits for exactly this, and polling the
@@ -716,12 +717,16 @@ class Engine:
         ``eager``: someone waits on the news (a ``persisted`` stream), so rounds keep the flush
         interval's cadence while it is registered; a listener that only reports progress passes
         False and lets rounds gather (``engine.flusher.GATHER_S``).  A replica's acker is eager:
-        the active's ``persist_majority`` writes wait for the copy's rounds."""
+        the active's ``persist_majority`` writes wait for the copy's rounds.  It passes
+        ``replicas_only``: it waits on replica partitions alone, so rounds keep the interval
+        only while a replica partition has something to persist, and this node's own ``memory``
+        writes still gather."""
         flusher = self._flusher
+        counter = "eager_replica_listeners" if replicas_only else "eager_listeners"
         with self._lock:
             self._persist_listeners = [*self._persist_listeners, callback]
             if eager:
-                flusher.eager_listeners += 1
+                setattr(flusher, counter, getattr(flusher, counter) + 1)
         removed = False
 
         def remove() -> None:
@@ -729,7 +734,7 @@ class Engine:
             with self._lock:
                 self._persist_listeners = [cb for cb in self._persist_listeners if cb is not callback]
                 if eager and not removed:
-                    flusher.eager_listeners -= 1
+                    setattr(flusher, counter, getattr(flusher, counter) - 1)
                 removed = True
 
         return remove

@@ -38,7 +38,7 @@ from engine.storage.disk_errors import errno_of
 from engine.flush_health import FaultKind, FlushFault, FlushHealth, classify
 from engine.partition import Partition
 from engine.storage.store import Store
-from engine.core.types import Item
+from engine.core.types import Item, PartitionState
 
 log = logging.getLogger(__name__)
 
@@ -52,6 +52,8 @@ IDLE_WAKE_S = 1.0
 #: interval's cadence made that most of the flusher's work (docs/benchmarks.md, "Cluster":
 #: CPU per replicated bulk).  A waiter still gets a round at once (``wait_for`` kicks).
 GATHER_S = 0.02
+
+REPLICA = PartitionState.REPLICA
 
 #: a partition, its items to persist, the seqno they cover, and the partition's generation when read
 _Work = tuple[Partition, list[Item], int, int]
@@ -164,6 +166,12 @@ class Flusher:
         #: persist listeners someone waits on (e.g. a ``persisted``-visibility stream): while any
         #: is registered, rounds keep the interval's cadence (``Engine.add_persist_listener``)
         self.eager_listeners = 0
+        #: persist listeners someone waits on for replica copies only (a replica's acker: its
+        #: active's ``persist_majority`` writes wait for the copy's rounds): while any is
+        #: registered, a round keeps the interval's cadence once a replica partition has
+        #: something to persist, and gathers while only active partitions do (their ``memory``
+        #: writes wait for nobody; a ``persist`` write kicks)
+        self.eager_replica_listeners = 0
         self._batch_items = max(batch_items, 1)
         self._kick = threading.Event()
         self._stop = threading.Event()  # wakes a backoff sleep, which kicks must not cut short
@@ -278,9 +286,12 @@ class Flusher:
         kick = self._kick
         if kick.wait(self._interval) or self._gather <= self._interval:
             return
+        if not any(p.queue.root.high > p.queue.persisted for p in self._partitions):
+            return  # an idle look (``IDLE_WAKE_S``): nothing to gather for
         deadline = time.monotonic() + self._gather - self._interval
         gathered = False
-        while not (self._waiters or self.eager_listeners or self._stopping):
+        while not (self._waiters or self.eager_listeners or self._stopping
+                   or (self.eager_replica_listeners and self._replica_pending())):
             left = deadline - time.monotonic()
             if left <= 0:
                 break
@@ -289,6 +300,11 @@ class Flusher:
                 break
         if gathered:
             self.gathered_rounds += 1
+
+    def _replica_pending(self) -> bool:
+        """Whether a replica partition has queued items not yet persisted (looked at once per
+        interval while a round gathers)."""
+        return any(p.state is REPLICA and p.queue.root.high > p.queue.persisted for p in self._partitions)
 
     def _sleep_while_idle(self) -> None:
         """Sleep while no partition has anything to persist.  The flag is raised before the

@@ -371,8 +371,8 @@ class ReplicationStreams:
                 if type(data) is ItemBatch and self._moved(session, data):
                     whole.append(data.partition)
         await self._apply_messages(pending, whole, acker)
-        for _msg, nbytes in run:
-            await self._processed(conn, session, nbytes)
+        # the run's bytes at once: flow control counts a sum, and owes at most one ack for it
+        await self._processed(conn, session, sum(nbytes for _msg, nbytes in run))
 
     async def _apply_messages(self, messages: list[Any], whole: list[int], acker: ReplicaAcker) -> None:
         if messages:
@@ -385,7 +385,10 @@ class ReplicationStreams:
                 await asyncio.to_thread(_apply_all if steps is None else _apply_steps, self.engine,
                                         messages if steps is None else steps)
                 self.hops += 1
-        for p in whole:
+        # once per partition: a run often ends several snapshots of one partition, and only
+        # where the last one leaves the copy matters (``ReplicaSync.snapshot_applied`` keeps the
+        # highest; the acker reads what the engine holds when it looks)
+        for p in dict.fromkeys(whole):
             self._snapshot_applied(p)
             acker.applied(p)
 
@@ -539,6 +542,9 @@ class Inbox:
         try:
             while True:
                 self.put(await conn.receive())
+                # the rest of a bundle is already here: no await (and no task step) per part
+                while (part := conn.receive_buffered()) is not None:
+                    self.put(part)
         except asyncio.CancelledError:
             raise
         except Exception as exc:  # noqa: BLE001 - handed to the applier, which ends the connection
@@ -652,9 +658,10 @@ class ReplicaAcker:
 
     async def run(self, conn: StreamConnection) -> None:
         self._loop = asyncio.get_running_loop()
-        # eager: the active's ``persist_majority`` writes wait for this copy's persistence, and a
-        # round gathered here (``engine.flusher.GATHER_S``) would add its wait to each of them
-        remove = self.engine.add_persist_listener(self._on_persisted)
+        # eager for replica partitions: the active's ``persist_majority`` writes wait for this
+        # copy's persistence, and a round gathered here (``engine.flusher.GATHER_S``) would add
+        # its wait to each of them; this node's own ``memory`` writes wait for nobody and gather
+        remove = self.engine.add_persist_listener(self._on_persisted, replicas_only=True)
         try:
             await self._run(conn)
         finally:

@@ -24,13 +24,16 @@ class Engine:
         self.held: dict[int, tuple[int, int]] = {}
         self.listeners: list[Callable[[int], None]] = []
         self.eager: list[bool] = []
+        self.replicas_only: list[bool] = []
 
     def replica_held(self, p: int) -> tuple[int, int]:
         return self.held.get(p, (0, 0))
 
-    def add_persist_listener(self, callback: Callable[[int], None], *, eager: bool = True) -> Callable[[], None]:
+    def add_persist_listener(self, callback: Callable[[int], None], *, eager: bool = True,
+                             replicas_only: bool = False) -> Callable[[], None]:
         self.listeners.append(callback)
         self.eager.append(eager)
+        self.replicas_only.append(replicas_only)
         return lambda: self.listeners.remove(callback)
 
 
@@ -68,6 +71,7 @@ def test_acks_follow_applies_and_the_flushers_word_without_polling() -> None:
             await asyncio.sleep(0)
             assert len(engine.listeners) == 1
             assert engine.eager == [True]  # persist_majority writes wait on this copy's rounds
+            assert engine.replicas_only == [True]  # ... and only on them: own writes may gather
             engine.held = {3: (10, 0), 4: (5, 5)}
             acker.applied(3)
             acker.applied(4)

@@ -28,6 +28,40 @@ class FakeFeed:
             raise got
         return got, 10
 
+    def receive_buffered(self) -> tuple[object, int] | None:
+        return None
+
+
+class BundleFeed:
+    """A connection that receives bundles: the first part by ``receive``, the rest buffered."""
+
+    def __init__(self, bundles: list[list[str]]) -> None:
+        self.bundles = bundles
+        self.parts: list[str] = []
+        self.awaits = 0
+
+    async def receive(self) -> tuple[object, int]:
+        self.awaits += 1
+        if not self.bundles:
+            raise ReconnectNeeded("connection closed (1006)")
+        self.parts = list(self.bundles.pop(0))
+        return self.parts.pop(0), 10
+
+    def receive_buffered(self) -> tuple[object, int] | None:
+        return (self.parts.pop(0), 10) if self.parts else None
+
+
+def test_a_bundles_parts_are_taken_in_order_with_one_await_per_bundle() -> None:
+    async def scenario() -> None:
+        feed, inbox = BundleFeed([["a", "b", "c"], ["d"], ["e", "f"]]), Inbox()
+        await asyncio.wait_for(inbox.fill(feed), 5)  # type: ignore[arg-type]
+        assert await inbox.take_all() == [(m, 10) for m in "abcdef"]
+        assert feed.awaits == 4  # three bundles and the failure
+        with pytest.raises(ReconnectNeeded):
+            await inbox.take_all()
+
+    asyncio.run(scenario())
+
 
 def test_take_all_returns_everything_received_in_order() -> None:
     async def scenario() -> None:

@@ -9,7 +9,8 @@ import time
 import pytest
 
 from engine import flusher as flusher_module
-from engine.core.types import Op, WriteOp
+from engine.core.types import FailoverEntry, Item, Op, PartitionState, WriteOp
+from engine.replica import ItemsStep, MarkerStep
 
 
 def _until(predicate, timeout: float = 30.0) -> None:
@@ -55,3 +56,27 @@ def test_a_gathered_round_persists_on_its_own(make_engine, monkeypatch: pytest.M
     results = [engine.write(WriteOp(Op.MUTATION, f"k{i}", b"v", None)) for i in range(20)]
     _until(lambda: all(engine.stats(r.partition).persisted_seqno >= r.seqno for r in results))
     assert engine._flusher.gathered_rounds >= 1
+
+
+def test_a_replica_only_listener_keeps_the_interval_for_replica_partitions_alone(
+        make_engine, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A replica's acker: its active waits for the copy's rounds, nobody for this node's own
+    ``memory`` writes."""
+    monkeypatch.setattr(flusher_module, "GATHER_S", 3600.0)
+    engine = make_engine(flush_interval_ms=1.0)
+    remove = engine.add_persist_listener(lambda p: None, replicas_only=True)
+    flusher = engine._flusher
+    assert (flusher.eager_listeners, flusher.eager_replica_listeners) == (0, 1)
+    own = engine.write(WriteOp(Op.MUTATION, "own", b"v", None))
+    replica = (own.partition + 1) % 4
+    engine.set_state(replica, PartitionState.REPLICA)
+    engine.adopt_failover_log(replica, (FailoverEntry(77, 0),))
+    time.sleep(0.3)  # ~300 intervals: only an active partition has something queued, so it gathers
+    assert engine.stats(own.partition).persisted_seqno < own.seqno
+    engine.apply_replica_run([MarkerStep(replica, 1, 1), ItemsStep(replica, [Item(b"r", 1, 5, 1, False, b"v")], True)])
+    # the replica's change ends the gather at the next interval tick: both are persisted
+    _until(lambda: engine.stats(replica).persisted_seqno == 1
+           and engine.stats(own.partition).persisted_seqno >= own.seqno)
+    remove()
+    remove()  # twice: counted once
+    assert flusher.eager_replica_listeners == 0
