@@ -26,7 +26,7 @@ from clients.backup.manifest import RunManifest
 from clients.backup.rollbacks import decide
 from clients.backup.runwriter import PartitionWriter, RunWriter
 from clients.consumer import Consumer
-from clients.events import Rollback, SnapshotEnd, SnapshotStart, StreamEnd
+from clients.events import PartitionMoved, PartitionsUnavailable, Rollback, SnapshotEnd, SnapshotStart, StreamEnd
 from clients.state import MemoryStateStore
 from engine.protocol.client.actions import RollbackPolicy
 from engine.protocol.client.offset import StreamOffset
@@ -125,6 +125,10 @@ class Driver:
             await self._handle(consumer, ev, remaining)
 
     async def _handle(self, consumer: Consumer, ev: Any, remaining: set[int]) -> None:
+        if isinstance(ev, (PartitionMoved, PartitionsUnavailable)):
+            # news, not data: the consumer itself resumes a moved partition on its new active from
+            # the position this run's writer holds (a branch there comes as a ``Rollback``)
+            return
         p = ev.partition if hasattr(ev, "partition") else None
         if p is None or p not in self.writers:
             return  # barrier/cycle events
