@@ -199,13 +199,18 @@ def measure_lag(group: ProcessGroup, cluster: BenchCluster, rate: float, args: a
                   for e in cluster.view()["map"]["partitions"]}
     wait_until_held(replica_of, acks, time.monotonic() + args.lag_drain)
     assert poller.stdin is not None
-    poller.stdin.write(b"stop\n")
+    # the observer goes on until it has seen what the replicas hold (bench.cluster_poll.Stop)
+    poller.stdin.write(b"stop " + orjson.dumps(acked_highs(replica_of, acks), option=orjson.OPT_NON_STR_KEYS) + b"\n")
     poller.stdin.flush()
     out, _ = poller.communicate(timeout=60)
     group.stop(poller)
     if poller.returncode != 0:
         raise RuntimeError(f"the replica poller failed ({poller.returncode}); see {cluster.workdir / 'poller.log'}")
     polled = orjson.loads(out)
+    # the raw records beside the nodes' logs: an outlier can then be traced write by write
+    (cluster.workdir / f"lag-{rate:g}-{time.time():.0f}.json").write_bytes(orjson.dumps(
+        {"acks": [(a.partition, a.seqno, a.t) for a in acks], "replica_of": replica_of, "polled": polled},
+        option=orjson.OPT_NON_STR_KEYS))
     lags: list[float] = []
     unseen = 0
     for url in urls:
@@ -237,6 +242,15 @@ def measure_lag(group: ProcessGroup, cluster: BenchCluster, rate: float, args: a
 def stage_env(args: argparse.Namespace, workdir: Path) -> dict[str, str]:
     """The nodes' environment for ``--lag-stages``: each replica stamps what it receives and applies."""
     return {TRACE_ENV: str(workdir / "replication-trace.jsonl")} if getattr(args, "lag_stages", False) else {}
+
+
+def acked_highs(replica_of: dict[int, str], acks: list[Ack]) -> dict[str, dict[int, int]]:
+    """Per replica node URL, the highest acknowledged seqno of each partition it replicates."""
+    out: dict[str, dict[int, int]] = {}
+    for ack in acks:
+        mine = out.setdefault(replica_of[ack.partition], {})
+        mine[ack.partition] = max(mine.get(ack.partition, 0), ack.seqno)
+    return out
 
 
 def wait_until_held(replica_of: dict[int, str], acks: list[Ack], deadline: float) -> bool:

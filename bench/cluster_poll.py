@@ -43,8 +43,51 @@ from engine.protocol.frames import decode_binary
 #: flow control: acknowledge what was read once this much is pending (the window is larger)
 ACK_BYTES = 64 * 1024
 
+#: after the stop line, how long an observer still waits for the seqnos it names
+STOP_GRACE_S = 5.0
 
-async def poll_node(url: str, start_at: float, stopped: threading.Event, deadline: float,
+
+class Stop:
+    """The benchmark's stop line, read on a thread: ``stop`` alone ends every observation at once;
+    ``stop {json}`` names, per node URL, the high seqno of each partition its replica holds, and
+    an observation of that node goes on until it has seen them all or ``grace_s`` passed.
+
+    WHY: the benchmark stops the observer as soon as ``GET /partitions`` shows every replica
+    holding every acknowledged write.  A replica that caught up just then (a stall ended) has
+    applied its last writes a moment before, and the stream that carries them to the observer
+    is a few milliseconds behind: stopping at once counted them as never seen, a bench
+    artefact that looked like writes missing from a replica."""
+
+    def __init__(self, grace_s: float = STOP_GRACE_S) -> None:
+        self.grace_s = grace_s
+        self._event = threading.Event()
+        self._at = 0.0
+        self._wanted: dict[str, dict[int, int]] = {}
+
+    def set(self, line: str = "stop") -> None:
+        """Take a stop line (or EOF: ``stop`` alone)."""
+        rest = line.strip().removeprefix("stop").strip()
+        if rest:
+            self._wanted = {url: {int(p): int(s) for p, s in highs.items()}
+                            for url, highs in orjson.loads(rest).items()}
+        self._at = time.monotonic()
+        self._event.set()
+
+    def is_set(self) -> bool:
+        return self._event.is_set()
+
+    def done(self, key: str, highs: dict[int, int], now: float) -> bool:
+        """Whether the observation ``key`` (a node URL) should end now, having seen ``highs``."""
+        if not self._event.is_set():
+            return False
+        wanted = self._wanted.get(key)
+        if not wanted or now >= self._at + self.grace_s:
+            return True
+        return all(highs.get(p, 0) >= s for p, s in wanted.items())
+
+
+
+async def poll_node(url: str, start_at: float, stopped: Stop, deadline: float,
                     interval: float) -> dict[str, Any]:
     conn = await RawConnection.open(url)
     changed: list[tuple[float, float, dict[int, int]]] = []
@@ -53,7 +96,7 @@ async def poll_node(url: str, start_at: float, stopped: threading.Event, deadlin
     try:
         while time.monotonic() < start_at:
             await asyncio.sleep(0.001)
-        while not stopped.is_set():
+        while not stopped.done(url, last or {}, time.monotonic()):
             sent = time.monotonic()
             if sent >= deadline:
                 break
@@ -77,8 +120,8 @@ async def poll_node(url: str, start_at: float, stopped: threading.Event, deadlin
             "method": "poll"}
 
 
-async def watch_node(url: str, start_at: float, stopped: threading.Event, deadline: float,
-                     state: PartitionState = PartitionState.REPLICA) -> dict[str, Any]:
+async def watch_node(url: str, start_at: float, stopped: Stop, deadline: float,
+                     state: PartitionState = PartitionState.REPLICA, key: str | None = None) -> dict[str, Any]:
     """Tail the node's replica partitions (``state``: or its active ones) from their high
     seqnos; a record per message that moved a high seqno."""
     ws_url = "ws" + url.removeprefix("http") + "/stream"
@@ -97,7 +140,7 @@ async def watch_node(url: str, start_at: float, stopped: threading.Event, deadli
                                                        info.high_seqno, expected_state=state)))
         pending = 0
         started = False
-        while not stopped.is_set() and time.monotonic() < deadline:
+        while not stopped.done(key or url, highs, time.monotonic()) and time.monotonic() < deadline:
             if not started and time.monotonic() >= start_at:  # what is held when the window opens
                 started = True
                 changed.append((time.monotonic(), time.monotonic(), dict(highs)))
@@ -131,12 +174,12 @@ async def watch_node(url: str, start_at: float, stopped: threading.Event, deadli
             "method": "stream"}
 
 
-async def run(urls: list[str], start_at: float, stopped: threading.Event, deadline: float,
+async def run(urls: list[str], start_at: float, stopped: Stop, deadline: float,
               interval: float, observe: str = "stream", actives: bool = False) -> dict[str, Any]:
     if observe == "stream":
         watches = [watch_node(u, start_at, stopped, deadline) for u in urls]
         if actives:  # ``--actives``: keyed "active <url>"
-            watches += [watch_node(u, start_at, stopped, deadline, PartitionState.ACTIVE) for u in urls]
+            watches += [watch_node(u, start_at, stopped, deadline, PartitionState.ACTIVE, f"active {u}") for u in urls]
             urls = [*urls, *(f"active {u}" for u in urls)]
         results = await asyncio.gather(*watches)
     else:
@@ -156,13 +199,14 @@ def main(argv: list[str] | None = None) -> int:
                         "server pushes a write to a consumer: the replication sender's pace, for --lag-stages)")
     p.add_argument("--max-seconds", type=float, default=60.0,
                    help="stop this long after the window's end even without a stop line")
+    p.add_argument("--stop-grace", type=float, default=STOP_GRACE_S,
+                   help="after a stop line naming seqnos, at most this long to see them")
     args = p.parse_args(argv)
     start_at, stop_at = wait_for_start()
-    stopped = threading.Event()
+    stopped = Stop(args.stop_grace)
 
     def wait_for_stop() -> None:
-        sys.stdin.readline()  # a stop line, or EOF when the benchmark went away
-        stopped.set()
+        stopped.set(sys.stdin.readline() or "stop")  # a stop line, or EOF when the benchmark went away
 
     threading.Thread(target=wait_for_stop, daemon=True).start()
     out = asyncio.run(run(args.urls, start_at, stopped, stop_at + args.max_seconds, args.interval_ms / 1000,

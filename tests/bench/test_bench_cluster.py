@@ -12,6 +12,7 @@ import json
 import math
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import orjson
@@ -29,8 +30,9 @@ from bench.cluster_figures import (
     table,
     verdict,
 )
-from bench.cluster_lag import LagResult, cpu_per_write_us
+from bench.cluster_lag import LagResult, acked_highs, cpu_per_write_us
 from bench.cluster_load import routed_bodies
+from bench.cluster_poll import Stop
 from bench.cluster_procs import key_in_partition, partition_of
 
 REPO = Path(__file__).resolve().parents[2]
@@ -259,3 +261,25 @@ def test_fence_steps_are_read_from_the_nodes_log_lines() -> None:
     rows = dict(step_rows(steps))
     assert rows["source: ack"] == "p50 9 ms, p99 500 ms, max 500 ms over 2"
     assert rows["source: ack items"] == "median 2, max 2 over 1"
+
+
+def test_the_observer_stops_once_it_saw_what_the_replicas_hold() -> None:
+    """A bare stop ends every observation; a stop naming seqnos keeps a node's observation going
+    until it saw them (or its grace passed), so writes a replica took just before the stop are
+    not counted as never seen."""
+    bare = Stop()
+    assert not bare.done("http://a", {}, 0.0)
+    bare.set("stop\n")
+    assert bare.done("http://a", {}, 0.0)
+
+    replica_of = {0: "http://a", 1: "http://b"}
+    wanted = acked_highs(replica_of, [Ack(0, 5, 1.0), Ack(0, 7, 1.1), Ack(1, 3, 1.0)])
+    assert wanted == {"http://a": {0: 7}, "http://b": {1: 3}}
+    named = Stop(grace_s=60.0)
+    named.set("stop " + orjson.dumps(wanted, option=orjson.OPT_NON_STR_KEYS).decode() + "\n")
+    now = time.monotonic()
+    assert not named.done("http://a", {0: 6}, now)
+    assert named.done("http://a", {0: 7}, now)
+    assert named.done("http://b", {1: 3}, now)
+    assert named.done("active http://a", {}, now)  # an observation nobody named stops at once
+    assert named.done("http://a", {0: 6}, now + 61.0)  # the grace ends the wait
