@@ -173,6 +173,8 @@ class LagResult:
     #: ``--lag-stages``: seconds per stage (``bench.cluster_figures.STAGES``) and acks without a stamp
     stages: dict[str, list[float]] | None = None
     unstaged: int = 0
+    #: the slowest observed node's time from its hello to its last stream answer (all before the window)
+    opened_s: float | None = None
 
 
 def measure_lag(group: ProcessGroup, cluster: BenchCluster, rate: float, args: argparse.Namespace) -> LagResult:
@@ -224,6 +226,8 @@ def measure_lag(group: ProcessGroup, cluster: BenchCluster, rate: float, args: a
     result = LagResult(rate, lags, unseen, sent, errors, args.lag_seconds,
                        statistics.median(periods) * 1000 if periods else float("nan"),
                        sum(polled[u]["count"] for u in urls), used[:-1], used[-1], args.lag_observe)
+    opened = [polled[u]["opened_s"] for u in urls if polled[u].get("opened_s") is not None]
+    result.opened_s = max(opened) if opened else None
     if staged:
         assert trace is not None
         with open(trace, "rb") as f:
@@ -300,7 +304,9 @@ def lag_figure(res: LagResult, args: argparse.Namespace, baseline: bool = False)
               f"replicas; ack time at the writer vs "
               + (f"the arrival of the first message that carries it on a tail of the replica node's replica "
                  f"partitions (a stream with expected_state replica, pushed by the node as its copy takes each "
-                 f"batch; {res.polls:,} messages, median {res.period_ms:.1f} ms apart)"
+                 f"batch; {res.polls:,} messages, median {res.period_ms:.1f} ms apart"
+                 + (f"; every stream open before the window, the last {res.opened_s * 1000:.0f} ms after its hello"
+                    if res.opened_s is not None else "") + ")"
                  if res.observe == "stream" else
                  f"the midpoint of the first GET /partitions poll of the replica's node whose high seqno covers it; "
                  f"resolution: one poll period, median {res.period_ms:.1f} ms ({res.polls:,} polls)")

@@ -12,13 +12,15 @@ holds as a replica, as ``Poll`` records:
   poll period whether anything changed or not; a tail costs it one pass per change, and sees
   the change without waiting for the next poll.
 * ``--observe poll``: ``GET /partitions`` (one request in flight per node, a pause of
-  ``--interval-ms`` between two).  It says ``ready``,
-is released with a window (``bench.cluster_procs.release_together``), polls from the window's
-start until a ``stop`` line on stdin (the benchmark sends it once the replicas hold every
-acknowledged write, or gives up) or ``--max-seconds`` past the window's end.  Only polls that
-show a change are printed (the first poll covering a seqno always shows one, so the lags
-computed from them are the same), with the count and median period of all polls: the method's
-resolution.
+  ``--interval-ms`` between two).
+
+The process connects (for a tail: hello and every stream open, ``Window``), then says ``ready``,
+is released with a window (``bench.cluster_procs.release_together``), observes from the
+window's start until a ``stop`` line on stdin (the benchmark sends it once the replicas hold
+every acknowledged write, naming those seqnos: ``Stop`` then waits until it has seen them, or a
+grace) or ``--max-seconds`` past the window's end.  Only polls that show a change are printed
+(the first poll covering a seqno always shows one, so the lags computed from them are the
+same), with the count and median period of all polls: the method's resolution.
 """
 from __future__ import annotations
 
@@ -28,6 +30,7 @@ import statistics
 import sys
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 import orjson
@@ -87,13 +90,49 @@ class Stop:
 
 
 
-async def poll_node(url: str, start_at: float, stopped: Stop, deadline: float,
+class Window:
+    """The measuring window, shared by the observations of one process: each says ``ready`` once
+    it is set up (connected; for a tail, every stream open), and the process tells the benchmark
+    it is ready only when all are (``bench.cluster_procs.wait_for_start``).
+
+    WHY: a tail's stream requests are answered one by one, each after a read on the node's reader
+    threads; on a loaded node opening 32 of them took seconds.  A window released before they
+    were all open counted the time a partition's stream took to open as that partition's
+    replication lag (the writes are not lost: the stream starts at the high seqno of the hello,
+    so they arrive when it opens, seconds after their ack)."""
+
+    def __init__(self, observations: int, on_release: Callable[[], None] | None = None) -> None:
+        self._waiting = observations
+        self._on_release = on_release
+        self._all_ready = asyncio.Event()
+        self._times: asyncio.Future[tuple[float, float]] = asyncio.get_running_loop().create_future()
+
+    async def ready(self) -> tuple[float, float]:
+        """Say this observation is set up; the window's ``(start_at, stop_at)`` once released."""
+        self._waiting -= 1
+        if self._waiting <= 0:
+            self._all_ready.set()
+        return await self._times
+
+    async def release(self) -> None:
+        """Once every observation is ready: the benchmark's handshake (on a thread: it reads stdin)."""
+        await self._all_ready.wait()
+        times = await asyncio.to_thread(wait_for_start)
+        if self._on_release is not None:
+            self._on_release()
+        self._times.set_result(times)
+
+
+async def poll_node(url: str, window: Window, stopped: Stop, max_seconds: float,
                     interval: float) -> dict[str, Any]:
     conn = await RawConnection.open(url)
     changed: list[tuple[float, float, dict[int, int]]] = []
     received: list[float] = []
     last: dict[int, int] | None = None
     try:
+        status, _ = await conn.request("GET", "/partitions")  # connected and answering
+        start_at, stop_at = await window.ready()
+        deadline = stop_at + max_seconds
         while time.monotonic() < start_at:
             await asyncio.sleep(0.001)
         while not stopped.done(url, last or {}, time.monotonic()):
@@ -120,14 +159,17 @@ async def poll_node(url: str, start_at: float, stopped: Stop, deadline: float,
             "method": "poll"}
 
 
-async def watch_node(url: str, start_at: float, stopped: Stop, deadline: float,
+async def watch_node(url: str, window: Window, stopped: Stop, max_seconds: float,
                      state: PartitionState = PartitionState.REPLICA, key: str | None = None) -> dict[str, Any]:
     """Tail the node's replica partitions (``state``: or its active ones) from their high
-    seqnos; a record per message that moved a high seqno."""
+    seqnos; a record per message that moved a high seqno.  Ready for the window once every
+    stream is open (``opened``: how long after the hello each stream's answer came)."""
     ws_url = "ws" + url.removeprefix("http") + "/stream"
     changed: list[tuple[float, float, dict[int, int]]] = []
     received: list[float] = []
+    opened: dict[int, float] = {}
     async with connect(ws_url, max_size=64 << 20, ping_interval=None) as ws:
+        hello_at = time.monotonic()
         await ws.send(M.encode(M.Hello(name="lag-observer", codec=M.Codec.BINARY, bundle=True)))
         logs = M.decode_server_message(await ws.recv())
         if not isinstance(logs, M.FailoverLogs):
@@ -139,6 +181,31 @@ async def watch_node(url: str, start_at: float, stopped: Stop, deadline: float,
                 await ws.send(M.encode(M.StreamRequest(p, info.log[0].uuid, info.high_seqno, info.high_seqno,
                                                        info.high_seqno, expected_state=state)))
         pending = 0
+
+        def take(frame: str | bytes, at: float) -> bool:
+            """Whether ``frame`` moved a high seqno; stream answers are noted in ``opened``."""
+            moved = False
+            parts = decode_bundle(frame) if isinstance(frame, bytes) and is_bundle(frame) else [frame]
+            for part in parts:
+                if isinstance(part, bytes):
+                    batch = decode_binary(part)
+                    if len(batch) and batch.seqnos[-1] > highs.get(batch.partition, 0):
+                        highs[batch.partition] = batch.seqnos[-1]
+                        moved = True
+                else:
+                    msg = M.decode_server_message(part)
+                    if isinstance(msg, M.StreamResponse):
+                        if msg.status is not M.StreamStatus.OK:
+                            raise RuntimeError(f"{url}: partition {msg.partition} refused: {msg}")
+                        opened[msg.partition] = at - hello_at
+            return moved
+
+        while len(opened) < len(highs):  # every stream open before the window
+            frame = await ws.recv()
+            take(frame, time.monotonic())
+            pending += len(frame)
+        start_at, stop_at = await window.ready()
+        deadline = stop_at + max_seconds
         started = False
         while not stopped.done(key or url, highs, time.monotonic()) and time.monotonic() < deadline:
             if not started and time.monotonic() >= start_at:  # what is held when the window opens
@@ -151,19 +218,7 @@ async def watch_node(url: str, start_at: float, stopped: Stop, deadline: float,
             at = time.monotonic()
             if at >= start_at:
                 received.append(at)
-            moved = False
-            parts = decode_bundle(frame) if isinstance(frame, bytes) and is_bundle(frame) else [frame]
-            for part in parts:
-                if isinstance(part, bytes):
-                    batch = decode_binary(part)
-                    if len(batch) and batch.seqnos[-1] > highs.get(batch.partition, 0):
-                        highs[batch.partition] = batch.seqnos[-1]
-                        moved = True
-                else:
-                    msg = M.decode_server_message(part)
-                    if isinstance(msg, M.StreamResponse) and msg.status is not M.StreamStatus.OK:
-                        raise RuntimeError(f"{url}: partition {msg.partition} refused: {msg}")
-            if moved and at >= start_at:
+            if take(frame, at) and at >= start_at:
                 changed.append((at, at, dict(highs)))
             pending += len(frame)
             if pending >= ACK_BYTES:
@@ -171,20 +226,29 @@ async def watch_node(url: str, start_at: float, stopped: Stop, deadline: float,
                 pending = 0
     gaps = [b - a for a, b in zip(received, received[1:])]
     return {"polls": changed, "count": len(received), "period": statistics.median(gaps) if gaps else None,
-            "method": "stream"}
+            "method": "stream", "opened_s": max(opened.values(), default=None)}
 
 
-async def run(urls: list[str], start_at: float, stopped: Stop, deadline: float,
-              interval: float, observe: str = "stream", actives: bool = False) -> dict[str, Any]:
+async def run(urls: list[str], stopped: Stop, max_seconds: float, interval: float, observe: str = "stream",
+              actives: bool = False, on_release: Callable[[], None] | None = None) -> dict[str, Any]:
+    """Every observation set up, then the benchmark's window (``Window``), then observed until
+    the stop line (``Stop``) or ``max_seconds`` past the window's end."""
+    keys = [*urls, *(f"active {u}" for u in urls)] if observe == "stream" and actives else list(urls)
+    window = Window(len(keys), on_release)
     if observe == "stream":
-        watches = [watch_node(u, start_at, stopped, deadline) for u in urls]
+        watches = [watch_node(u, window, stopped, max_seconds) for u in urls]
         if actives:  # ``--actives``: keyed "active <url>"
-            watches += [watch_node(u, start_at, stopped, deadline, PartitionState.ACTIVE, f"active {u}") for u in urls]
-            urls = [*urls, *(f"active {u}" for u in urls)]
-        results = await asyncio.gather(*watches)
+            watches += [watch_node(u, window, stopped, max_seconds, PartitionState.ACTIVE, f"active {u}")
+                        for u in urls]
     else:
-        results = await asyncio.gather(*(poll_node(u, start_at, stopped, deadline, interval) for u in urls))
-    return dict(zip(urls, results))
+        watches = [poll_node(u, window, stopped, max_seconds, interval) for u in urls]
+    tasks = [asyncio.ensure_future(w) for w in watches]
+    released = asyncio.ensure_future(window.release())
+    try:
+        results = await asyncio.gather(*tasks)
+    finally:
+        released.cancel()
+    return dict(zip(keys, results))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -202,15 +266,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--stop-grace", type=float, default=STOP_GRACE_S,
                    help="after a stop line naming seqnos, at most this long to see them")
     args = p.parse_args(argv)
-    start_at, stop_at = wait_for_start()
     stopped = Stop(args.stop_grace)
 
     def wait_for_stop() -> None:
         stopped.set(sys.stdin.readline() or "stop")  # a stop line, or EOF when the benchmark went away
 
-    threading.Thread(target=wait_for_stop, daemon=True).start()
-    out = asyncio.run(run(args.urls, start_at, stopped, stop_at + args.max_seconds, args.interval_ms / 1000,
-                         args.observe, args.actives))
+    # stdin's next line after the window's: read once the window is (``Window.release``)
+    out = asyncio.run(run(args.urls, stopped, args.max_seconds, args.interval_ms / 1000, args.observe, args.actives,
+                          on_release=lambda: threading.Thread(target=wait_for_stop, daemon=True).start()))
     sys.stdout.buffer.write(orjson.dumps(out, option=orjson.OPT_NON_STR_KEYS) + b"\n")
     sys.stdout.flush()
     return 0

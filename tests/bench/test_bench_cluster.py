@@ -8,6 +8,7 @@ with their goals here: they are performance, measured on a shared machine.
 """
 from __future__ import annotations
 
+import asyncio
 import json
 import math
 import subprocess
@@ -32,6 +33,7 @@ from bench.cluster_figures import (
 )
 from bench.cluster_lag import LagResult, acked_highs, cpu_per_write_us
 from bench.cluster_load import routed_bodies
+from bench import cluster_poll as poll
 from bench.cluster_poll import Stop
 from bench.cluster_procs import key_in_partition, partition_of
 
@@ -283,3 +285,23 @@ def test_the_observer_stops_once_it_saw_what_the_replicas_hold() -> None:
     assert named.done("http://b", {1: 3}, now)
     assert named.done("active http://a", {}, now)  # an observation nobody named stops at once
     assert named.done("http://a", {0: 6}, now + 61.0)  # the grace ends the wait
+
+
+def test_the_observer_says_ready_only_once_every_observation_is_set_up(monkeypatch) -> None:
+    """The window is read (the benchmark's handshake) only after every observation said it is
+    set up; each then gets the same window, and the stop reader starts after the window's line."""
+    asked: list[str] = []
+    monkeypatch.setattr(poll, "wait_for_start", lambda: asked.append("window") or (1.0, 2.0))
+
+    async def scenario() -> list[tuple[float, float]]:
+        window = poll.Window(2, on_release=lambda: asked.append("stop reader"))
+        released = asyncio.ensure_future(window.release())
+        first = asyncio.ensure_future(window.ready())
+        await asyncio.sleep(0.05)
+        assert asked == [] and not first.done()  # one observation is still setting up
+        second = await window.ready()
+        await released
+        return [await first, second]
+
+    assert asyncio.run(scenario()) == [(1.0, 2.0), (1.0, 2.0)]
+    assert asked == ["window", "stop reader"]
