@@ -33,7 +33,7 @@ from bench.cluster_figures import (
 )
 from bench.cluster_lag import LagResult, acked_highs, cpu_per_write_us
 from bench.cluster_load import routed_bodies
-from bench import cluster_poll as poll
+from bench import cluster_poll
 from bench.cluster_poll import Stop
 from bench.cluster_procs import key_in_partition, partition_of
 
@@ -291,10 +291,10 @@ def test_the_observer_says_ready_only_once_every_observation_is_set_up(monkeypat
     """The window is read (the benchmark's handshake) only after every observation said it is
     set up; each then gets the same window, and the stop reader starts after the window's line."""
     asked: list[str] = []
-    monkeypatch.setattr(poll, "wait_for_start", lambda: asked.append("window") or (1.0, 2.0))
+    monkeypatch.setattr(cluster_poll, "wait_for_start", lambda: asked.append("window") or (1.0, 2.0))
 
     async def scenario() -> list[tuple[float, float]]:
-        window = poll.Window(2, on_release=lambda: asked.append("stop reader"))
+        window = cluster_poll.Window(2, on_release=lambda: asked.append("stop reader"))
         released = asyncio.ensure_future(window.release())
         first = asyncio.ensure_future(window.ready())
         await asyncio.sleep(0.05)
