@@ -19,7 +19,10 @@ What each figure measures (every process on one host, so one monotonic clock):
    writes at ``--lag-rate`` items/s (one bulk per node per ``--lag-tick-ms``) and records when
    each (partition, seqno) was acknowledged; an observer process tails both nodes' replica
    partitions (``--lag-observe poll``: reads their ``GET /partitions`` every ``--lag-poll-ms``) and
-   notes when each replica's high seqno covers it (``bench.cluster_figures.replica_lags``).  The same at
+   notes when each replica's high seqno covers it (``bench.cluster_figures.replica_lags``).  Its
+   streams are all open before the window, and it stops only once it has seen what the replicas
+   hold (``bench.cluster_poll``); ``--keep`` keeps each run's acks and observations
+   (``lag-<rate>-*.json``) beside the node logs.  The same at
    ``--lag-baseline-rate`` (500/s) shows what the machine's scheduling alone costs.
 3. **Majority write cost**: the same two nodes, bulk ingest (``--clients`` load generator
    processes, ``--concurrency`` requests in flight per node each) with ``durability=majority``

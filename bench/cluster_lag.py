@@ -173,6 +173,8 @@ class LagResult:
     #: ``--lag-stages``: seconds per stage (``bench.cluster_figures.STAGES``) and acks without a stamp
     stages: dict[str, list[float]] | None = None
     unstaged: int = 0
+    #: the slowest observed node's time from its hello to its last stream answer (all before the window)
+    opened_s: float | None = None
 
 
 def measure_lag(group: ProcessGroup, cluster: BenchCluster, rate: float, args: argparse.Namespace) -> LagResult:
@@ -199,13 +201,18 @@ def measure_lag(group: ProcessGroup, cluster: BenchCluster, rate: float, args: a
                   for e in cluster.view()["map"]["partitions"]}
     wait_until_held(replica_of, acks, time.monotonic() + args.lag_drain)
     assert poller.stdin is not None
-    poller.stdin.write(b"stop\n")
+    # the observer goes on until it has seen what the replicas hold (bench.cluster_poll.Stop)
+    poller.stdin.write(b"stop " + orjson.dumps(acked_highs(replica_of, acks), option=orjson.OPT_NON_STR_KEYS) + b"\n")
     poller.stdin.flush()
     out, _ = poller.communicate(timeout=60)
     group.stop(poller)
     if poller.returncode != 0:
         raise RuntimeError(f"the replica poller failed ({poller.returncode}); see {cluster.workdir / 'poller.log'}")
     polled = orjson.loads(out)
+    # the raw records beside the nodes' logs: an outlier can then be traced write by write
+    (cluster.workdir / f"lag-{rate:g}-{time.time():.0f}.json").write_bytes(orjson.dumps(
+        {"acks": [(a.partition, a.seqno, a.t) for a in acks], "replica_of": replica_of, "polled": polled},
+        option=orjson.OPT_NON_STR_KEYS))
     lags: list[float] = []
     unseen = 0
     for url in urls:
@@ -219,6 +226,8 @@ def measure_lag(group: ProcessGroup, cluster: BenchCluster, rate: float, args: a
     result = LagResult(rate, lags, unseen, sent, errors, args.lag_seconds,
                        statistics.median(periods) * 1000 if periods else float("nan"),
                        sum(polled[u]["count"] for u in urls), used[:-1], used[-1], args.lag_observe)
+    opened = [polled[u]["opened_s"] for u in urls if polled[u].get("opened_s") is not None]
+    result.opened_s = max(opened) if opened else None
     if staged:
         assert trace is not None
         with open(trace, "rb") as f:
@@ -237,6 +246,15 @@ def measure_lag(group: ProcessGroup, cluster: BenchCluster, rate: float, args: a
 def stage_env(args: argparse.Namespace, workdir: Path) -> dict[str, str]:
     """The nodes' environment for ``--lag-stages``: each replica stamps what it receives and applies."""
     return {TRACE_ENV: str(workdir / "replication-trace.jsonl")} if getattr(args, "lag_stages", False) else {}
+
+
+def acked_highs(replica_of: dict[int, str], acks: list[Ack]) -> dict[str, dict[int, int]]:
+    """Per replica node URL, the highest acknowledged seqno of each partition it replicates."""
+    out: dict[str, dict[int, int]] = {}
+    for ack in acks:
+        mine = out.setdefault(replica_of[ack.partition], {})
+        mine[ack.partition] = max(mine.get(ack.partition, 0), ack.seqno)
+    return out
 
 
 def wait_until_held(replica_of: dict[int, str], acks: list[Ack], deadline: float) -> bool:
@@ -286,7 +304,9 @@ def lag_figure(res: LagResult, args: argparse.Namespace, baseline: bool = False)
               f"replicas; ack time at the writer vs "
               + (f"the arrival of the first message that carries it on a tail of the replica node's replica "
                  f"partitions (a stream with expected_state replica, pushed by the node as its copy takes each "
-                 f"batch; {res.polls:,} messages, median {res.period_ms:.1f} ms apart)"
+                 f"batch; {res.polls:,} messages, median {res.period_ms:.1f} ms apart"
+                 + (f"; every stream open before the window, the last {res.opened_s * 1000:.0f} ms after its hello"
+                    if res.opened_s is not None else "") + ")"
                  if res.observe == "stream" else
                  f"the midpoint of the first GET /partitions poll of the replica's node whose high seqno covers it; "
                  f"resolution: one poll period, median {res.period_ms:.1f} ms ({res.polls:,} polls)")

@@ -31,6 +31,9 @@ from tests.support.server import ROOT, server_command, server_env, wait_for_url
 #: for a few hundred partitions: a crc32 spreads consecutive suffixes evenly)
 _KEY_SEARCH = 1_000_000
 
+#: the nodes' log level (default warning); e.g. BENCH_NODE_LOG_LEVEL=info for a diagnosis
+NODE_LOG_LEVEL_ENV = "BENCH_NODE_LOG_LEVEL"
+
 
 def start_etcd(group: ProcessGroup, workdir: Path, timeout: float = 30.0) -> str:
     """One etcd member on loopback ephemeral ports; its client URL once it answers."""
@@ -160,6 +163,8 @@ class BenchCluster:
                  "--node", node.name, "--advertise", node.url, "--replicas", str(self.replicas),
                  "--lease-ttl-s", str(self.lease_ttl_s), "--cluster-prefix", f"/upr/bench/{self.name}",
                  "--cluster-initial-nodes", str(self.size)]
+        # a diagnosis may want the nodes' info lines (replication connections, stream ends)
+        extra += ["--log-level", os.environ.get(NODE_LOG_LEVEL_ENV, "warning")]
         cmd = server_command(node.data_dir, ready, partitions=self.partitions, extra=extra)
         node.proc = self.group.spawn(cmd, name=f"node {node.name}", log=workdir / "server.log", cwd=ROOT,
                                      env={**server_env(), **self.env})

@@ -358,17 +358,25 @@ class StreamConnection(PassSender):
             self._wake.set()
 
     async def _resolve(self, outs: list[Any]) -> None:
-        """Carry out session outputs, answering engine lookups (executor reads) as they come."""
+        """Carry out session outputs, answering engine lookups as they come.
+
+        The lookups (``_partition_infos``) are answered here on the loop: each is a few attribute
+        reads of a partition's memory (its queue root, state and failover log; no LMDB), as the
+        hub's ``notify`` and the shared readings read them.  WHY not a reader-thread hop: the
+        requests of a connection are answered one at a time, so a consumer opening 32 streams
+        waited 32 hops behind whatever the reader threads and the GIL were doing; on a node
+        taking writes that was seconds before its first data (docs/benchmarks.md, "Cluster":
+        the 500/s outliers)."""
         pending = deque(outs)
         while pending:
             out = pending.popleft()
             if isinstance(out, LookupPartitions):
                 self._take_ceiling()
                 self._take_pacing()
-                infos = await self._read(_partition_infos, self.engine, out.partitions)
+                infos = _partition_infos(self.engine, out.partitions)
                 pending.extendleft(reversed(self.session.partitions_info(infos)))
             elif isinstance(out, LookupStream):
-                info = (await self._read(_partition_infos, self.engine, (out.partition,)))[out.partition]
+                info = _partition_infos(self.engine, (out.partition,))[out.partition]
                 pending.extendleft(reversed(self.session.stream_info(out.partition, info)))
             else:
                 self._carry_out([out])

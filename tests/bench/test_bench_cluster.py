@@ -8,10 +8,12 @@ with their goals here: they are performance, measured on a shared machine.
 """
 from __future__ import annotations
 
+import asyncio
 import json
 import math
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import orjson
@@ -29,8 +31,10 @@ from bench.cluster_figures import (
     table,
     verdict,
 )
-from bench.cluster_lag import LagResult, cpu_per_write_us
+from bench.cluster_lag import LagResult, acked_highs, cpu_per_write_us
 from bench.cluster_load import routed_bodies
+from bench import cluster_poll
+from bench.cluster_poll import Stop
 from bench.cluster_procs import key_in_partition, partition_of
 
 REPO = Path(__file__).resolve().parents[2]
@@ -259,3 +263,45 @@ def test_fence_steps_are_read_from_the_nodes_log_lines() -> None:
     rows = dict(step_rows(steps))
     assert rows["source: ack"] == "p50 9 ms, p99 500 ms, max 500 ms over 2"
     assert rows["source: ack items"] == "median 2, max 2 over 1"
+
+
+def test_the_observer_stops_once_it_saw_what_the_replicas_hold() -> None:
+    """A bare stop ends every observation; a stop naming seqnos keeps a node's observation going
+    until it saw them (or its grace passed), so writes a replica took just before the stop are
+    not counted as never seen."""
+    bare = Stop()
+    assert not bare.done("http://a", {}, 0.0)
+    bare.set("stop\n")
+    assert bare.done("http://a", {}, 0.0)
+
+    replica_of = {0: "http://a", 1: "http://b"}
+    wanted = acked_highs(replica_of, [Ack(0, 5, 1.0), Ack(0, 7, 1.1), Ack(1, 3, 1.0)])
+    assert wanted == {"http://a": {0: 7}, "http://b": {1: 3}}
+    named = Stop(grace_s=60.0)
+    named.set("stop " + orjson.dumps(wanted, option=orjson.OPT_NON_STR_KEYS).decode() + "\n")
+    now = time.monotonic()
+    assert not named.done("http://a", {0: 6}, now)
+    assert named.done("http://a", {0: 7}, now)
+    assert named.done("http://b", {1: 3}, now)
+    assert named.done("active http://a", {}, now)  # an observation nobody named stops at once
+    assert named.done("http://a", {0: 6}, now + 61.0)  # the grace ends the wait
+
+
+def test_the_observer_says_ready_only_once_every_observation_is_set_up(monkeypatch) -> None:
+    """The window is read (the benchmark's handshake) only after every observation said it is
+    set up; each then gets the same window, and the stop reader starts after the window's line."""
+    asked: list[str] = []
+    monkeypatch.setattr(cluster_poll, "wait_for_start", lambda: asked.append("window") or (1.0, 2.0))
+
+    async def scenario() -> list[tuple[float, float]]:
+        window = cluster_poll.Window(2, on_release=lambda: asked.append("stop reader"))
+        released = asyncio.ensure_future(window.release())
+        first = asyncio.ensure_future(window.ready())
+        await asyncio.sleep(0.05)
+        assert asked == [] and not first.done()  # one observation is still setting up
+        second = await window.ready()
+        await released
+        return [await first, second]
+
+    assert asyncio.run(scenario()) == [(1.0, 2.0), (1.0, 2.0)]
+    assert asked == ["window", "stop reader"]

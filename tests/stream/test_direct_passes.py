@@ -210,3 +210,31 @@ async def test_a_pass_larger_than_a_bundle_goes_out_on_the_delivery_in_several(t
         assert ws.largest <= 2048
     assert sum(c.direct_passes for c in conns) > 0  # such passes were taken on the delivery
     assert all(ws.unfinished for ws in socks)  # in more than one bundle each
+
+
+async def test_hello_and_stream_requests_are_answered_without_a_reader_hop_each(tmp_path: Path) -> None:
+    """A consumer's hello and stream requests are answered from the partitions' memory on the
+    loop: a consumer opening many streams on a busy node does not wait one reader-thread hop per
+    request (one at a time, behind the node's other reader work) before its first data."""
+    streams = InProcessStreams(tmp_path / "data", PARTITIONS)
+    runner, server = streams.runner, streams.server
+    hopped: list[str] = []
+    read = runner.read
+
+    async def counting_read(fn: Any, *args: Any) -> Any:
+        hopped.append(getattr(fn, "__name__", repr(fn)))
+        return await read(fn, *args)
+
+    runner.read = counting_read  # type: ignore[method-assign]
+    ws = Consumer("opener", raw=True)
+    streams.serve([ws])
+    try:
+        for _ in range(400):
+            conns = list(server.streams._handles.values())  # noqa: SLF001 - the test reaches the connection
+            if conns and len(conns[0].session.streams) == PARTITIONS:
+                break
+            await asyncio.sleep(0.005)
+        assert conns and len(conns[0].session.streams) == PARTITIONS  # every stream open
+        assert "_partition_infos" not in hopped
+    finally:
+        await streams.close()
