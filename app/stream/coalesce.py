@@ -33,16 +33,7 @@ class CoalescedPartitions:
         self.delay = 0.0
 
     def mark(self, partition: int) -> None:
-        with self._lock:
-            self._dirty.add(partition)
-            if self._scheduled or self._closed:
-                return
-            self._scheduled = True
-            self._first_mark = time.monotonic()
-        try:
-            self._loop.call_soon_threadsafe(self._run)
-        except RuntimeError:  # the loop is closed: the server is going away
-            pass
+        self.mark_many((partition,))
 
     def mark_many(self, partitions: Iterable[int]) -> None:
         """``mark`` for each of ``partitions`` at once: one lock, at most one callback, and the
