@@ -80,21 +80,8 @@ class EngineRunner:
         return self._writer
 
     async def write(self, fn: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
-        """Run ``fn`` on the single writer thread."""
-        loop = asyncio.get_running_loop()
-        inbox = self._inbox_of(loop)
-        done: asyncio.Future[T] = loop.create_future()
-
-        def job() -> None:
-            try:
-                result = fn(*args, **kwargs)
-            except BaseException as exc:  # the caller gets it, whatever it is: never a hang
-                inbox.post(_settle, done, None, exc)
-            else:
-                inbox.post(_settle, done, result, None)
-
-        self._writer.submit(job, inbox)
-        return await done
+        """Run ``fn`` on the single writer thread (``write_durable`` with nothing to persist)."""
+        return await self.write_durable(lambda: (fn(*args, **kwargs), None))
 
     async def write_durable(self, fn: Callable[P, tuple[T, concurrent.futures.Future[None] | None]],
                             *args: P.args, **kwargs: P.kwargs) -> T:
