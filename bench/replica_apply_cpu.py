@@ -35,6 +35,7 @@ from engine.protocol.client.offset import StreamOffset
 from engine.protocol.client.position import PartitionPosition
 from engine.protocol.client.session import ClientSession, RollbackPolicy
 from engine.protocol.frames import encode_binary
+from engine.protocol.packed import encode_packed
 
 UUID = 77
 
@@ -49,9 +50,12 @@ class _NoConn:
         self.sent += 1
 
 
-def _frames(partitions: int, visits: int, items: int, seqnos: dict[int, int], counter: list[int]) -> list[tuple[str | bytes, int]]:
-    """One take: ``visits`` partition visits (marker text + binary batch of ``items``)."""
+def _frames(partitions: int, visits: int, items: int, seqnos: dict[int, int], counter: list[int],
+            packed: bool = False) -> list[tuple[str | bytes, int]]:
+    """One take: ``visits`` partition visits (marker text + binary batch of ``items``), or with
+    ``packed`` the same visits as one packed pass (hello ``frames: packed``)."""
     out: list[tuple[str | bytes, int]] = []
+    sections = []
     for _ in range(visits):
         p = counter[0] % partitions
         counter[0] += 1
@@ -62,10 +66,15 @@ def _frames(partitions: int, visits: int, items: int, seqnos: dict[int, int], co
         marker = marker_text(p, start, seqnos[p], "memory", 0)
         frame = encode_binary(p, batch, True)
         out += [(marker, len(marker)), (frame, len(frame))]
+        sections.append((p, (start, seqnos[p], "memory", 0), frame))
+    if packed:
+        data = encode_packed(sections)
+        return [(data, len(data))]
     return out
 
 
-async def _measure(engine: Engine, partitions: int, takes: int, visits: int, items: int) -> dict[str, float]:
+async def _measure(engine: Engine, partitions: int, takes: int, visits: int, items: int,
+                   packed: bool = False) -> dict[str, float]:
     streams = ReplicationStreams(engine, "bench", None, None, lambda: 0)  # type: ignore[arg-type]
     acker = ReplicaAcker(engine, 1.0)
     session = ClientSession(partitions=list(range(partitions)),
@@ -78,7 +87,7 @@ async def _measure(engine: Engine, partitions: int, takes: int, visits: int, ite
     conn = _NoConn()
     seqnos = {p: engine.high_seqno(p) for p in range(partitions)}
     counter = [0]
-    takes_frames = [_frames(partitions, visits, items, seqnos, counter) for _ in range(takes)]
+    takes_frames = [_frames(partitions, visits, items, seqnos, counter, packed) for _ in range(takes)]
     decode_s = process_s = 0.0
     for frames in takes_frames:
         t0 = time.thread_time()
@@ -91,8 +100,10 @@ async def _measure(engine: Engine, partitions: int, takes: int, visits: int, ite
         decode_s += t1 - t0
         process_s += t2 - t1
         await asyncio.sleep(0.002)  # the flusher's turn, as between a node's takes
-    messages = takes * visits * 2
+    messages = takes * visits * 2  # what the visits would be as messages (per visit: a marker, a batch)
+    received = sum(map(len, takes_frames))
     return {"decode": decode_s, "process": process_s, "messages": messages, "items": takes * visits * items,
+            "received": received,
             "inline": streams.inline, "hops": streams.hops, "flow_acks": conn.sent}
 
 
@@ -102,21 +113,25 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--partitions", type=int, default=32)
     p.add_argument("--shapes", default="1x1,1x8,1x32,5x8,25x8",
                    help="items per visit x visits per take, comma-separated")
+    p.add_argument("--frames", default="messages,packed",
+                   help="comma-separated: messages (a marker and a batch per visit), packed (one packed pass per take)")
     args = p.parse_args(argv)
     work = Path(tempfile.mkdtemp(prefix="upr-bench-replica-"))
     try:
         for shape in args.shapes.split(","):
+          for frames in args.frames.split(","):
             items, visits = (int(x) for x in shape.split("x"))
-            engine = Engine.open(EngineConfig(data_dir=work / shape, partitions=args.partitions))
+            engine = Engine.open(EngineConfig(data_dir=work / f"{shape}-{frames}", partitions=args.partitions))
             try:
                 for part in range(args.partitions):
                     engine.set_state(part, PartitionState.REPLICA)
                     engine.adopt_failover_log(part, (FailoverEntry(UUID, 0),))
-                r = asyncio.run(_measure(engine, args.partitions, args.takes, visits, items))
+                r = asyncio.run(_measure(engine, args.partitions, args.takes, visits, items, frames == "packed"))
             finally:
                 engine.close()
             per_msg = (r["decode"] + r["process"]) / r["messages"] * 1e6
-            print(f"{items} item(s) per visit, {visits} visit(s) per take: per message {per_msg:.1f} µs "
+            print(f"{frames:8s} {items} item(s) per visit, {visits} visit(s) per take: {r['received'] / args.takes:.0f} "
+                  f"message(s) per take; per visit message {per_msg:.1f} µs "
                   f"(decode {r['decode'] / r['messages'] * 1e6:.1f}, process {r['process'] / r['messages'] * 1e6:.1f}); "
                   f"per item {(r['decode'] + r['process']) / r['items'] * 1e6:.1f} µs; per take "
                   f"{(r['decode'] + r['process']) / args.takes * 1e6:.0f} µs; applied inline {r['inline']}, "

@@ -15,7 +15,7 @@ from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidSta
 
 from engine.protocol import messages as M
 from engine.protocol.bundle import encode_bundle
-from engine.protocol.client.incoming import decode_frame, frame_bytes, is_bundle, split_bundle
+from engine.protocol.client.incoming import PackedPass, decode_frame, frame_bytes, is_bundle, split_bundle, unpacked
 
 from .errors import AuthFailed, ConnectionFailed, ProtocolViolation, UsageError
 
@@ -43,16 +43,21 @@ def stream_url(server: str) -> str:
 class StreamConnection:
     """An open stream WebSocket; ``receive`` returns one server message at a time."""
 
-    def __init__(self, ws: ClientConnection) -> None:
+    def __init__(self, ws: ClientConnection, *, unpack: bool = True) -> None:
         self.ws = ws
         #: the rest of a bundle being processed: (message, bytes it accounts for)
         self._parts: deque[tuple[str | bytes, int]] = deque()
+        #: a packed pass comes out as the markers and batches it stands for (``unpack``), or
+        #: whole (a ``PackedPass``, for a reader that processes the pass at once)
+        self.unpack = unpack
+        #: the rest of a packed pass, decoded: (message, bytes it accounts for)
+        self._unpacked: deque[tuple[Any, int]] = deque()
         #: True while waiting for the next message (a seek from another task must wake it)
         self.reading = False
 
     @classmethod
     async def open(cls, url: str, token: str | None, *, open_timeout: float, max_frame_bytes: int,
-                   ping_interval: float | None) -> "StreamConnection":
+                   ping_interval: float | None, unpack: bool = True) -> "StreamConnection":
         headers = {"Authorization": f"Bearer {token}"} if token else {}
         try:
             ws = await connect(url, additional_headers=headers, open_timeout=open_timeout,
@@ -66,7 +71,7 @@ class StreamConnection:
             raise ConnectionFailed(f"{url}: WebSocket upgrade refused with HTTP {status}") from None
         except (OSError, InvalidHandshake, asyncio.TimeoutError) as exc:
             raise ConnectionFailed(f"cannot reach {url}: {exc or type(exc).__name__}") from None
-        return cls(ws)
+        return cls(ws, unpack=unpack)
 
     async def first(self, timeout: float) -> tuple[Any, int]:
         """The answer to ``hello`` (never bundled)."""
@@ -75,6 +80,8 @@ class StreamConnection:
 
     async def receive(self) -> tuple[Any, int]:
         """The next server message and the bytes it accounts for."""
+        if self._unpacked:
+            return self._unpacked.popleft()
         if self._parts:
             frame, nbytes = self._parts.popleft()
         else:
@@ -93,17 +100,26 @@ class StreamConnection:
             if is_bundle(frame):
                 self._parts.extend(split_bundle(frame, nbytes))  # type: ignore[arg-type]
                 frame, nbytes = self._parts.popleft()
-        return decode_frame(frame), nbytes
+        return self._decoded(frame, nbytes)
+
+    def _decoded(self, frame: str | bytes, nbytes: int) -> tuple[Any, int]:
+        msg = decode_frame(frame)
+        if self.unpack and type(msg) is PackedPass:
+            self._unpacked.extend(unpacked(msg, nbytes))
+            return self._unpacked.popleft()
+        return msg, nbytes
 
     def receive_buffered(self) -> tuple[Any, int] | None:
         """The next message of the bundle being read, if one is left: no waiting.
 
         WHY: a caller that hands work to a thread per message can gather what already arrived
         and pay for one hop instead of one per message."""
+        if self._unpacked:
+            return self._unpacked.popleft()
         if not self._parts:
             return None
         frame, nbytes = self._parts.popleft()
-        return decode_frame(frame), nbytes
+        return self._decoded(frame, nbytes)
 
     async def send(self, msg: Any) -> None:
         await self.ws.send(M.encode(msg))

@@ -15,6 +15,7 @@ from collections.abc import Sequence
 from typing import IO, Any
 
 from engine.protocol.frames import ItemBatch
+from engine.protocol.packed import PackedPass
 
 TRACE_ENV = "UPR_REPLICATION_TRACE"
 
@@ -34,8 +35,10 @@ class ReplicationTrace:
                applied: float) -> None:
         lines = []
         for (msg, _nbytes), at in zip(received, arrived):
-            if type(msg) is ItemBatch and len(msg):
-                lines.append(f"[{msg.partition},{msg.seqnos[-1]},{at:.6f},{taken:.6f},{applied:.6f}]\n")
+            batches = [s.batch for s in msg.sections] if type(msg) is PackedPass else [msg]
+            for batch in batches:
+                if type(batch) is ItemBatch and len(batch):
+                    lines.append(f"[{batch.partition},{batch.seqnos[-1]},{at:.6f},{taken:.6f},{applied:.6f}]\n")
         if lines:
             self._out.write("".join(lines).encode())
             self._out.flush()

@@ -44,6 +44,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import os
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -73,6 +74,7 @@ from engine.protocol.client.actions import (
 from engine.protocol.client.offset import StreamOffset
 from engine.protocol.client.session import ClientSession
 from engine.protocol.frames import ItemBatch
+from engine.protocol.packed import PackedPass
 from engine.protocol.session import REPLICATION_PREFIX
 from engine.replica import ItemsStep, MarkerStep
 
@@ -81,6 +83,10 @@ log = logging.getLogger("upr.cluster")
 #: operations per progress transaction (etcd refuses more than ``--max-txn-ops``, 128 by default)
 PUBLISH_OPS = 64
 
+
+#: ``messages`` here makes replication streams ask for one message per marker and batch (the
+#: benchmarks compare both on one tree); anything else, or unset: packed passes
+FRAMES_ENV = "UPR_REPLICATION_FRAMES"
 
 #: ``seqno_ack``s per WebSocket message at most (a bundle of them: well under any frame limit)
 ACKS_PER_MESSAGE = 256
@@ -113,8 +119,12 @@ class ReplicationStreams:
                  publish_settle_s: float = 0.6, open_timeout_s: float = 5.0, max_backoff_s: float = 2.0,
                  max_frame_bytes: int = 64 << 20, max_down_s: float = 10.0,
                  is_live: Callable[[str], bool] = lambda node: True, ack_poll_s: float | None = None,
-                 token: str | None = None, ack_at_once: Callable[[int], bool] | None = None) -> None:
+                 token: str | None = None, ack_at_once: Callable[[int], bool] | None = None,
+                 packed: bool | None = None) -> None:
         self.engine, self.node, self.etcd, self.layout, self.lease = engine, node, etcd, layout, lease
+        #: ask actives for packed passes (hello ``frames: packed``): a pass's markers and
+        #: batches in one part, decoded in one call and taken without a message each
+        self.packed = packed if packed is not None else os.environ.get(FRAMES_ENV, "packed") != "messages"
         #: whether a partition's acks skip the take's gathering (``ReplicaAcker``): a handover's
         #: target, whose source's write pause waits for them
         self.ack_at_once = ack_at_once
@@ -282,11 +292,14 @@ class ReplicationStreams:
             offsets[p] = offset
         session = ClientSession(partitions=sorted(partitions), offsets=offsets, on_rollback=RollbackPolicy.REPORT)
         conn = await StreamConnection.open(stream_url(url), self.token, open_timeout=self.open_timeout_s,
-                                           max_frame_bytes=self.max_frame_bytes, ping_interval=None)
+                                           max_frame_bytes=self.max_frame_bytes, ping_interval=None,
+                                           unpack=False)
         acks = asyncio.create_task(acker.run(conn), name=f"replica acks to {active}")
         try:
-            # bundles: several messages per frame, applied with one thread hop (``_apply_run``)
-            await conn.send(session.hello(replication_name(self.node), M.Codec.BINARY, bundle=True))
+            # bundles: several messages per frame, applied with one thread hop (``_apply_run``);
+            # packed passes: a pass's markers and batches in one part, decoded and taken at once
+            await conn.send(session.hello(replication_name(self.node), M.Codec.BINARY, bundle=True,
+                                          frames=M.Frames.PACKED if self.packed else M.Frames.MESSAGES))
             first, nbytes = await conn.first(self.open_timeout_s)
             if isinstance(first, M.FailoverLogs):
                 for p in partitions:
@@ -329,7 +342,7 @@ class ReplicationStreams:
         engine = self.engine
         run: list[tuple[Any, int]] = []
         for msg, nbytes in received:
-            if type(msg) is ItemBatch or isinstance(msg, M.SnapshotMarker):
+            if type(msg) is ItemBatch or type(msg) is PackedPass or isinstance(msg, M.SnapshotMarker):
                 run.append((msg, nbytes))
                 continue
             await self._apply_run(conn, session, acker, run)
@@ -360,6 +373,17 @@ class ReplicationStreams:
         pending: list[Any] = []
         whole: list[int] = []
         for msg, _nbytes in run:
+            if type(msg) is PackedPass:
+                # the session's part of each section's marker and batch, without the messages
+                moved = self._moved
+                for p, marker, batch in msg.sections:
+                    session.section_arrived(p, marker)
+                    if marker is not None:
+                        pending.append(MarkerStep(p, marker[0], marker[1]))
+                    pending.append(batch)
+                    if moved(session, batch):
+                        whole.append(p)
+                continue
             for action in session.receive(msg):
                 if type(action) is not Deliver:  # no other answer to data exists; keep its word if one comes
                     await self._apply_messages(pending, whole, acker)
@@ -377,7 +401,7 @@ class ReplicationStreams:
     async def _apply_messages(self, messages: list[Any], whole: list[int], acker: ReplicaAcker) -> None:
         if messages:
             # counted before decoding: a large run is decoded on the worker thread, off the loop
-            items = sum(len(m) for m in messages if type(m) is ItemBatch)
+            items = sum([len(m) for m in messages if type(m) is ItemBatch])
             steps = _steps_of(messages)[0] if items <= INLINE_ITEMS else None
             if steps is not None and self.engine.try_apply_replica_run(steps):
                 self.inline += 1
@@ -469,6 +493,8 @@ def _steps_of(messages: list[Any]) -> tuple[list[ItemsStep | MarkerStep], int]:
             batch = list(msg.items())
             steps.append(ItemsStep(msg.partition, batch, msg.last))
             items += len(batch)
+        elif type(msg) is MarkerStep:  # a packed pass's marker (``_apply_run``)
+            steps.append(msg)
         else:
             steps.append(MarkerStep(msg.partition, msg.start, msg.end))
     return steps, items

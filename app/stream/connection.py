@@ -189,6 +189,7 @@ class StreamConnection(PassSender):
         self.inline_passes = 0  # passes produced on the loop from memory (Engine.memory_snapshot)
         self.shared_sent = 0  # passes sent from shared readings (app.stream.shared)
         self.direct_passes = 0  # of those, carried out on the hub's delivery (``_direct_pass``)
+        self.packed_passes = 0  # of those, sent as one packed pass (hello ``frames: packed``)
         self.visits_now = 0  # visits carried out without suspending (``_send_visit_now``)
         self.sender_wakeups = 0  # times the parked sender task was woken (for benchmarks)
         #: everything sent goes through the outbox (control replies queued by the reader, the

@@ -29,7 +29,8 @@ from typing import Any
 from app.stream.rawframes import RawFrames
 from engine.protocol import messages as M
 from engine.protocol.binary_header import HEADER
-from engine.protocol.bundle import Bundler, bundle_pieces, encode_parts
+from engine.protocol.bundle import OVERHEAD, PART, PART_BINARY, Bundler, bundle_pieces, encode_parts
+from engine.protocol.packed import packed_header
 
 __all__ = ["Outbox", "control_text"]
 
@@ -139,20 +140,26 @@ class Outbox:
         for t in notified:
             self._on_delivery(now - t)
 
-    async def send_pass(self, encoded: list[bytes], count: int, notified: list[float]) -> None:
+    async def send_pass(self, encoded: list[bytes], count: int, notified: list[float], packed: bool = False) -> None:
         """Send a shared pass (``engine.protocol.shared_pass``) as one bundle: ``count`` parts
         laid out in ``encoded`` (shared with other connections), then the queued control
         messages (the pass's ``cycle_complete``, barrier releases).  The caller made sure the
         window has room and nothing is pending in the bundle.  ``notified``: when the changes it
-        delivers were notified (observed once it is sent)."""
+        delivers were notified (observed once it is sent).  ``packed``: ``encoded`` are
+        ``count`` packed-pass sections (``engine.protocol.packed``), sent as one packed pass."""
         controls = [control_text(m) for m in self._control]
-        size = HEADER.size + sum(map(len, encoded))
-        tail = encode_parts(controls) if controls else b""
-        if controls and size + len(tail) <= self._bundle_bytes:
-            self._control.clear()
-            encoded, count = [*encoded, tail], count + len(controls)
-            size += len(tail)
-        parts = bundle_pieces(count, *encoded)
+        if packed:
+            parts, size, fitted = _packed_pieces(encoded, count, controls, self._bundle_bytes)
+            if fitted:
+                self._control.clear()
+        else:
+            size = HEADER.size + sum(map(len, encoded))
+            tail = encode_parts(controls) if controls else b""
+            if controls and size + len(tail) <= self._bundle_bytes:
+                self._control.clear()
+                encoded, count = [*encoded, tail], count + len(controls)
+                size += len(tail)
+            parts = bundle_pieces(count, *encoded)
         raw = self._raw
         if raw is not None and raw.ready():
             raw.write_parts(parts, size)  # the shared parts go to the socket as they are
@@ -168,12 +175,23 @@ class Outbox:
         raw = self._raw
         return raw is not None and raw.ready()
 
-    def send_pass_now(self, encoded: list[bytes], count: int, notified: list[float]) -> None:
+    def send_pass_now(self, encoded: list[bytes], count: int, notified: list[float], packed: bool = False) -> None:
         """``send_pass`` without suspending, for a caller on the loop that is not the sender task
         (``writes_now`` must hold): the parts and the queued control messages that fit go out in
         one message; control messages that do not fit stay queued (the caller wakes the sender).
         Nothing is written when there is neither a part nor a control message."""
         controls = [control_text(m) for m in self._control]
+        if packed and count:
+            parts, size, fitted = _packed_pieces(encoded, count, controls, self._bundle_bytes)
+            if fitted:
+                self._control.clear()
+            assert self._raw is not None
+            self._raw.write_parts(parts, size)
+            self._sent(size, 0)
+            if not self._control:
+                self._drained.set()
+            self._observe(notified)
+            return
         size = HEADER.size + sum(map(len, encoded))
         if controls:
             tail = encode_parts(controls)
@@ -194,6 +212,12 @@ class Outbox:
             now = time.monotonic()
             for t in notified:
                 self._on_delivery(now - t)
+
+    @property
+    def packing(self) -> bool:
+        """Whether the client accepts packed passes (hello ``frames: packed``)."""
+        hello = self.session.hello
+        return hello is not None and hello.frames is M.Frames.PACKED
 
     @property
     def bundling(self) -> bool:
@@ -229,6 +253,19 @@ class Outbox:
         self.session.sent(size - counted)
         self.bytes_sent += size
         self._on_bytes(size)
+
+
+def _packed_pieces(sections: list[bytes], count: int, controls: list[str], max_bytes: int) -> tuple[list[bytes], int, bool]:
+    """One message of a packed pass of ``count`` ``sections``: alone, or with ``controls``
+    (control messages) after it in one bundle when they fit ``max_bytes``.
+    Returns the pieces to write side by side, their size, and whether ``tail`` went with them."""
+    packed_size = HEADER.size + sum(map(len, sections))
+    tail = encode_parts(controls) if controls else b""
+    if tail and OVERHEAD + PART.size + packed_size + len(tail) <= max_bytes:
+        pieces = [*bundle_pieces(1 + len(controls), PART.pack(PART_BINARY, packed_size), packed_header(count),
+                                 *sections), tail]
+        return pieces, OVERHEAD + PART.size + packed_size + len(tail), True
+    return [packed_header(count), *sections], packed_size, False
 
 
 def control_text(msg: Any) -> str:

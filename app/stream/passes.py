@@ -51,6 +51,8 @@ class PassSender:
     inline_passes: int
     shared_sent: int
     direct_passes: int
+    #: shared passes sent as one packed pass (hello ``frames: packed``)
+    packed_passes: int
     #: visits carried out without suspending (``_send_visit_now``)
     visits_now: int
     _notified_at: dict[int, float]
@@ -202,11 +204,11 @@ class PassSender:
         outs = take_shared(self.session, visits, readings, self.limits.bundle_bytes)
         if outs is None:
             return False
-        encoded, count, notified = self._shared_sent(readings)
+        encoded, count, notified, packed = self._shared_sent(readings)
         self.shared_sent += 1
         self._carry_out(outs)
         if count:
-            await self.outbox.send_pass(encoded, count, notified)
+            await self.outbox.send_pass(encoded, count, notified, packed)
         else:
             await self.outbox.flush_control()
         return True
@@ -267,14 +269,14 @@ class PassSender:
             # several bundles (as full as each may be); the pass's outputs go after the last
             start = 0
             for end in cuts[:-1]:
-                encoded, count, notified = self._shared_sent(readings[start:end])
-                outbox.send_pass_now(encoded, count, notified)
+                encoded, count, notified, packed = self._shared_sent(readings[start:end])
+                outbox.send_pass_now(encoded, count, notified, packed)
                 start = end
             readings = readings[start:]
-        encoded, count, notified = self._shared_sent(readings)
+        encoded, count, notified, packed = self._shared_sent(readings)
         self.shared_sent += 1
         self._carry_out(outs, wake=False)
-        outbox.send_pass_now(encoded, count, notified)
+        outbox.send_pass_now(encoded, count, notified, packed)
         self.direct_passes += 1
         if outbox.queued or self._close is not None:
             return False
@@ -291,13 +293,37 @@ class PassSender:
                 self._carry_out(self.session.end_visit(v))
         return kept
 
-    def _shared_sent(self, readings: list[Any]) -> tuple[list[bytes], int, list[float]]:
+    def _shared_sent(self, readings: list[Any]) -> tuple[list[bytes], int, list[float], bool]:
         """The cursors' and notifications' side of a shared pass the session took
-        (``take_shared``, ``take_readings``): the readings' parts to send, how many, and when
-        their changes were notified."""
-        notified: list[float] = []
+        (``take_shared``, ``take_readings``): the readings' parts to send, how many, when their
+        changes were notified, and whether they are packed-pass sections (hello ``frames:
+        packed`` and every reading packs: ``SharedReading.packed``) rather than bundle parts."""
         encoded: list[bytes] = []
         count = 0
+        if self.outbox.packing:
+            sections: list[bytes] | None = []
+            n = 0
+            for reading in readings:
+                if reading.count:
+                    packed = reading.packed()
+                    if packed is None:
+                        sections = None
+                        break
+                    sections.append(packed[0])
+                    n += packed[1]
+            if sections is not None and n:
+                self.packed_passes += 1
+                return sections, n, self._shared_cursors(readings), True
+        for reading in readings:
+            if reading.count:
+                encoded.append(reading.parts)
+                count += reading.count
+        return encoded, count, self._shared_cursors(readings), False
+
+    def _shared_cursors(self, readings: list[Any]) -> list[float]:
+        """The cursors' side of a shared pass: each at its reading's end; returns when the
+        changes the pass delivers were notified."""
+        notified: list[float] = []
         visit_notified = self._visit_notified
         cursors = self.cursors
         for reading in readings:
@@ -315,10 +341,7 @@ class PassSender:
             at = visit_notified.pop(p, None)
             if at is not None and reading.delivers:
                 notified.append(at)
-            if reading.count:
-                encoded.append(reading.parts)
-                count += reading.count
-        return encoded, count, notified
+        return notified
 
     def _send_visit_now(self, visit: Any, cursor: PartitionCursor, out: list[Marker | Batch], complete: bool,
                         changed: "StateChanged | None") -> bool:

@@ -228,8 +228,11 @@ class SharedReadings:
             self._cache.put(codec, partition, CachedSnapshot(after, high, (marker, Batch(data, last_seqno, True)),
                                                              len(data)))
         self.reads += 1
-        return SharedReading.one_batch(partition, after, high, (start, high, purge_seqno), last_seqno,
-                                       encode_parts([text, data]), len(text) + len(data))
+        reading = SharedReading.one_batch(partition, after, high, (start, high, purge_seqno), last_seqno,
+                                          encode_parts([text, data]), len(text) + len(data))
+        if type(data) is bytes:
+            reading.messages = (("marker", partition, start, high, _MEMORY, purge_seqno), ("batch", partition, data))
+        return reading
 
     def _encode_one_batch(self, codec: str, partition: int, after: int, snap: Any) -> SharedReading | None:
         """``_encode`` of the common tail reading, a fresh memory snapshot whose items fit one
@@ -260,9 +263,13 @@ class SharedReadings:
             self._cache.put(codec, partition,
                             CachedSnapshot(part.start - 1, part.end, (marker, Batch(data, last_seqno, True)), len(data)))
         self.reads += 1
-        return SharedReading.one_batch(partition, after, max(last_seqno, part.end, snap.high_seqno),
-                                       (part.start, part.end, snap.purge_seqno), last_seqno,
-                                       encode_parts([marker.text, data]), len(marker.text) + len(data))
+        reading = SharedReading.one_batch(partition, after, max(last_seqno, part.end, snap.high_seqno),
+                                          (part.start, part.end, snap.purge_seqno), last_seqno,
+                                          encode_parts([marker.text, data]), len(marker.text) + len(data))
+        if type(data) is bytes:
+            reading.messages = (("marker", partition, part.start, part.end, part.source, snap.purge_seqno),
+                                ("batch", partition, data))
+        return reading
 
     def _encode(self, codec: str, partition: int, after: int, snap: Any, budget: int) -> SharedReading | None:
         """Any thread: ``snap`` encoded as a visit from ``after`` encodes it (the cache is thread-safe)."""
@@ -274,21 +281,32 @@ class SharedReadings:
             return None
         steps: list[MarkerStep | BatchStep] = []
         frames: list[str | bytes] = []
+        messages: list[tuple[Any, ...]] | None = []
         size = 0
         for x in out:
             if isinstance(x, Marker):
                 steps.append(MarkerStep(x.start, x.end, x.purge_seqno))
                 frames.append(x.text)
                 size += len(x.text)
+                if messages is not None:
+                    messages.append(("marker", partition, x.start, x.end, x.source, x.purge_seqno))
             else:
                 steps.append(BatchStep(x.last_seqno, x.last))
                 frames.append(x.data)
                 size += len(x.data)
+                if messages is not None:
+                    if type(x.data) is bytes:
+                        messages.append(("batch", partition, x.data))
+                    else:
+                        messages = None  # JSON batches are never packed
         if size > budget:
             return None  # one batch may overshoot the budget: a reading never does
         end = max(cursor.last_seqno, snap.high_seqno)
         self.reads += 1
-        return SharedReading(partition, after, end, tuple(steps), encode_parts(frames), len(frames), size)
+        reading = SharedReading(partition, after, end, tuple(steps), encode_parts(frames), len(frames), size)
+        if messages is not None:
+            reading.messages = tuple(messages)
+        return reading
 
     def __len__(self) -> int:
         return len(self._entries)

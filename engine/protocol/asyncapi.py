@@ -15,7 +15,7 @@ import inspect
 from typing import Any
 
 from engine.core.types import MAX_SEQNO
-from engine.protocol import bundle, frames
+from engine.protocol import bundle, frames, packed
 from engine.protocol.errors import CloseCode, ErrorCode
 from engine.protocol.limits import MAX_PARTITION_ID
 from engine.protocol.message_types import CLIENT_MESSAGES, PROTOCOL_VERSION, SERVER_MESSAGES
@@ -67,6 +67,12 @@ everything written before it is delivered, hence visible: it waits for the flush
 Bundles: a client that sends `hello` with `bundle: true` may receive several of these messages
 (e.g. a pass's snapshot markers and item batches) in one binary `bundle` message, in the order
 they would otherwise have been sent; it counts as one frame of its full size for flow control.
+
+Packed passes: a client that sends `hello` with `frames: "packed"` (and `codec: "binary"`,
+`bundle: true`) may receive a run of a pass's snapshot markers and item batches as one `packed`
+pass (alone or as a binary part of a bundle): per batch a section with the fields of the marker
+before it and the batch frame.  It stands for those messages in that order; plain markers and
+batches may still come, and control messages never travel inside a packed pass.
 
 Flow control: every frame the server sends after `hello` counts against the client's window
 (text frames are ASCII, so characters = bytes); the client acknowledges processed bytes with
@@ -130,8 +136,16 @@ def build_document() -> dict[str, Any]:
         "contentType": "application/octet-stream",
         "payload": {"type": "string", "format": "binary"},
     }
+    messages["packed"] = {
+        "name": "packed",
+        "title": "Packed pass (hello frames packed)",
+        "summary": "A pass's snapshot markers and item batches, in order, in one binary message part.",
+        "description": "Layout, " + _between(inspect.getdoc(packed) or "", "Layout,", "WHY the batch frame"),
+        "contentType": "application/octet-stream",
+        "payload": {"type": "string", "format": "binary"},
+    }
     client = [component_name(c) for c in CLIENT_MESSAGES.values()]
-    server = [component_name(c) for c in SERVER_MESSAGES.values()] + ["items", "items_binary", "bundle"]
+    server = [component_name(c) for c in SERVER_MESSAGES.values()] + ["items", "items_binary", "bundle", "packed"]
     return {
         "asyncapi": "3.0.0",
         "info": {

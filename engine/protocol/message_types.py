@@ -55,6 +55,7 @@ __all__ = [
     "CycleComplete",
     "Error",
     "FailoverLogs",
+    "Frames",
     "Hello",
     "PartitionInfo",
     "SeqnoAck",
@@ -114,6 +115,15 @@ class Visibility(enum.StrEnum):
     MEMORY = "memory"
     PERSISTED = "persisted"
     MAJORITY = "majority"
+
+
+class Frames(enum.StrEnum):
+    """How a pass's snapshot markers and item batches travel (hello ``frames``): ``messages``,
+    one message each (default), or ``packed``: a pass's markers and batches in one packed pass
+    (``engine.protocol.packed``; needs ``codec: "binary"`` and ``bundle: true``)."""
+
+    MESSAGES = "messages"
+    PACKED = "packed"
 
 
 class StreamEndReason(enum.StrEnum):
@@ -191,6 +201,9 @@ def message(type_name: str, sender: Sender, **kinds: Kind) -> Callable[[type[_T]
                     "persisted (never above the partition's persisted seqno: no rollback after an "
                     "unclean restart), majority (never above what a majority of the partition's "
                     "copies hold: no rollback after a failover)"),
+    frames=Enum(Frames, "how a pass's markers and batches travel: messages (one each, default) or "
+                "packed (a pass's markers and batches in one packed pass part, engine.protocol.packed; "
+                "needs codec binary and bundle true)"),
 )
 @dataclass(frozen=True, slots=True)
 class Hello:
@@ -203,6 +216,7 @@ class Hello:
     protocol: int = PROTOCOL_VERSION
     bundle: bool = False
     visibility: Visibility = Visibility.MEMORY
+    frames: Frames = Frames.MESSAGES
 
 
 @message(

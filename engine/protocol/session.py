@@ -111,9 +111,11 @@ from engine.protocol.messages import (
     Barrier,
     BarrierReachedMessage,
     CloseStream,
+    Codec,
     CycleComplete,
     Error,
     FailoverLogs,
+    Frames,
     Hello,
     PartitionInfo,
     ProtocolLimits,
@@ -376,6 +378,12 @@ class ServerSession:
                 ErrorCode.INVALID_FIELD,
                 f"window_bytes {window} is outside {self.limits.min_window_bytes}..{self.limits.max_window_bytes}",
                 field="window_bytes",
+            )
+        if msg.frames is Frames.PACKED and (msg.codec is not Codec.BINARY or not msg.bundle):
+            raise ProtocolError(
+                ErrorCode.INVALID_FIELD,
+                "frames packed needs codec binary and bundle true (a packed pass is a binary bundle part)",
+                field="frames",
             )
         self.hello = msg
         self.requested = frozenset(wanted)

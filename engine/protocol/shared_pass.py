@@ -38,10 +38,16 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from engine.protocol.bundle import OVERHEAD
+from typing import Any
+
+from engine.protocol.bundle import OVERHEAD, PART
+from engine.protocol.packed import pack_messages, section_bytes
 from engine.protocol.session import Output, ServerSession, Stream, Visit
 
-__all__ = ["BatchStep", "MarkerStep", "SharedReading", "idle_reading", "shared_fits", "take_shared"]
+#: bytes a packed pass adds that bundled parts do not: its own header and its part header
+PACKED_EXTRA = OVERHEAD + PART.size
+
+__all__ = ["PACKED_EXTRA", "BatchStep", "MarkerStep", "SharedReading", "idle_reading", "shared_fits", "take_shared"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,7 +80,8 @@ class SharedReading:
     its marker (``bench.bench_tail_pass``); ``ServerSession.take_readings`` reads the two fields
     directly."""
 
-    __slots__ = ("partition", "after", "end", "_steps", "parts", "count", "size", "delivers", "marker", "last_seqno")
+    __slots__ = ("partition", "after", "end", "_steps", "parts", "count", "size", "delivers", "marker", "last_seqno",
+                 "messages", "_packed")
 
     partition: int
     after: int
@@ -89,6 +96,9 @@ class SharedReading:
     marker: tuple[int, int, int] | None
     #: a one-batch reading's last seqno (None for any other reading)
     last_seqno: int | None
+    #: the messages as ``packed.pack_messages`` takes them (set by the adapter that encoded them;
+    #: None: the reading is never packed)
+    messages: tuple[tuple[Any, ...], ...] | None
 
     def __init__(self, partition: int, after: int, end: int, steps: tuple[MarkerStep | BatchStep, ...],
                  parts: bytes, count: int, size: int) -> None:
@@ -98,6 +108,8 @@ class SharedReading:
         self.delivers = any(isinstance(s, BatchStep) and s.last_seqno is not None for s in steps)
         self.marker = None
         self.last_seqno = None
+        self.messages = None
+        self._packed: tuple[bytes, int] | None | bool = False
 
     @classmethod
     def one_batch(cls, partition: int, after: int, end: int, marker: tuple[int, int, int], last_seqno: int,
@@ -111,7 +123,26 @@ class SharedReading:
         self.delivers = True
         self.marker = marker
         self.last_seqno = last_seqno
+        self.messages = None
+        self._packed = False
         return self
+
+    def packed(self) -> tuple[bytes, int] | None:
+        """The reading as packed-pass sections (``engine.protocol.packed``): their bytes and
+        count, made on first use and kept (shared like ``parts``); None when it is not packed:
+        no messages given, a marker without a batch, or sections larger than the bundle parts
+        (the window and bundle checks count ``parts``, which packing must never exceed)."""
+        packed = self._packed
+        if packed is False:
+            packed = None
+            if self.messages is not None and self.count:
+                sections = pack_messages(self.messages)
+                if sections is not None:
+                    data = b"".join([section_bytes(*s) for s in sections])
+                    if len(data) + PACKED_EXTRA <= len(self.parts):
+                        packed = (data, len(sections))
+            self._packed = packed
+        return packed  # type: ignore[return-value]
 
     @property
     def steps(self) -> tuple[MarkerStep | BatchStep, ...]:

@@ -1,7 +1,8 @@
 """Server frames as the client receives them: sizes, bundles and decoding, one way for every reader.
 
-A WebSocket message is text (a JSON message), a binary item batch (``engine.protocol.frames``) or a
-bundle of those (``engine.protocol.bundle``).  Flow control counts each message's size once all it
+A WebSocket message is text (a JSON message), a binary item batch (``engine.protocol.frames``), a
+packed pass (``engine.protocol.packed``, after hello ``frames: packed``) or a bundle of those
+(``engine.protocol.bundle``).  Flow control counts each message's size once all it
 carried is processed, so a bundle's parts each account for their own size and the last one also
 for the bundle's header bytes: the acknowledgements add up to the message's size.  Corrupt input
 becomes ``ProtocolViolation`` (the server broke the protocol), naming the field.
@@ -16,10 +17,11 @@ from engine.protocol import bundle
 from engine.protocol.bundle import decode_bundle
 from engine.protocol.errors import ProtocolError
 from engine.protocol.frames import decode_binary
+from engine.protocol.packed import PACKED_MAGIC, PackedPass, decode_packed
 
 from .errors import ProtocolViolation
 
-__all__ = ["frame_bytes", "is_bundle", "split_bundle", "decode_frame"]
+__all__ = ["PackedPass", "frame_bytes", "is_bundle", "split_bundle", "decode_frame", "unpacked"]
 
 
 def frame_bytes(frame: str | bytes) -> int:
@@ -47,8 +49,14 @@ def split_bundle(frame: bytes, nbytes: int) -> list[tuple[str | bytes, int]]:
 
 
 def decode_frame(frame: str | bytes) -> Any:
-    """One server message (not a bundle): an ``ItemBatch`` for binary, else a ``messages`` type."""
+    """One server message (not a bundle): an ``ItemBatch`` for a binary batch, a ``PackedPass``
+    for a packed pass (hello ``frames: packed``), else a ``messages`` type."""
     if isinstance(frame, bytes):
+        if frame[:4] == PACKED_MAGIC:
+            try:
+                return decode_packed(frame)
+            except ProtocolError as exc:
+                raise ProtocolViolation(f"server sent a corrupt packed pass: {exc.message}", field=exc.field) from None
         try:
             return decode_binary(frame)
         except ProtocolError as exc:
@@ -98,3 +106,12 @@ def _routine(text: str) -> Any:
         cycle = int(m.group(1))
         return M.CycleComplete(cycle) if _CYCLE_KIND.lo <= cycle <= _CYCLE_KIND.hi else None
     return None
+
+
+def unpacked(packed: PackedPass, nbytes: int) -> list[tuple[Any, int]]:
+    """A packed pass as the markers and batches it stands for, in order, with the bytes each
+    accounts for: the pass's size on the last one (flow control acknowledges a message once all
+    it carried is processed)."""
+    out: list[tuple[Any, int]] = [(msg, 0) for msg in packed.messages()]
+    out[-1] = (out[-1][0], nbytes)
+    return out

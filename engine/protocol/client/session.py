@@ -172,11 +172,13 @@ class ClientSession:
 
     # ------------------------------------------------------------------ handshake
     def hello(self, name: str, codec: M.Codec | str = M.Codec.BINARY, *, bundle: bool = False,
-              visibility: M.Visibility | str = M.Visibility.MEMORY) -> M.Hello:
+              visibility: M.Visibility | str = M.Visibility.MEMORY,
+              frames: M.Frames | str = M.Frames.MESSAGES) -> M.Hello:
         """The ``hello`` that opens every connection (the first and each reconnect)."""
         partitions = self.requested_partitions
         return M.Hello(name, tuple(sorted(partitions)) if partitions is not None else None, M.Codec(codec),
-                       self.window_bytes, bundle=bundle, visibility=M.Visibility(visibility))
+                       self.window_bytes, bundle=bundle, visibility=M.Visibility(visibility),
+                       frames=M.Frames(frames))
 
     def receive_handshake(self, msg: Any, nbytes: int = 0) -> list[Action]:
         """The server's answer to ``hello``: the stream requests to send (``Send``), after the
@@ -487,6 +489,17 @@ class ClientSession:
         like the Spark task's Arrow path, call this instead of ``receive``): its position, to move
         once the items are processed; ``ProtocolViolation`` if ``p`` has no open stream."""
         return self._open_position(p, "items")
+
+    def section_arrived(self, p: int, marker: tuple[int, int, Any, int] | None) -> PartitionPosition:
+        """A packed pass's section of partition ``p`` arrived (``engine.protocol.packed``): its
+        marker, if it has one, is received as ``receive`` receives a ``snapshot`` message, then
+        its batch as ``items_arrived``; returns the position, to move once the items are
+        processed.  WHY apart: a reader that takes the pass whole (a replica) does the session's
+        part of both messages without building them."""
+        pos = self._open_position(p, "items")
+        if marker is not None:
+            pos.snapshot_marker(marker[0], marker[1])
+        return pos
 
     def _open_position(self, p: int, what: str) -> PartitionPosition:
         pos = self.positions.get(p)
