@@ -58,6 +58,8 @@ NODE_COUNTERS = {
     'upr_cluster_replication_events_total{event="ack_looks"}': "acker looks",
     'upr_cluster_replication_events_total{event="persist_handoffs"}': "persist handoffs",
     'upr_cluster_replication_events_total{event="flow_acks"}': "flow acks",
+    'upr_cluster_replication_events_total{event="packed_passes"}': "packed passes",
+    'upr_cluster_replication_events_total{event="packed_sections"}': "packed sections",
     "upr_cluster_etcd_requests_total": "etcd requests",
 }
 

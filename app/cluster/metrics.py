@@ -111,10 +111,11 @@ class ClusterCollector(Collector):
                     "upr_cluster_replication_events",
                     "the replica side's per-wake-up work, by event: messages received from actives, takes "
                     "(applier wake-ups), acks and ack_messages sent, ack_looks (acker wake-ups), "
-                    "persist_handoffs (flusher rounds handed to the loop), flow_acks (flow-control acks)",
+                    "persist_handoffs (flusher rounds handed to the loop), flow_acks (flow-control acks), "
+                    "packed_passes and packed_sections (packed passes received and the batches they held)",
                     labels=["event"])
                 for event in ("messages", "takes", "acks", "ack_messages", "ack_looks", "persist_handoffs",
-                              "flow_acks"):
+                              "flow_acks", "packed_passes", "packed_sections"):
                     events.add_metric([event], float(getattr(counts, event)))
                 yield events
             etcd = getattr(self._replication, "etcd", None)

@@ -375,6 +375,8 @@ class ReplicationStreams:
         for msg, _nbytes in run:
             if type(msg) is PackedPass:
                 # the session's part of each section's marker and batch, without the messages
+                self.counts.packed_passes += 1
+                self.counts.packed_sections += len(msg.sections)
                 moved = self._moved
                 for p, marker, batch in msg.sections:
                     session.section_arrived(p, marker)
@@ -541,6 +543,9 @@ class ReplicationCounts:
     persist_handoffs: int = 0
     #: flow-control ``ack``s sent (bytes processed, for the active's window)
     flow_acks: int = 0
+    #: packed passes received (each one of ``messages``), and the sections (batches) they held
+    packed_passes: int = 0
+    packed_sections: int = 0
 
 
 class Inbox:
