@@ -107,6 +107,7 @@ class Consumer(ReceiveLoop):
         on_rollback: str | RollbackPolicy = RollbackPolicy.REPAIR,
         bundle: bool = True,
         visibility: str = "memory",
+        frames: str = "messages",
     ) -> None:
         self.seeds = split_servers(server or default_server())  # a bad address: UsageError now
         self.server = self.seeds[0]
@@ -118,6 +119,14 @@ class Consumer(ReceiveLoop):
         #: accept bundle frames (several server messages in one WebSocket message): fewer
         #: messages for the server to send, the same messages for this loop to process
         self.bundle = bundle
+        try:
+            #: ``packed``: a pass's markers and batches may come as one packed pass, decoded in one
+            #: call (hello ``frames``; needs the binary codec and bundles)
+            self.frames = M.Frames(frames)
+        except ValueError:
+            raise UsageError(f"frames must be one of {', '.join(M.Frames)}, got {frames!r}", field="frames") from None
+        if self.frames is M.Frames.PACKED and (self.codec is not M.Codec.BINARY or not bundle):
+            raise UsageError("frames 'packed' needs codec 'binary' and bundle=True", field="frames")
         try:
             #: which writes the server may send (hello ``visibility``; see the module docstring)
             self.visibility = M.Visibility(visibility)
@@ -155,7 +164,8 @@ class Consumer(ReceiveLoop):
             commit_interval=commit_interval, max_reconnect_attempts=max_reconnect_attempts, backoff=backoff,
             open_timeout=open_timeout, ping_interval=ping_interval, max_frame_bytes=max_frame_bytes,
             correction_concurrency=correction_concurrency, max_corrections=max_corrections, commit=commit,
-            on_rollback=on_rollback, bundle=bundle, ring_size=0, visibility=self.visibility.value)
+            on_rollback=on_rollback, bundle=bundle, ring_size=0, visibility=self.visibility.value,
+            frames=self.frames.value)
         self._probe_cluster = self._probe
         #: the discovery under way or done (``_discover_once``), shared by every caller
         self._discovery: asyncio.Future[None] | None = None

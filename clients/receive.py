@@ -73,6 +73,7 @@ class ReceiveLoop:
     token: str | None
     codec: M.Codec
     bundle: bool
+    frames: M.Frames
     visibility: M.Visibility
     commit_mode: str
     commit_interval: float
@@ -116,7 +117,8 @@ class ReceiveLoop:
                                            max_frame_bytes=self.max_frame_bytes, ping_interval=self.ping_interval)
         session = self.session
         try:
-            await conn.send(session.hello(self.name, self.codec, bundle=self.bundle, visibility=self.visibility))
+            await conn.send(session.hello(self.name, self.codec, bundle=self.bundle, visibility=self.visibility,
+                                          frames=self.frames))
             first, nbytes = await conn.first(self.open_timeout)
             actions = session.receive_handshake(first, nbytes)
             # requests go out at once; repairs of unsaved progress run in the stream loop (they

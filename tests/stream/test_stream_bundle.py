@@ -60,3 +60,67 @@ async def test_a_pass_arrives_bundled_with_every_marker_before_its_items(tmp_pat
         await b.close()
     finally:
         srv.kill()
+
+
+async def test_a_packed_consumer_gets_the_same_stream_in_packed_passes(tmp_path: Path) -> None:
+    """hello ``frames: packed``: the tail's passes arrive as packed passes standing for the same
+    markers and batches, and the documents, positions and cookies come out as for bundles."""
+    srv = start_server(tmp_path / "srv", partitions=PARTITIONS)
+    try:
+        bundled, packed = Mirror(), Mirror()
+        a = await RawStream.open(srv.url, name="bundled", bundle=True)
+        b = await RawStream.open(srv.url, name="packed", bundle=True, frames="packed")
+        await a.stream(range(PARTITIONS), bundled)
+        await b.stream(range(PARTITIONS), packed)
+        docs = {f"k{i}": b"%d" % i for i in range(40)}
+        for i in range(0, 40, 5):  # small writes, each a tail pass over a few partitions
+            write_docs(srv.url, {k: docs[k] for k in list(docs)[i:i + 5]})
+        write_docs(srv.url, {"k1": None, "k2": b"again"})
+        for s, m in ((a, bundled), (b, packed)):
+            await s.send({"type": "barrier", "cookie": "done"})
+            await s.consume(m, until=lambda msg: isinstance(msg, dict) and msg.get("cookie") == "done")
+        assert b.packed > 0 and a.packed == 0
+        assert packed.docs == bundled.docs and {k: v for k, (_, v) in packed.docs.items()} == {
+            **{k: v for k, v in docs.items() if k != "k1"}, "k2": b"again"}
+        assert {p: vars(x) for p, x in packed.positions.items()} == {p: vars(x) for p, x in bundled.positions.items()}
+        await a.close()
+        await b.close()
+    finally:
+        srv.kill()
+
+
+async def test_a_stalled_packed_consumer_gets_at_most_the_window_plus_one_frame(tmp_path: Path) -> None:
+    srv = start_server(tmp_path / "srv", partitions=PARTITIONS)
+    try:
+        stream = await RawStream.open(srv.url, name="stalled", window=WINDOW, auto_ack=False, bundle=True,
+                                      frames="packed")
+        await stream.stream(range(PARTITIONS))
+        for i in range(0, 600, 20):  # tail passes, then a backlog once the window is full
+            write_docs(srv.url, {f"k{j}": b"v" * 100 for j in range(i, i + 20)})
+        received = stream.unacked  # the answers to hello and the stream requests count too
+        while True:
+            try:
+                data = await asyncio.wait_for(stream.ws.recv(), 1.0)
+            except asyncio.TimeoutError:
+                break
+            received += len(data) if isinstance(data, bytes) else len(data.encode())
+        assert WINDOW <= received <= WINDOW + FRAME_BYTES, received
+        await stream.close()
+    finally:
+        srv.kill()
+
+
+async def test_hello_asking_packed_passes_without_bundles_is_refused(tmp_path: Path) -> None:
+    srv = start_server(tmp_path / "srv", partitions=PARTITIONS)
+    try:
+        from tests.support.wsclient import ws_url
+        from websockets.asyncio.client import connect
+        import json
+
+        async with connect(ws_url(srv.url), compression=None) as ws:
+            await ws.send(json.dumps({"type": "hello", "name": "x", "codec": "json", "bundle": True,
+                                      "frames": "packed"}))
+            reply = json.loads(await asyncio.wait_for(ws.recv(), 10))
+            assert reply["type"] == "error" and reply["code"] == "invalid_field" and reply["field"] == "frames"
+    finally:
+        srv.kill()

@@ -69,3 +69,63 @@ def test_client_position_accepts_a_continuation_marker_and_nothing_else_mid_snap
     for start, end in ((133, 150), (131, 150), (132, 139)):  # a gap, an overlap, or a shrinking end
         with pytest.raises(ProtocolViolation):
             pos.snapshot_marker(start, end)
+
+
+async def test_a_consumer_asking_for_packed_passes_tails_to_the_servers_contents(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``Consumer(frames="packed")``: the tail's passes come packed, and the consumer's events
+    are those of the markers and batches they stand for."""
+    import clients.connection as connection
+
+    packed_seen = 0
+    decode = connection.decode_frame
+
+    def counting(frame: str | bytes) -> object:
+        nonlocal packed_seen
+        if isinstance(frame, bytes) and frame[:4] == b"UPRP":
+            packed_seen += 1
+        return decode(frame)
+
+    monkeypatch.setattr(connection, "decode_frame", counting)
+    srv = start_server(tmp_path / "srv", partitions=8)
+    try:
+        batches: list[dict[str, bytes | None]] = []
+        model: dict[str, bytes | None] = {}
+        for i in range(0, 60, 6):
+            batch: dict[str, bytes | None] = {f"k{j}": b"v%d" % j for j in range(i, i + 6)}
+            if i:
+                batch[f"k{i - 3}"] = None
+            batches.append(batch)
+            model.update(batch)
+        got: dict[str, bytes] = {}
+
+        async def writes() -> None:
+            for batch in batches:
+                await asyncio.to_thread(write_docs, srv.url, batch)
+                await asyncio.sleep(0.05)
+
+        async with Consumer(srv.url, name="packed", start="beginning", state=MemoryStateStore(), codec="binary",
+                            frames="packed") as consumer:
+            task = asyncio.create_task(writes())
+            async for event in consumer:
+                if isinstance(event, Mutation):
+                    got[event.key] = event.value
+                elif isinstance(event, Deletion):
+                    got.pop(event.key, None)
+                if got == {k: v for k, v in model.items() if v is not None}:
+                    break
+            await task
+        assert packed_seen > 0
+        assert got == {k: v for k, v in model.items() if v is not None}
+    finally:
+        srv.kill()
+
+
+def test_a_consumer_refuses_packed_passes_without_binary_bundles() -> None:
+    from clients.errors import UsageError
+
+    with pytest.raises(UsageError) as err:
+        Consumer("http://127.0.0.1:1", name="x", codec="json", frames="packed", state=MemoryStateStore())
+    assert err.value.field == "frames"
+    with pytest.raises(UsageError):
+        Consumer("http://127.0.0.1:1", name="x", frames="squashed", state=MemoryStateStore())

@@ -17,7 +17,9 @@ import httpx
 from websockets.asyncio.client import ClientConnection, connect
 
 from engine.protocol import frames as F
+from engine.protocol import messages as M
 from engine.protocol.bundle import decode_bundle, is_bundle
+from engine.protocol.packed import decode_packed, is_packed
 
 __all__ = ["Position", "Mirror", "RawStream", "write_docs", "ws_url"]
 
@@ -92,20 +94,22 @@ class RawStream:
         self.failover: dict[str, Any] = {}
         self.window = 0
         self.early: list[Any] = []
-        self.parts: list[str | bytes] = []  # the rest of the bundle being read
+        self.parts: list[Any] = []  # the rest of the bundle (or packed pass) being read
         self.bundles = 0  # bundle messages received
+        self.packed = 0  # packed passes received (hello frames: packed)
 
     @classmethod
     async def open(cls, http_url: str, *, name: str = "test", partitions: Iterable[int] | None = None,
                    codec: str = "binary", window: int | None = None, token: str | None = None,
-                   auto_ack: bool = True, max_queue: int | None = 16, bundle: bool = False) -> "RawStream":
+                   auto_ack: bool = True, max_queue: int | None = 16, bundle: bool = False,
+                   frames: str = "messages") -> "RawStream":
         ws = await connect(ws_url(http_url, token), compression=None, max_size=None, open_timeout=10,
                            max_queue=max_queue)
         self = cls(ws, auto_ack)
         self.window = window or 0
         await self.send({"type": "hello", "name": name, "codec": codec, "window_bytes": window,
                          "partitions": None if partitions is None else list(partitions), "protocol": 1,
-                         "bundle": bundle})
+                         "bundle": bundle, "frames": frames})
         msg = await self.recv()
         assert isinstance(msg, dict) and msg["type"] == "failover_logs", msg
         self.failover = msg
@@ -126,8 +130,15 @@ class RawStream:
                 self.bundles += 1
                 self.parts = list(decode_bundle(data))
                 data = self.parts.pop(0)
-        if isinstance(data, bytes):
-            out: dict[str, Any] | F.ItemBatch = F.decode_binary(data)
+        if isinstance(data, bytes) and is_packed(data):
+            self.packed += 1
+            self.parts[:0] = [json.loads(M.encode(m)) if isinstance(m, M.SnapshotMarker) else m
+                              for m in decode_packed(data).messages()]
+            data = self.parts.pop(0)
+        if not isinstance(data, (str, bytes)):  # a packed pass's message, decoded
+            out: dict[str, Any] | F.ItemBatch = data
+        elif isinstance(data, bytes):
+            out = F.decode_binary(data)
         else:
             obj = json.loads(data)
             out = F.json_obj_to_batch(obj) if obj.get("type") == "items" else obj
