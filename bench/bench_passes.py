@@ -38,14 +38,14 @@ class FakeWebSocket:
     """Takes every message at once (counted, not decoded); acknowledges every MiB.  With ``raw``
     its scope offers the direct transport writes a real uvicorn offers (``app.stream.rawframes``)."""
 
-    def __init__(self, name: str, raw: bool = True) -> None:
+    def __init__(self, name: str, raw: bool = True, frames: str = "messages") -> None:
         self.client = None
         self.scope = raw_scope(self._frame) if raw else {}
         self._inbox: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
         self._unacked = 0
         self.messages = 0
         hello = {"type": "hello", "name": name, "codec": "binary", "window_bytes": 16 << 20, "protocol": 1,
-                 "bundle": True}
+                 "bundle": True, "frames": frames}
         self.put(hello)
         for p in range(PARTITIONS):
             self.put({"type": "stream_request", "partition": p, "uuid": 0, "start_seqno": 0, "snap_start": 0,
@@ -133,20 +133,22 @@ async def run(connections: int, rate: int, seconds: float, shared: bool, paced: 
             "held_deliveries": held, "direct_passes": direct, "wakeups_per_item": wakeups / max(1, delivered)}
 
 
-async def run_lockstep(connections: int, writes: int, batch: int = 1, shared: bool = True) -> dict[str, float]:
+async def run_lockstep(connections: int, writes: int, batch: int = 1, shared: bool = True,
+                       frames: str = "messages") -> dict[str, float]:
     """Each write is delivered to every connection before the next is made: one pass and one
     message per connection per write whatever the machine's load, so the event loop thread's CPU
     per delivery is the cost of one connection's tail pass (plus the write's share of the hub),
     comparable between trees on a loaded machine.  ``batch`` documents per write (spread over
     the partitions by their keys): with ~100, each pass visits most partitions for one or two
     items each, as a consumer ~0.1 s behind a 1,000/s writer does in the peer suite.
-    ``shared`` False: shared passes off, each connection produces its own visits."""
+    ``shared`` False: shared passes off, each connection produces its own visits.  ``frames``:
+    what the connections' hellos ask for (``packed``: packed passes)."""
     with tempfile.TemporaryDirectory() as tmp:
         limits = StreamLimits() if shared else StreamLimits(shared_passes=False)
         streams = InProcessStreams(Path(tmp) / "data", PARTITIONS, limits)
         engine, runner, server = streams.engine, streams.runner, streams.server
         server.hub.pacer.gather_s = 0  # one write at a time: a held delivery would only be waited for
-        sockets = [FakeWebSocket(f"c{i}") for i in range(connections)]
+        sockets = [FakeWebSocket(f"c{i}", frames=frames) for i in range(connections)]
         streams.serve(sockets)
         await asyncio.sleep(0.5)  # hellos and stream requests answered
         conns = list(server.streams._handles.values())  # noqa: SLF001 - a bench reads the counters
@@ -173,9 +175,10 @@ async def run_lockstep(connections: int, writes: int, batch: int = 1, shared: bo
         messages = sum(ws.messages for ws in sockets) - messages0
         wakeups = sum(getattr(c, "sender_wakeups", 0) for c in conns) - wakeups0
         direct = sum(getattr(c, "direct_passes", 0) for c in conns)
+        packed = sum(getattr(c, "packed_passes", 0) for c in conns)
         await streams.close()
     return {"loop_us_per_item": 1e6 * loop_cpu / delivered, "messages_per_item": messages / delivered,
-            "wakeups_per_item": wakeups / delivered, "direct_passes": direct, "delivered": delivered,
+            "wakeups_per_item": wakeups / delivered, "direct_passes": direct, "packed_passes": packed, "delivered": delivered,
             "visits_per_item": visits / delivered, "visits_now": visits_now / max(1, visits)}
 
 
@@ -190,7 +193,8 @@ def main() -> None:
     ap.add_argument("--rate", type=int, default=1000)
     ap.add_argument("--seconds", type=float, default=5.0)
     ap.add_argument("--modes", default=None,
-                    help="comma-separated: usual (shared passes off), shared, unpaced (shared, wake-up pacing off); "
+                    help="comma-separated: usual (shared passes off), shared, unpaced (shared, wake-up pacing off), "
+                         "packed (with --lockstep: shared, the consumers ask for packed passes); "
                          "default usual,shared (with --lockstep: shared)")
     ap.add_argument("--lockstep", type=int, default=0, metavar="WRITES",
                     help="instead: WRITES writes, each delivered to every connection before the next")
@@ -199,12 +203,14 @@ def main() -> None:
     args = ap.parse_args()
     if args.lockstep:
         for mode in (args.modes or "shared").split(","):
-            r = asyncio.run(run_lockstep(args.connections, args.lockstep, args.batch, mode == "shared"))
+            r = asyncio.run(run_lockstep(args.connections, args.lockstep, args.batch, mode in ("shared", "packed"),
+                                         "packed" if mode == "packed" else "messages"))
             print(f"lockstep {mode:6} {args.connections} connections x {args.lockstep} writes of {args.batch}: "
                   f"delivered {r['delivered']:,}, event loop thread {r['loop_us_per_item']:.2f} us per delivered "
                   f"item, {r['messages_per_item']:.3f} messages, {r['visits_per_item']:.3f} visits and "
                   f"{r['wakeups_per_item']:.3f} sender wake-ups per item, {r['visits_now']:.0%} of visits "
-                  f"without suspending, {r['direct_passes']:,} passes on the hub's delivery", flush=True)
+                  f"without suspending, {r['direct_passes']:,} passes on the hub's delivery, {r['packed_passes']:,} "
+                  f"packed", flush=True)
         return
     for mode in (args.modes or "usual,shared").split(","):
         r = asyncio.run(run(args.connections, args.rate, args.seconds, mode != "usual", paced=mode != "unpaced"))

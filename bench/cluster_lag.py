@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import math
+import os
 import statistics
 import subprocess
 import sys
@@ -243,9 +244,19 @@ def measure_lag(group: ProcessGroup, cluster: BenchCluster, rate: float, args: a
     return result
 
 
+#: set in the bench's environment: the nodes' replication frames (``UPR_REPLICATION_FRAMES``:
+#: ``messages`` or ``packed``), for before/after runs on one tree
+FRAMES_BENCH_ENV = "BENCH_REPLICATION_FRAMES"
+
+
 def stage_env(args: argparse.Namespace, workdir: Path) -> dict[str, str]:
-    """The nodes' environment for ``--lag-stages``: each replica stamps what it receives and applies."""
-    return {TRACE_ENV: str(workdir / "replication-trace.jsonl")} if getattr(args, "lag_stages", False) else {}
+    """The nodes' environment for ``--lag-stages`` (each replica stamps what it receives and
+    applies) and for ``BENCH_REPLICATION_FRAMES``."""
+    env = {TRACE_ENV: str(workdir / "replication-trace.jsonl")} if getattr(args, "lag_stages", False) else {}
+    frames = os.environ.get(FRAMES_BENCH_ENV)
+    if frames:
+        env["UPR_REPLICATION_FRAMES"] = frames
+    return env
 
 
 def acked_highs(replica_of: dict[int, str], acks: list[Ack]) -> dict[str, dict[int, int]]:

@@ -100,9 +100,8 @@ async def _measure(engine: Engine, partitions: int, takes: int, visits: int, ite
         decode_s += t1 - t0
         process_s += t2 - t1
         await asyncio.sleep(0.002)  # the flusher's turn, as between a node's takes
-    messages = takes * visits * 2  # what the visits would be as messages (per visit: a marker, a batch)
     received = sum(map(len, takes_frames))
-    return {"decode": decode_s, "process": process_s, "messages": messages, "items": takes * visits * items,
+    return {"decode": decode_s, "process": process_s, "items": takes * visits * items,
             "received": received,
             "inline": streams.inline, "hops": streams.hops, "flow_acks": conn.sent}
 
@@ -129,10 +128,11 @@ def main(argv: list[str] | None = None) -> int:
                 r = asyncio.run(_measure(engine, args.partitions, args.takes, visits, items, frames == "packed"))
             finally:
                 engine.close()
-            per_msg = (r["decode"] + r["process"]) / r["messages"] * 1e6
+            n_visits = args.takes * visits
+            per_visit = (r["decode"] + r["process"]) / n_visits * 1e6
             print(f"{frames:8s} {items} item(s) per visit, {visits} visit(s) per take: {r['received'] / args.takes:.0f} "
-                  f"message(s) per take; per visit message {per_msg:.1f} µs "
-                  f"(decode {r['decode'] / r['messages'] * 1e6:.1f}, process {r['process'] / r['messages'] * 1e6:.1f}); "
+                  f"message(s) per take; per visit {per_visit:.1f} µs "
+                  f"(decode {r['decode'] / n_visits * 1e6:.1f}, process {r['process'] / n_visits * 1e6:.1f}); "
                   f"per item {(r['decode'] + r['process']) / r['items'] * 1e6:.1f} µs; per take "
                   f"{(r['decode'] + r['process']) / args.takes * 1e6:.0f} µs; applied inline {r['inline']}, "
                   f"on a thread {r['hops']}, flow acks {r['flow_acks']}", flush=True)
