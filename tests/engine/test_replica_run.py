@@ -187,3 +187,21 @@ def test_try_apply_leaves_a_run_that_would_read_lmdb_to_the_thread_path(tmp_path
         engine.apply_replica_run(rewrite)
         engine.flush_now()
         assert engine.high_seqno(0) == 2 and [i[:2] for i in scan(engine, 0)] == [(b"a", 2)]
+
+
+def test_an_inline_run_naming_a_partition_that_is_no_longer_a_replica_applies_nothing(tmp_path: Path) -> None:
+    """``try_apply_replica_run`` looks each partition up once, under the lock: a run whose last
+    partition turned active is refused whole (``NotReplica``), the locks are free again."""
+    from engine.core.errors import NotReplica
+
+    engine = replica(tmp_path / "r")
+    try:
+        engine.set_state(1, PartitionState.ACTIVE)
+        run = [MarkerStep(0, 1, 1), ItemsStep(0, [Item(b"k", 1, 5, 1, False, b"v")], True),
+               MarkerStep(1, 1, 1), ItemsStep(1, [Item(b"j", 1, 6, 1, False, b"w")], True)]
+        with pytest.raises(NotReplica):
+            engine.try_apply_replica_run(run)
+        assert engine.high_seqno(0) == 0
+        assert engine.try_apply_replica_run(run[:2]) and engine.high_seqno(0) == 1
+    finally:
+        engine.close()
