@@ -117,8 +117,8 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     work = Path(tempfile.mkdtemp(prefix="upr-bench-replica-"))
     try:
-        for shape in args.shapes.split(","):
-          for frames in args.frames.split(","):
+        runs = [(shape, frames) for shape in args.shapes.split(",") for frames in args.frames.split(",")]
+        for shape, frames in runs:
             items, visits = (int(x) for x in shape.split("x"))
             engine = Engine.open(EngineConfig(data_dir=work / f"{shape}-{frames}", partitions=args.partitions))
             try:
