@@ -155,7 +155,9 @@ def pack_messages(messages: Sequence[tuple[Any, ...]]) -> list[tuple[int, tuple[
 
 def decode_packed(data: bytes | bytearray | memoryview) -> PackedPass:
     """Decode a packed pass; ``ProtocolError(corrupt_frame)`` if it is not exactly well-formed."""
-    view = memoryview(data).cast("B") if not isinstance(data, bytes) else memoryview(data)
+    if not isinstance(data, bytes):
+        data = bytes(memoryview(data).cast("B"))  # one copy: the batches' keys and values are cut from it
+    view = memoryview(data)
     size = len(view)
     _flags, reserved, count = PACKED.check_header(view)
     if reserved:
@@ -199,7 +201,7 @@ _BATCH_HEADER = HEADER
 _corrupt_batch = ITEM_BATCH.corrupt
 
 
-def _batch(data: Any, view: memoryview, off: int, length: int) -> ItemBatch:
+def _batch(data: bytes, view: memoryview, off: int, length: int) -> ItemBatch:
     """The batch frame of ``length`` bytes at ``off``: ``decode_binary``'s result and checks,
     with a small batch's fixed-width columns read by one ``struct`` call (tuples, not arrays).
 
@@ -225,7 +227,7 @@ def _batch(data: Any, view: memoryview, off: int, length: int) -> ItemBatch:
     if fixed_end + keys_len + values_len != end:
         raise _corrupt_batch("length", f"header and offsets describe {fixed_end - off + keys_len + values_len} "
                                        f"bytes; the frame has {length}")
-    blob = data if type(data) is bytes else bytes(view)
+    blob = data
     k0 = fixed_end
     v0 = k0 + keys_len
     if n == 1:

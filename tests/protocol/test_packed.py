@@ -189,3 +189,11 @@ def test_hello_asks_for_packed_passes_with_the_binary_codec_and_bundles_only() -
         errors = [o for o in outs if isinstance(o, M.Error)]
         assert errors and errors[0].code == ErrorCode.INVALID_FIELD and errors[0].field == "frames"
     assert M.decode_client_message('{"type":"hello","name":"c"}').frames is M.Frames.MESSAGES
+
+
+def test_a_pass_decodes_the_same_from_bytes_bytearray_and_memoryview() -> None:
+    visits = CASES["a tail pass over partitions"] + CASES["several items, deletions"]
+    data = _as_packed(visits)
+    want = [_norm(m) for m in decode_packed(data).messages()]
+    for other in (bytearray(data), memoryview(data)):
+        assert [_norm(m) for m in decode_packed(other).messages()] == want
