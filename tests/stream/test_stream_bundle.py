@@ -109,18 +109,3 @@ async def test_a_stalled_packed_consumer_gets_at_most_the_window_plus_one_frame(
     finally:
         srv.kill()
 
-
-async def test_hello_asking_packed_passes_without_bundles_is_refused(tmp_path: Path) -> None:
-    srv = start_server(tmp_path / "srv", partitions=PARTITIONS)
-    try:
-        from tests.support.wsclient import ws_url
-        from websockets.asyncio.client import connect
-        import json
-
-        async with connect(ws_url(srv.url), compression=None) as ws:
-            await ws.send(json.dumps({"type": "hello", "name": "x", "codec": "json", "bundle": True,
-                                      "frames": "packed"}))
-            reply = json.loads(await asyncio.wait_for(ws.recv(), 10))
-            assert reply["type"] == "error" and reply["code"] == "invalid_field" and reply["field"] == "frames"
-    finally:
-        srv.kill()
