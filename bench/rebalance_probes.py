@@ -8,7 +8,8 @@ handover was measured on nodes the measurement itself saturated.  A probe now se
 every ``cold_s`` while its partition is quiet and one every ``hot_s`` (well under the 200 ms
 goal) from the moment the partition's handover record appears in etcd until ``HOT_AFTER_S``
 after it went, which the process learns from its own watch of the records (nothing asks the
-nodes).  At most one write per partition is in flight; a refused write is followed or retried
+nodes); it opens its connection to the record's target then, as a client that writes to every
+node holds a connection to each, so the 421's hop costs no connect.  At most one write per partition is in flight; a refused write is followed or retried
 as the route says, at once, whatever the pace.  ``--closed-loop`` keeps the former probes, to
 compare.
 
@@ -76,6 +77,10 @@ class Probes:
         self.hot_until: dict[int, float] = {}
         #: partition -> set when it turned hot (a probe waiting its cold interval writes now)
         self.woken: dict[int, asyncio.Event] = {}
+        #: partition -> the URL of its handover's target, while its record stands
+        self.targets: dict[int, str] = {}
+        #: node name -> URL, from the last map read
+        self.node_urls: dict[str, str] = {}
         self.actives: dict[int, str] = {}
         self.stop = asyncio.Event()
         #: [partition, status, sent, answered] of every answer, in the order they came back
@@ -97,6 +102,7 @@ class Probes:
             if not view:
                 continue
             names = {n["name"]: n["url"] for n in view["nodes"] if n["url"]}
+            self.node_urls = names
             self.actives = {e["partition"]: names.get(e["active"], "") for e in view["map"]["partitions"]}
             return
 
@@ -143,9 +149,13 @@ class Probes:
                         p = int(event.kv.key[len(records):])
                         if event.kind == "delete":
                             self.hot.discard(p)
+                            self.targets.pop(p, None)
                             self.hot_until[p] = time.monotonic() + HOT_AFTER_S
                         else:
                             self.hot.add(p)
+                            target = self.node_urls.get(json.loads(event.kv.value).get("target", ""))
+                            if target:
+                                self.targets[p] = target
                             self.woken.setdefault(p, asyncio.Event()).set()
                 except (EtcdError, OSError):
                     await asyncio.sleep(0.1)
@@ -167,6 +177,14 @@ class Probes:
                     await asyncio.sleep(0.01)
                     continue
                 route = DocumentRoute(url)
+                target = self.targets.get(p)
+                if target and target not in conns:
+                    # a client that writes to several nodes keeps a connection to each (an httpx
+                    # pool does): the 421's hop must not pay a connect the probe alone would
+                    try:
+                        conns[target] = await asyncio.wait_for(RawConnection.open(target), REQUEST_TIMEOUT_S)
+                    except (OSError, asyncio.TimeoutError):
+                        pass
                 while not self.stop.is_set():
                     sent = time.monotonic()
                     try:
