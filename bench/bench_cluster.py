@@ -175,7 +175,7 @@ def main(argv: list[str] | None = None) -> int:
                    help="after the rebalance: seconds the idle cluster's etcd requests are counted")
     p.add_argument("--probe-hot-ms", type=float, default=5.0,
                    help="rebalance probes: ms between a partition's writes while its handover is under way")
-    p.add_argument("--probe-cold-ms", type=float, default=100.0,
+    p.add_argument("--probe-cold-ms", type=float, default=200.0,
                    help="rebalance probes: ms between a partition's writes otherwise (0: closed-loop probes, "
                         "each write sent when the last was answered)")
     p.add_argument("--rebalance-timeout", type=float, default=300.0, help="seconds the rebalance may take")

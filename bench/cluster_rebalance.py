@@ -13,8 +13,10 @@ keys (so a partition's seqno is its item count).  Then, in the same run:
    ratio of the backfill rate (50 ms polls bound its resolution; a copy built between two polls
    is not counted).
 3. **Write unavailability per partition during its handover**: while the rebalance runs, one
-   probe per partition writes (``PUT``, ``memory``) to the node the newest map names, again as
-   soon as the last answer came back, routed as ``clients.http`` routes a document request
+   probe per partition writes (``PUT``, ``memory``) to the node the newest map names, paced
+   (``--probe-cold-ms`` apart, ``--probe-hot-ms`` while the partition's handover record stands:
+   ``bench.rebalance_probes``; ``--probe-cold-ms 0``: again as soon as the last answer came
+   back), routed as ``clients.http`` routes a document request
    (``clients.redirects.DocumentRoute``: a 421 is followed to the node it names, a 503
    partition-not-active is retried after the route's backoff; the map is read again only when
    a route ends without an accepted write).  For each partition whose active moved: from its first refused write
