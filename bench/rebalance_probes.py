@@ -9,9 +9,10 @@ every ``cold_s`` while its partition is quiet and one every ``hot_s`` (well unde
 goal) from the moment the partition's handover record appears in etcd until ``HOT_AFTER_S``
 after it went, which the process learns from its own watch of the records (nothing asks the
 nodes); it opens its connection to the record's target then, as a client that writes to every
-node holds a connection to each, so the 421's hop costs no connect.  At most one write per partition is in flight; a refused write is followed or retried
-as the route says, at once, whatever the pace.  ``--closed-loop`` keeps the former probes, to
-compare.
+node holds a connection to each, so the 421's hop costs no connect.  At most one write per
+partition is in flight; a refused write is followed or retried as the route says, at once,
+whatever the pace.  Without an etcd to watch (``bench.bench_cluster --probe-cold-ms 0``) the
+probes are the closed loops, to compare.
 
 WHY a process of its own and a bare client: run beside the bench's status poll and etcd watch,
 with an httpx client per request, the probes' own event loop woke tens of milliseconds late on
@@ -157,8 +158,8 @@ class Probes:
                             if target:
                                 self.targets[p] = target
                             self.woken.setdefault(p, asyncio.Event()).set()
-                except (EtcdError, OSError):
-                    await asyncio.sleep(0.1)
+                except (EtcdError, OSError, ValueError):
+                    await asyncio.sleep(0.1)  # read again and watch from there
         finally:
             await client.aclose()
 
