@@ -173,6 +173,11 @@ def main(argv: list[str] | None = None) -> int:
                    help="distinct keys seeded before the rebalance (each moved copy streams its share)")
     p.add_argument("--idle-seconds", type=float, default=5.0,
                    help="after the rebalance: seconds the idle cluster's etcd requests are counted")
+    p.add_argument("--probe-hot-ms", type=float, default=5.0,
+                   help="rebalance probes: ms between a partition's writes while its handover is under way")
+    p.add_argument("--probe-cold-ms", type=float, default=200.0,
+                   help="rebalance probes: ms between a partition's writes otherwise (0: closed-loop probes, "
+                        "each write sent when the last was answered)")
     p.add_argument("--rebalance-timeout", type=float, default=300.0, help="seconds the rebalance may take")
     p.add_argument("--gap-write-ms", type=float, default=10.0,
                    help="the gap figure's writer: one write per partition every this many ms")

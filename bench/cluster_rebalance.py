@@ -13,8 +13,10 @@ keys (so a partition's seqno is its item count).  Then, in the same run:
    ratio of the backfill rate (50 ms polls bound its resolution; a copy built between two polls
    is not counted).
 3. **Write unavailability per partition during its handover**: while the rebalance runs, one
-   probe per partition writes (``PUT``, ``memory``) to the node the newest map names, again as
-   soon as the last answer came back, routed as ``clients.http`` routes a document request
+   probe per partition writes (``PUT``, ``memory``) to the node the newest map names, paced
+   (``--probe-cold-ms`` apart, ``--probe-hot-ms`` while the partition's handover record stands:
+   ``bench.rebalance_probes``; ``--probe-cold-ms 0``: again as soon as the last answer came
+   back), routed as ``clients.http`` routes a document request
    (``clients.redirects.DocumentRoute``: a 421 is followed to the node it names, a 503
    partition-not-active is retried after the route's backoff; the map is read again only when
    a route ends without an accepted write).  For each partition whose active moved: from its first refused write
@@ -84,6 +86,10 @@ class RebalanceRun:
     accepted_s: list[float] = field(default_factory=list)
     #: the same probes' accepted writes for ``QUIET_S`` before the rebalance starts
     quiet_s: list[float] = field(default_factory=list)
+    #: window -> (probe requests sent in it, its seconds): the load the measurement adds
+    probe_rate: dict[str, tuple[int, float]] = field(default_factory=dict)
+    #: how the probes were paced: "closed loop" or "hot X ms / cold Y ms"
+    probe_pace: str = ""
     #: the probe process's own event-loop lag samples, before and during the rebalance
     quiet_loop_lag_s: list[float] = field(default_factory=list)
     probe_loop_lag_s: list[float] = field(default_factory=list)
@@ -168,13 +174,16 @@ async def _backfill(url: str, partitions: list[int], highs: dict[int, int], stat
 class _ProbeProcess:
     """The probes' process (``bench.rebalance_probes``): started, told to stop, read back."""
 
-    def __init__(self, urls: list[str], partitions: int) -> None:
+    def __init__(self, urls: list[str], partitions: int, etcd: str, prefix: str, hot_ms: float,
+                 cold_ms: float) -> None:
         self.urls, self.partitions = urls, partitions
+        #: the pace (``bench.rebalance_probes.Pace``); a cold interval of 0: closed-loop probes
+        self.pace = [etcd, prefix, f"{hot_ms:g}", f"{cold_ms:g}"] if cold_ms > 0 else []
         self.proc: asyncio.subprocess.Process | None = None
 
     async def start(self) -> None:
         self.proc = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "bench.rebalance_probes", ",".join(self.urls), str(self.partitions),
+            sys.executable, "-m", "bench.rebalance_probes", ",".join(self.urls), str(self.partitions), *self.pace,
             stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, limit=1 << 30)
         assert self.proc.stdout is not None
         line = await asyncio.wait_for(self.proc.stdout.readline(), 60)
@@ -230,6 +239,11 @@ def _accepted_within(answers: list[list[float]], start: float, end: float) -> li
             if int(status) in (200, 201) and start <= sent <= end]
 
 
+def _sent_within(answers: list[list[float]], start: float, end: float) -> int:
+    """Probe requests (accepted or not) sent between ``start`` and ``end``."""
+    return sum(1 for _p, _status, sent, _answered in answers if start <= sent <= end)
+
+
 def _lag_within(samples: list[list[float]], start: float, end: float) -> list[float]:
     return [lag for when, lag in samples if start <= when <= end]
 
@@ -241,7 +255,8 @@ async def _rebalance(cluster: BenchCluster, new: Node, args: argparse.Namespace)
     ready = asyncio.Event()
     phase_task = asyncio.create_task(phases.run(ready))
     await asyncio.wait_for(ready.wait(), 30)
-    probes = _ProbeProcess([n.url for n in cluster.live()], args.partitions)
+    probes = _ProbeProcess([n.url for n in cluster.live()], args.partitions, cluster.etcd_url,
+                           f"/upr/bench/{cluster.name}", args.probe_hot_ms, args.probe_cold_ms)
     await probes.start()
     await asyncio.sleep(0.5)
     # the same probes on the same cluster with nothing moving: the baseline of their latency
@@ -315,7 +330,12 @@ async def _rebalance(cluster: BenchCluster, new: Node, args: argparse.Namespace)
                         quiet_s=_accepted_within(answers, quiet_from, quiet_to),
                         quiet_loop_lag_s=_lag_within(loop_lag, quiet_from, quiet_to),
                         probe_loop_lag_s=_lag_within(loop_lag, started, ended),
-                        cpu={"before the rebalance": quiet_cpu, "during the rebalance": busy_cpu}, holds=holds)
+                        cpu={"before the rebalance": quiet_cpu, "during the rebalance": busy_cpu}, holds=holds,
+                        probe_rate={"before the rebalance": (_sent_within(answers, quiet_from, quiet_to),
+                                                             quiet_to - quiet_from),
+                                    "during the rebalance": (_sent_within(answers, started, ended), ended - started)},
+                        probe_pace=(f"hot {args.probe_hot_ms:g} ms / cold {args.probe_cold_ms:g} ms"
+                                    if args.probe_cold_ms > 0 else "closed loop"))
 
 
 def measure_rebalance(group: ProcessGroup, work: Path, etcd: str, args: argparse.Namespace) -> RebalanceRun:
@@ -409,6 +429,10 @@ def rebalance_figures(run: RebalanceRun, args: argparse.Namespace) -> list[Figur
                "(the first write a new active answers)"),
         Figure("any accepted probe write, same probes before the rebalance: sent -> answered", _latency(run.quiet_s),
                "—", "—", f"the {QUIET_S:.0f} s before the rebalance starts, nothing moving: the probes' own baseline"),
+        *(Figure(f"probe requests per second {window}", f"{n / wall:,.0f}/s ({n:,} in {wall:.1f} s; {run.probe_pace})",
+                 "—", "—", "the load the measurement itself puts on the nodes: every write a probe sent, "
+                 "accepted or refused")
+          for window, (n, wall) in run.probe_rate.items()),
         Figure("the probe process's own event-loop lag before the rebalance", _lag(run.quiet_loop_lag_s), "—", "—"),
         Figure("the probe process's own event-loop lag during the rebalance", _lag(run.probe_loop_lag_s), "—", "—",
                "a 10 ms sleep's overshoot in the probes' process: the client's share of 'sent -> answered'"),

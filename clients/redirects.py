@@ -99,6 +99,10 @@ class DocumentRoute:
             # two nodes disagree while a map change spreads: give it a moment
             delay = revisit_delay(self.redirects) if target in self._visited else 0.0
             self.redirects += 1
+            # a partition moving on the node named now is a new wait: its first retry comes within
+            # a few ms, not after the source's longer waits (a handover's target refuses only
+            # until its takeover, tens of ms after the source sent the client there)
+            self.backoff.reset()
         elif target is None and is_moving(status, body) and self.retries < self.max_retries:
             target, delay = self.server, self.backoff.next_delay()
             self.retries += 1

@@ -92,6 +92,13 @@ async def _apply(request: Request, ctx: Ctx, op: WriteOp, durability: Durability
         partition = ctx.runner.engine.partition_of(op.key)
         if cluster.handover.taking_over(partition):
             await cluster.handover.until_active(partition, PAUSED_WRITE_WAIT_S)
+        elif cluster.handover.in_handover(partition) and ctx.runner.engine.writes_stopped(partition):
+            # this node, the source, has stopped the partition's writes: refused here, not after a
+            # turn of the writer thread behind the writes in flight, so the write waits for the
+            # switch (the error handler's ``until_settled``) from now on and leaves with its 421
+            # the moment the switch is sent; the engine would refuse it the same way
+            raise PartitionNotActive(f"partition {partition} is being handed over (writes stopped)",
+                                     partition=partition)
     if durability.majority:
         return await _apply_majority(ctx, op, durability, timeout_s)
     res = await ctx.runner.write_one(op, durability is Durability.PERSIST)

@@ -243,6 +243,31 @@ def test_probe_answers_give_the_pause_and_the_handover_marks() -> None:
     assert _accepted_within(answers, 1.0, 2.0) == [pytest.approx(0.09), pytest.approx(0.04)]
 
 
+def test_paced_probes_write_fast_only_where_a_handover_is_under_way() -> None:
+    """A quiet partition's probe waits its cold interval, a partition whose handover record
+    stands its hot one, and a probe waiting out a cold interval writes at once when its partition
+    turns hot: the measurement's resolution is kept where the pause is, not its load everywhere."""
+    from bench.rebalance_probes import HOT_AFTER_S, Pace, Probes
+
+    async def scenario() -> tuple[float, float, float, float]:
+        probes = Probes(["http://unused"], 4, Pace(hot_s=0.005, cold_s=5.0))
+        probes.hot.add(1)
+        probes.hot_until[2] = time.monotonic() + HOT_AFTER_S
+        intervals = (probes.interval(0), probes.interval(1), probes.interval(2))
+        began = time.monotonic()
+        waiting = asyncio.create_task(probes.until_due(3, time.monotonic()))
+        await asyncio.sleep(0.05)
+        probes.hot.add(3)
+        probes.woken[3].set()  # what the watch of the records does
+        await asyncio.wait_for(waiting, 2.0)
+        return (*intervals, time.monotonic() - began)
+
+    cold, hot, cooling, woke_after = asyncio.run(scenario())
+    assert (cold, hot, cooling) == (5.0, 0.005, 0.005)
+    assert woke_after < 2.0
+    assert Probes(["http://unused"], 1).pace.closed_loop
+
+
 def test_fence_steps_are_read_from_the_nodes_log_lines() -> None:
     from bench.cluster_phases import fence_steps, step_rows
 

@@ -40,16 +40,22 @@ def test_which_answers_mean_the_partition_is_moving(status: int, body: object, m
         # back to a node already asked: a moment for the map to spread
         ([(421, misdirected(B)), (421, misdirected(A)), (200, {})], [Hop(B, 0.0), Hop(A, revisit_delay(1))]),
         ([(503, MOVING), (200, {})], [Hop(A, "retry 0")]),
-        # moved while retried: the redirect that follows counts as one, the retry as the other
+        # moved while retried: the redirect that follows counts as one, the retry as the other,
+        # and the waits on the node it names start short again
         ([(503, MOVING), (421, misdirected(B)), (503, MOVING), (200, {})],
-         [Hop(A, "retry 0"), Hop(B, 0.0), Hop(B, "retry 1")]),
+         [Hop(A, "retry 0"), Hop(B, 0.0), Hop(B, "first wait, second draw")]),
     ],
 )
 def test_routes(answers: list[tuple[int, object]], hops: list[Hop]) -> None:
     # "retry n": the n-th wait of the same seeded backoff the route draws from
     expected = moving_backoff(random.Random(7))
     waits = [expected.next_delay() for _ in range(MAX_RETRIES)]
-    hops = [Hop(h.url, waits[int(h.delay.split()[1])]) if isinstance(h.delay, str) else h for h in hops]
+    again = moving_backoff(random.Random(7))
+    again.next_delay()
+    again.reset()
+    restarted = again.next_delay()  # the first wait's span, with the seeded source's second draw
+    hops = [Hop(h.url, restarted if h.delay.startswith("first") else waits[int(h.delay.split()[1])])
+            if isinstance(h.delay, str) else h for h in hops]
     route, taken = DocumentRoute(A, backoff=moving_backoff(random.Random(7))), []
     for status, body in answers:
         hop = route.next(status, body)
