@@ -5,7 +5,9 @@ immutable snapshot) and writes the unpersisted range of *all* partitions in one 
 transaction (one fsync), bounded by ``flush_batch_items`` seqnos per round, starting at a
 rotating partition so a hot partition cannot starve the others.  Only after the commit does
 it take the writer lock to tell each queue what is now persisted (dropping index entries
-that were not superseded meanwhile).
+that were not superseded meanwhile).  Persist waiters the commit satisfied are answered before
+that: their ack needs the fsync, not the queues' bookkeeping, and the writer lock may be held
+by a write batch in progress.
 
 Rounds happen every ``flush_interval_ms`` while there is work, and at once when someone
 waits for persistence (``persist_future`` kicks the thread): concurrent ``persist`` writes
@@ -383,6 +385,11 @@ class Flusher:
             return out
 
         results = store.write(write)
+        if self._waiters:
+            # answered on the commit's return: a persist waiter needs the fsync, not the queues'
+            # bookkeeping below, which waits for the writer lock (a write batch in progress)
+            self._resolve_waiters({part.id: upto for part, _items, upto, generation in work
+                                   if part.generation == generation})
         count = 0
         garbage = []
         persisted: list[int] = []
@@ -432,22 +439,33 @@ class Flusher:
 
     # ------------------------------------------------------------------ waiters
 
-    def _satisfied(self, wanted: Mapping[int, int]) -> bool:
+    def _satisfied(self, wanted: Mapping[int, int], committed: Mapping[int, int] | None = None) -> bool:
+        """Whether every ``wanted[p]`` is persisted: by the queues' record, or by ``committed``
+        (the seqno a round's commit just covered per partition, before the queues are told)."""
         parts = self._partitions
-        return all(parts[p].queue.persisted >= seqno for p, seqno in wanted.items())
+        if committed is None:
+            return all(parts[p].queue.persisted >= seqno for p, seqno in wanted.items())
+        return all(parts[p].queue.persisted >= seqno or committed.get(p, 0) >= seqno
+                   for p, seqno in wanted.items())
 
-    def _resolve_waiters(self) -> None:
+    def _resolve_waiters(self, committed: Mapping[int, int] | None = None) -> None:
         if not self._waiters:
             return
         with self._waiters_lock:
-            done = [(w, f) for w, f in self._waiters if self._satisfied(w)]
+            done: list[Future[None]] = []
+            left: list[tuple[dict[int, int], Future[None]]] = []
+            for wanted, future in self._waiters:
+                if self._satisfied(wanted, committed):
+                    done.append(future)
+                else:
+                    left.append((wanted, future))
             if not done:
                 return
-            self._waiters = [(w, f) for w, f in self._waiters if not self._satisfied(w)]
-        for _wanted, future in done:
+            self._waiters = left
+        for future in done:
             if not future.done():
                 future.set_result(None)
-        if self._waiters:
+        if left and committed is None:
             self._kick.set()
 
     def _fail_waiters(self, exc: BaseException, fault: FlushFault | None = None) -> None:
