@@ -5,9 +5,8 @@ immutable snapshot) and writes the unpersisted range of *all* partitions in one 
 transaction (one fsync), bounded by ``flush_batch_items`` seqnos per round, starting at a
 rotating partition so a hot partition cannot starve the others.  Only after the commit does
 it take the writer lock to tell each queue what is now persisted (dropping index entries
-that were not superseded meanwhile).  Persist waiters the commit satisfied are answered before
-that: their ack needs the fsync, not the queues' bookkeeping, and the writer lock may be held
-by a write batch in progress.
+that were not superseded meanwhile), and answers the persist waiters the round satisfied at
+once, before it frees the persisted items and calls the persist listeners.
 
 Rounds happen every ``flush_interval_ms`` while there is work, and at once when someone
 waits for persistence (``persist_future`` kicks the thread): concurrent ``persist`` writes
@@ -357,6 +356,7 @@ class Flusher:
 
         def write(txn: object) -> list[tuple[int, int, int]]:
             out = []
+            persisted_rows: list[tuple[int, int, int, int]] = []
             # held for the build, handed over between slices to whoever waits for it (the items
             # written so far stay invisible to them until the commit), released before
             # ``store.write`` commits
@@ -378,18 +378,14 @@ class Flusher:
                         nbytes += b
                     live = part.persisted_live + delta
                     max_cas = max(part.persisted_max_cas, items[-1].cas) if items else part.persisted_max_cas
-                    store.put_persisted(txn, part.id, upto, live, max_cas)  # type: ignore[arg-type]
+                    persisted_rows.append((part.id, upto, live, max_cas))
                     if part.snapshots.marks:  # a replica: what survives a crash is the range at ``upto``
                         store.put_snapshot(txn, part.id, part.snapshots.at(upto))  # type: ignore[arg-type]
                     out.append((live, max_cas, nbytes))
+                store.put_persisted_many(txn, persisted_rows)  # type: ignore[arg-type]
             return out
 
         results = store.write(write)
-        if self._waiters:
-            # answered on the commit's return: a persist waiter needs the fsync, not the queues'
-            # bookkeeping below, which waits for the writer lock (a write batch in progress)
-            self._resolve_waiters({part.id: upto for part, _items, upto, generation in work
-                                   if part.generation == generation})
         count = 0
         garbage = []
         persisted: list[int] = []
@@ -404,6 +400,9 @@ class Flusher:
                 if part.snapshots.marks:
                     part.snapshots = part.snapshots.persisted(upto)
                 count += len(items)
+        # answered once the queues say persisted (what a waiter's caller reads next), before the
+        # persisted items are freed and the persist listeners run: neither is the waiter's business
+        self._resolve_waiters()
         nbytes = sum(r[2] for r in results)
         del garbage, work  # freeing the persisted items happens here, outside the writer lock
         if self.on_persisted is not None and persisted:
@@ -439,23 +438,18 @@ class Flusher:
 
     # ------------------------------------------------------------------ waiters
 
-    def _satisfied(self, wanted: Mapping[int, int], committed: Mapping[int, int] | None = None) -> bool:
-        """Whether every ``wanted[p]`` is persisted: by the queues' record, or by ``committed``
-        (the seqno a round's commit just covered per partition, before the queues are told)."""
+    def _satisfied(self, wanted: Mapping[int, int]) -> bool:
         parts = self._partitions
-        if committed is None:
-            return all(parts[p].queue.persisted >= seqno for p, seqno in wanted.items())
-        return all(parts[p].queue.persisted >= seqno or committed.get(p, 0) >= seqno
-                   for p, seqno in wanted.items())
+        return all(parts[p].queue.persisted >= seqno for p, seqno in wanted.items())
 
-    def _resolve_waiters(self, committed: Mapping[int, int] | None = None) -> None:
+    def _resolve_waiters(self) -> None:
         if not self._waiters:
             return
         with self._waiters_lock:
             done: list[Future[None]] = []
             left: list[tuple[dict[int, int], Future[None]]] = []
             for wanted, future in self._waiters:
-                if self._satisfied(wanted, committed):
+                if self._satisfied(wanted):
                     done.append(future)
                 else:
                     left.append((wanted, future))
@@ -465,7 +459,7 @@ class Flusher:
         for future in done:
             if not future.done():
                 future.set_result(None)
-        if left and committed is None:
+        if left:
             self._kick.set()
 
     def _fail_waiters(self, exc: BaseException, fault: FlushFault | None = None) -> None:
