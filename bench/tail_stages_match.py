@@ -7,7 +7,8 @@ writes grouped by send time are the requests, in order, one-to-one with the serv
 stamps.  Per request: sent -> route starts (client, HTTP, parse) -> writer job starts (thread
 hop) -> job ends (parse + apply) -> the next hub delivery starts (writer -> loop wake) -> the
 next stream message written (the pass) -> the consumer's first receipt of the request's writes;
-and the route's answer (the ack side).  Percentiles in ms, plus the batch size and the server
+and the route's answer (the ack side: for a ``persist`` request, the flush round that persisted it,
+from its job's end to the round's start, the round, and the round's end to the answer).  Percentiles in ms, plus the batch size and the server
 thread CPU the stamps carry (the job's, the delivery's).
 """
 from __future__ import annotations
@@ -34,7 +35,7 @@ def _events_of_run(probe_dir: Path, t0: int, t1: int) -> dict[str, list[tuple[in
     best: dict[str, list[tuple[int, int]]] = {}
     best_n = -1
     for f in probe_dir.glob("*.stages"):
-        ev: dict[str, list[tuple[int, int]]] = {t: [] for t in "RJjDdWA"}
+        ev: dict[str, list[tuple[int, int]]] = {t: [] for t in "RJjDdWAFf"}
         for line in f.read_text().splitlines():
             t, ns, c = line.split()
             ev[t].append((int(ns), int(c)))
@@ -60,9 +61,12 @@ def main(tail_dir: str, probe_dir: str, name: str = "upr-tail-2500") -> None:
     first = bisect.bisect_left(rt, reqs[0][0])  # route stamps of earlier workloads/requests
     d_starts = [e[0] for e in ev["D"]]
     w_times = [e[0] for e in ev["W"]]
+    f_starts = [e[0] for e in ev["F"]]
     stages: dict[str, list[float]] = {k: [] for k in (
         "send->route", "route->job", "job (parse+apply)", "applied->delivery", "delivery->written",
-        "written->received", "send->received", "send->ack(route end)", "batch", "job cpu ms", "delivery cpu ms")}
+        "written->received", "send->received", "send->ack(route end)", "batch", "job cpu ms", "delivery cpu ms",
+        "job wall-cpu ms", "delivery wall-cpu ms", "applied->round starts", "round (build+commit)",
+        "round cpu ms", "round end->answer", "applied->answer")}
     n = min(len(reqs), len(rt) - first)
     for k in range(n):
         s, a, b = reqs[k]
@@ -86,6 +90,19 @@ def main(tail_dir: str, probe_dir: str, name: str = "upr-tail-2500") -> None:
                        ("job cpu ms", j1[1] - j0[1]), ("delivery cpu ms", ev["d"][di][1] - ev["D"][di][1])):
             stages[key].append(v / 1e6)
         stages["batch"].append(b - a)
+        stages["job wall-cpu ms"].append(((j1[0] - j0[0]) - (j1[1] - j0[1])) / 1e6)
+        dd = ev["d"][di]
+        stages["delivery wall-cpu ms"].append(((dd[0] - d0) - (dd[1] - ev["D"][di][1])) / 1e6)
+        stages["applied->answer"].append((ans - j1[0]) / 1e6)
+        # the flush round that persisted the request: the first to start after its job ended
+        # (its items were published inside the job); only when the answer waited for it
+        fi = bisect.bisect_left(f_starts, j1[0])
+        if fi < len(f_starts) and fi < len(ev["f"]) and ev["f"][fi][0] <= ans:
+            f0, f1 = ev["F"][fi], ev["f"][fi]
+            stages["applied->round starts"].append((f0[0] - j1[0]) / 1e6)
+            stages["round (build+commit)"].append((f1[0] - f0[0]) / 1e6)
+            stages["round cpu ms"].append((f1[1] - f0[1]) / 1e6)
+            stages["round end->answer"].append((ans - f1[0]) / 1e6)
     print(f"{n} requests matched ({len(reqs)} sent, {len(rt) - first} routed)")
     for key, vals in stages.items():
         p = percentiles(vals, PS) if vals else {}

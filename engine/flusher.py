@@ -5,7 +5,8 @@ immutable snapshot) and writes the unpersisted range of *all* partitions in one 
 transaction (one fsync), bounded by ``flush_batch_items`` seqnos per round, starting at a
 rotating partition so a hot partition cannot starve the others.  Only after the commit does
 it take the writer lock to tell each queue what is now persisted (dropping index entries
-that were not superseded meanwhile).
+that were not superseded meanwhile), and answers the persist waiters the round satisfied at
+once, before it frees the persisted items and calls the persist listeners.
 
 Rounds happen every ``flush_interval_ms`` while there is work, and at once when someone
 waits for persistence (``persist_future`` kicks the thread): concurrent ``persist`` writes
@@ -355,6 +356,7 @@ class Flusher:
 
         def write(txn: object) -> list[tuple[int, int, int]]:
             out = []
+            persisted_rows: list[tuple[int, int, int, int]] = []
             # held for the build, handed over between slices to whoever waits for it (the items
             # written so far stay invisible to them until the commit), released before
             # ``store.write`` commits
@@ -376,10 +378,11 @@ class Flusher:
                         nbytes += b
                     live = part.persisted_live + delta
                     max_cas = max(part.persisted_max_cas, items[-1].cas) if items else part.persisted_max_cas
-                    store.put_persisted(txn, part.id, upto, live, max_cas)  # type: ignore[arg-type]
+                    persisted_rows.append((part.id, upto, live, max_cas))
                     if part.snapshots.marks:  # a replica: what survives a crash is the range at ``upto``
                         store.put_snapshot(txn, part.id, part.snapshots.at(upto))  # type: ignore[arg-type]
                     out.append((live, max_cas, nbytes))
+                store.put_persisted_many(txn, persisted_rows)  # type: ignore[arg-type]
             return out
 
         results = store.write(write)
@@ -397,6 +400,9 @@ class Flusher:
                 if part.snapshots.marks:
                     part.snapshots = part.snapshots.persisted(upto)
                 count += len(items)
+        # answered once the queues say persisted (what a waiter's caller reads next), before the
+        # persisted items are freed and the persist listeners run: neither is the waiter's business
+        self._resolve_waiters()
         nbytes = sum(r[2] for r in results)
         del garbage, work  # freeing the persisted items happens here, outside the writer lock
         if self.on_persisted is not None and persisted:
@@ -440,14 +446,20 @@ class Flusher:
         if not self._waiters:
             return
         with self._waiters_lock:
-            done = [(w, f) for w, f in self._waiters if self._satisfied(w)]
+            done: list[Future[None]] = []
+            left: list[tuple[dict[int, int], Future[None]]] = []
+            for wanted, future in self._waiters:
+                if self._satisfied(wanted):
+                    done.append(future)
+                else:
+                    left.append((wanted, future))
             if not done:
                 return
-            self._waiters = [(w, f) for w, f in self._waiters if not self._satisfied(w)]
-        for _wanted, future in done:
+            self._waiters = left
+        for future in done:
             if not future.done():
                 future.set_result(None)
-        if self._waiters:
+        if left:
             self._kick.set()
 
     def _fail_waiters(self, exc: BaseException, fault: FlushFault | None = None) -> None:

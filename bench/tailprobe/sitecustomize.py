@@ -8,7 +8,8 @@ Only in a process whose argv is ``app.cli server``; without ``UPR_TAILPROBE_DIR`
 installed.  Each event is one line ``<tag> <time.monotonic_ns> <thread CPU ns>`` in
 ``$UPR_TAILPROBE_DIR/<pid>.stages``: ``R`` the bulk route starts (loop), ``J``/``j`` the writer
 thread's job starts/ends (parse + apply), ``D``/``d`` the hub's delivery starts/ends (loop),
-``W`` a stream message handed to the transport, ``A`` the bulk route answers.  The modules are
+``W`` a stream message handed to the transport, ``A`` the bulk route answers, ``F``/``f`` a flush
+round starts/ends (flusher thread; the round's commit and fsync included).  The modules are
 patched as they are imported (a meta-path finder), so the server runs its own code otherwise.
 """
 from __future__ import annotations
@@ -82,7 +83,20 @@ def _install(directory: str) -> None:
 
         cls.write, cls.write_parts = timed_write, timed_write_parts
 
-    patches = {"app.routes.bulk": patch_bulk, "app.stream.hub": patch_hub, "app.stream.rawframes": patch_raw}
+    def patch_flusher(mod: object) -> None:
+        cls = mod.Flusher  # type: ignore[attr-defined]
+        flush_round = cls.flush_round
+
+        def timed_round(self: object) -> object:
+            stamp("F")
+            try:
+                return flush_round(self)
+            finally:
+                stamp("f")
+
+        cls.flush_round = timed_round
+
+    patches = {"engine.flusher": patch_flusher, "app.routes.bulk": patch_bulk, "app.stream.hub": patch_hub, "app.stream.rawframes": patch_raw}
 
     class Finder(importlib.abc.MetaPathFinder):
         def find_spec(self, name: str, path: object, target: object = None) -> object:

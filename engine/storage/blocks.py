@@ -45,12 +45,23 @@ assert array("Q").itemsize == 8
 Cols = tuple  # (keys, seqnos, cas, revs, deleted, values): one block's columns
 
 
+#: blocks of at most this many items get their header and numeric columns from one ``struct``
+#: call: a tailing writer's flush is one to a few items per partition, and four arrays per block
+#: were most of the flusher's Python per partition (``bench.bench_flush_round``)
+SMALL_BLOCK_ITEMS = 32
+_SMALL_HEADS = [struct.Struct(f"<IIQ{4 * n}Q") for n in range(SMALL_BLOCK_ITEMS + 1)]
+
+
 def encode_block(keys: Sequence[bytes], seqnos: Sequence[int], cas: Sequence[int], revs: Sequence[int],
                  deleted: Sequence[int], values: Sequence[bytes]) -> bytes:
     """One block for a non-empty run of items in seqno order (columns as in the module doc)."""
     n = len(values)
     kblob = KEY_SEP.join(keys)
     base = BLOCK_HEADER.size + 33 * n + len(kblob)  # where the values blob starts
+    if n <= SMALL_BLOCK_ITEMS:  # the same bytes, little-endian by the format string
+        ends = list(accumulate(map(len, values), initial=base))
+        head = _SMALL_HEADS[n].pack(n, len(kblob), ends[-1] - base, *seqnos, *cas, *revs, *ends[1:])
+        return b"".join((head, bytes(deleted), kblob, *values))
     vends = array("Q", accumulate(map(len, values), initial=base))
     del vends[0]
     cols = [array("Q", seqnos), array("Q", cas), array("Q", revs), vends]

@@ -383,6 +383,14 @@ class Store:
     def put_persisted(self, txn: lmdb.Transaction, p: int, seqno: int, live: int, max_cas: int) -> None:
         txn.put(b"persisted/%d" % p, PERSISTED.pack(seqno, live, max_cas), db=self.meta_db)
 
+    def put_persisted_many(self, txn: lmdb.Transaction, rows: Sequence[tuple[int, int, int, int]]) -> None:
+        """``put_persisted`` for each (partition, seqno, live, max_cas) of ``rows``, in one call
+        (a flush round touches most partitions, each one record of the same tree)."""
+        if rows:
+            pack = PERSISTED.pack
+            txn.cursor(self.meta_db).putmulti(
+                [(b"persisted/%d" % p, pack(seqno, live, max_cas)) for p, seqno, live, max_cas in rows])
+
     # ------------------------------------------------------------------ data
 
     def flush_items(self, txn: lmdb.Transaction, p: int, items: Sequence[Item], *,

@@ -185,3 +185,16 @@ def test_other_format_data_dir_is_refused_with_a_typed_error(make_engine, tmp_pa
     assert isinstance(err.value, InvalidInput)
     assert err.value.code == "data_dir_format" and err.value.field == "data_dir"
     assert f"format {stored_format.decode()}" in str(err.value) and "format 2" in str(err.value)
+
+
+@pytest.mark.parametrize("n", [1, 2, 7, blocks.SMALL_BLOCK_ITEMS, blocks.SMALL_BLOCK_ITEMS + 1, 100])
+def test_a_small_blocks_one_struct_layout_is_the_columns_layout(n: int, monkeypatch) -> None:
+    rng = random.Random(n)
+    items = [Item(b"k%d" % rng.randrange(10**6), 10 + i, rng.randrange(1 << 64), rng.randrange(1, 1 << 40),
+                  rng.random() < 0.3, bytes(rng.randrange(256) for _ in range(rng.randrange(40)))) for i in range(n)]
+    cols = tuple(zip(*items))
+    fast = encode_block(*cols)
+    monkeypatch.setattr(blocks, "SMALL_BLOCK_ITEMS", -1)  # every block through the arrays
+    assert fast == encode_block(*cols)
+    dec = decode_block(fast)
+    assert list(zip(dec[0], dec[1], dec[2], dec[3], map(bool, dec[4]), dec[5])) == items
