@@ -25,7 +25,8 @@ cluster: $(STAMP)
 # Three pytest workers on two cores, each taking whole test files (module fixtures such as a cluster
 # stay in one process): the end-to-end tests spend much of their time waiting on real processes
 # (lease expiries, node starts), and a third worker fills that time.  Files go out
-# in the order tests/conftest.py sorts them, longest first (docs/testing.md, "Suite time").
+# in the order tests/conftest.py sorts them, longest first, and the files that use the shared
+# SparkSession go to one worker together, so one JVM serves them (docs/testing.md, "Suite time").
 # The suite starts hundreds of Python processes (nodes, CLI commands, Spark's workers); compiling
 # the project's modules once here spares each of them compiling from source where the environment
 # sets PYTHONDONTWRITEBYTECODE (as this machine's does).

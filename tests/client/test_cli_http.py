@@ -1,10 +1,19 @@
-"""The CLI's HTTP commands and ``HttpApi`` against a real server process."""
+"""The CLI's HTTP commands and ``HttpApi`` against a real server process.
+
+The commands run in-process through the entry point ``upr`` runs (``app.cli.main``: its exit
+code, its stdout and stderr), against the real server; a few run as real ``upr`` processes too,
+for what only a process shows (stdin from a pipe, the exit code ``sys.exit`` passes on).  A ``upr``
+process costs 0.7-1 s of CPU in imports alone."""
+import io
 import json
+import os
 import subprocess
 import sys
+from collections.abc import Callable
 
 import pytest
 
+from app import cli
 from clients.errors import AuthFailed, ConnectionFailed, HttpError
 from clients.http import HttpApi
 from tests.support.server import ROOT
@@ -12,16 +21,35 @@ from tests.support.server import ROOT
 pytestmark = pytest.mark.slow
 
 
-def upr(*args: str, env: dict[str, str] | None = None, stdin: bytes | None = None) -> subprocess.CompletedProcess:
-    import os
-
+def upr_process(*args: str, env: dict[str, str] | None = None,
+                stdin: bytes | None = None) -> subprocess.CompletedProcess:
     full_env = {k: v for k, v in os.environ.items() if not k.startswith("UPR_")}
     full_env.update(env or {})
     return subprocess.run([sys.executable, "-m", "app.cli", *args], cwd=ROOT, env=full_env, input=stdin,
                           capture_output=True, timeout=60)
 
 
-def test_http_api_and_cli_roundtrip(upr_server):
+@pytest.fixture
+def upr(capsysbinary: pytest.CaptureFixture[bytes], monkeypatch: pytest.MonkeyPatch) -> Callable[..., subprocess.CompletedProcess]:
+    """``upr ARGS`` in this process: what ``upr_process`` gives, without a new interpreter."""
+    def run(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+        with monkeypatch.context() as m:
+            for name in [k for k in os.environ if k.startswith("UPR_")]:
+                m.delenv(name)
+            for name, value in (env or {}).items():
+                m.setenv(name, value)
+            m.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(b"")))
+            capsysbinary.readouterr()
+            try:
+                code = cli.main(list(args))
+            except SystemExit as exc:                   # argparse's usage errors
+                code = exc.code if isinstance(exc.code, int) else 1
+            out, err = capsysbinary.readouterr()
+        return subprocess.CompletedProcess(["upr", *args], code, out, err)
+    return run
+
+
+def test_http_api_and_cli_roundtrip(upr_server, upr):
     srv = upr_server(partitions=4, tokens={"adm-token-1": "admin", "read-token-1": "read"})
     with HttpApi(srv.url, "adm-token-1") as api:
         res = api.put("a/b c", b"\xff\x00bin", durability="persist")
@@ -43,7 +71,7 @@ def test_http_api_and_cli_roundtrip(upr_server):
     env = {"UPR_SERVER": srv.url, "UPR_TOKEN": "adm-token-1"}
     r = upr("put", "k1", "hello", env=env)
     assert r.returncode == 0 and b"stored 'k1'" in r.stdout
-    r = upr("put", "k2", "-", "--json", env=env, stdin=b"from stdin")
+    r = upr_process("put", "k2", "-", "--json", env=env, stdin=b"from stdin")
     assert r.returncode == 0 and json.loads(r.stdout)["key"] == "k2"
     assert upr("get", "k2", "--raw", env=env).stdout == b"from stdin"
     assert upr("get", "k2", env=env).stdout == b"from stdin\n"  # a line, like redis-cli and etcdctl print
@@ -59,7 +87,7 @@ def test_http_api_and_cli_roundtrip(upr_server):
     assert log and {"uuid", "seqno"} <= set(log[0])
     assert b"4 partitions" in upr("status", env=env).stdout
     # errors: one line on stderr, distinct exit codes
-    r = upr("status", "--server", srv.url, "--token", "bad")
+    r = upr_process("status", "--server", srv.url, "--token", "bad")
     assert r.returncode == 4 and r.stderr.count(b"\n") == 1 and b"401" in r.stderr
     r = upr("put", "k", "v", "--server", srv.url, "--token", "read-token-1")
     assert r.returncode == 4 and b"403" in r.stderr

@@ -14,8 +14,6 @@ from pathlib import Path
 import httpx
 import pytest
 
-from spark_connector.index.functions import FieldIndex
-from spark_connector.index.job import IndexJob
 from spark_connector.index.lookup import lookup
 from tests.spark.helpers import brute_force, bulk, random_ops
 
@@ -66,7 +64,10 @@ def _stop(proc: subprocess.Popen) -> None:
 
 
 @pytest.mark.timeout(900)
-def test_follow_prints_a_line_per_batch_and_sigterm_stops_cleanly(upr_server, tmp_path):
+def test_follow_prints_a_line_per_batch_sigterm_stops_cleanly_and_a_rollback_fails_in_one_line(upr_server, tmp_path):
+    """Two runs of ``upr index run`` on one index: ``--follow`` until SIGTERM, then, once the
+    server purged tombstones the index never streamed (its positions fall below the purge seqno:
+    a rollback to 0 by the server's rule, with no timing involved), ``--on-rollback fail``."""
     srv = upr_server(partitions=4)
     rng = random.Random(21)
     live: set[str] = set()
@@ -93,15 +94,7 @@ def test_follow_prints_a_line_per_batch_and_sigterm_stops_cleanly(upr_server, tm
         assert {(city, e["key"], e["partition"], e["seqno"]) for e in lookup(tmp_path / "idx", city)} == \
             {row for row in expected if row[0] == city}
 
-
-@pytest.mark.timeout(900)
-def test_on_rollback_fail_ends_in_one_line_and_a_non_zero_exit(spark, upr_server, tmp_path):
-    # The index's positions fall below the purge seqno once the server purged tombstones it never
-    # streamed: a rollback to 0 by the server's rule, with no timing involved.
-    srv = upr_server(partitions=4)
-    bulk(srv.url, [{"op": "set", "key": k, "value": {"city": "oslo"}} for k in KEYS], durability="persist")
-    IndexJob(spark, tmp_path / "idx", srv.url, FieldIndex("city")).run()
-    bulk(srv.url, [{"op": "delete", "key": k} for k in KEYS[:100]], durability="persist")
+    bulk(srv.url, [{"op": "delete", "key": k} for k in sorted(live)[:100]], durability="persist")
     highs = {p["partition"]: p["high_seqno"] for p in httpx.get(f"{srv.url}/partitions").json()["partitions"]}
     r = httpx.post(f"{srv.url}/admin/compact", json={"purge_before_seqno": {str(p): h + 1 for p, h in highs.items()}})
     assert r.status_code == 200 and all(s > 0 for s in r.json()["purge_seqnos"].values()), r.text

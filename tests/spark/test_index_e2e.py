@@ -22,7 +22,9 @@ from spark_connector.index.manifest import load
 from spark_connector.index.view import load_index
 from tests.spark.helpers import brute_force, brute_force_with, bulk, index_rows, random_ops
 
-pytestmark = pytest.mark.slow
+# The first test here starts the shared SparkSession (tests/conftest.py: the first file of its
+# unit); under load the JVM's start alone has taken 140 s, past the default 300 s with the test.
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 ROOT = Path(__file__).resolve().parents[2]
 KEYS = [f"doc-{i:05d}" for i in range(800)]
 

@@ -101,7 +101,7 @@ class ServerProcess:
         return self.proc.returncode
 
 
-def start_server(workdir: Path, *, timeout: float = 30.0, **options: Any) -> ServerProcess:
+def start_server(workdir: Path, *, timeout: float = 60.0, **options: Any) -> ServerProcess:
     """Start ``python -m app.cli server`` and wait until it is ready (or raise with its log).
 
     ``options`` are ``spawn_server``'s: ``data_dir``, ``partitions``, ``args`` (extra flags),
