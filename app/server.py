@@ -179,11 +179,10 @@ def _run(settings: Settings, tokens: TokenTable, engine: Any) -> int:
         server_header=False,
     )
     server = _Server(config, settings.ready_file, app)
-    # WHY shorter than Python's 5 ms: a thread that wants the GIL waits for the holder's next
-    # release or this interval; the event loop (a stream pass, an HTTP answer) wanting it while
-    # the writer thread parses a bulk or the flusher builds a round would wait up to 5 ms, which is
-    # the tail's scale (docs/benchmarks.md, Peers: "the ack's path").  The writer and the flusher
-    # release it at every LMDB call anyway, so a shorter interval rarely forces a switch.
+    # WHY a setting, at Python's 5 ms by default: a thread that wants the GIL waits for the holder's
+    # next release or this interval.  A shorter one switches more often, which costs a fan-out
+    # more server CPU per delivery than it saves the tail (docs/benchmarks.md, Peers, "Calm
+    # machine, main after the seventh session's merges").
     sys.setswitchinterval(settings.gil_switch_interval_ms / 1000.0)
     # server.run(), not asyncio.run(server.serve()): only run() builds the loop from config.loop, so
     # the plain asyncio loop ran here instead of uvloop (measured: see docs/benchmarks.md, HTTP)

@@ -81,9 +81,10 @@ class Settings(BaseSettings):
     partitions: int = Field(64, ge=1, le=1024, description="partition count (fixed when the data dir is created)")
     flush_interval_ms: float = Field(5.0, gt=0, le=60_000, description="how often memory-durability writes are persisted while a persist write, a persisted/majority stream or a replica waits on it; otherwise rounds may gather up to 20 ms")
     gil_switch_interval_ms: float = Field(
-        1.0, gt=0, le=100,
-        description="the server process's GIL switch interval (Python's sys.setswitchinterval, default 5 ms): "
-        "the longest the event loop waits for the writer or flusher thread to let it run")
+        5.0, gt=0, le=100,
+        description="the server process's GIL switch interval (Python's sys.setswitchinterval): "
+        "the longest the event loop waits for the writer or flusher thread to let it run; "
+        "shorter switches more often, which costs fan-out more than it saves the tail")
     queue_memory_limit_mb: int = Field(
         1024, ge=1, description="write queues above this many MiB answer 429 (backpressure)"
     )
