@@ -118,7 +118,7 @@ def test_the_replication_paths_events_and_etcd_requests_are_counters() -> None:
     class Replication:
         undos = resets = inline = hops = progress_txns = 0
         counts = ReplicationCounts(messages=40, takes=5, acks=9, ack_messages=4, ack_looks=4, persist_handoffs=2,
-                                   flow_acks=1)
+                                   flow_acks=1, packed_passes=3, packed_sections=11)
         etcd = Etcd()
 
     registry = CollectorRegistry()
@@ -128,5 +128,6 @@ def test_the_replication_paths_events_and_etcd_requests_are_counters() -> None:
     events = {labels[0][1]: value for (name, labels), value in got.items()
               if name == "upr_cluster_replication_events_total"}
     assert events == {"messages": 40.0, "takes": 5.0, "acks": 9.0, "ack_messages": 4.0, "ack_looks": 4.0,
-                      "persist_handoffs": 2.0, "flow_acks": 1.0}
+                      "persist_handoffs": 2.0, "flow_acks": 1.0, "packed_passes": 3.0,
+                      "packed_sections": 11.0}
     assert got[("upr_cluster_etcd_requests_total", ())] == 12.0
