@@ -59,7 +59,7 @@ class BulkFastPath:
                     raise
                 response = await handler(request, exc)
             status = response.status_code
-            await _answer_in_one_write(response, scope, receive, send)
+            await response(scope, receive, send)
         finally:
             counts = self.counts
             if counts is None:
@@ -74,56 +74,6 @@ class BulkFastPath:
             if handler is not None:
                 return handler
         return None
-
-
-class _OneWrite:
-    """Stands in for a uvicorn cycle's transport while a response is sent: its writes are kept
-    and handed to the real transport as one (``_answer_in_one_write``)."""
-
-    __slots__ = ("transport", "parts", "closing")
-
-    def __init__(self, transport: Any) -> None:
-        self.transport = transport
-        self.parts: list[bytes] = []
-        self.closing = False
-
-    def write(self, data: bytes) -> None:
-        self.parts.append(data)
-
-    def close(self) -> None:  # after the kept writes, not before them
-        self.closing = True
-
-    def is_closing(self) -> bool:
-        return self.closing or bool(self.transport.is_closing())
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.transport, name)
-
-
-async def _answer_in_one_write(response: Any, scope: Scope, receive: Receive, send: Send) -> None:
-    """Send ``response``; under uvicorn's HTTP/1.1 cycle, its head and body in one transport write.
-
-    WHY: uvicorn writes a response's head and its body as two ``transport.write`` calls, each a
-    ``send`` syscall on the event loop (the socket has ``TCP_NODELAY``) and each a wake-up of the
-    client, which reads the head alone and then waits for the body: a small bulk's answer paid
-    both twice (py-spy in docs/benchmarks.md, Peers: "the ack's path").  The cycle's ``transport``
-    is a plain attribute that only its ``send`` uses while a response goes out, so it is lent a
-    stand-in for that time.  Any other server's ``send`` is called as it is."""
-    cycle = getattr(send, "__self__", None)
-    transport = getattr(cycle, "transport", None)
-    if transport is None or not type(cycle).__module__.startswith("uvicorn.protocols.http."):
-        await response(scope, receive, send)
-        return
-    stand_in = _OneWrite(transport)
-    cycle.transport = stand_in  # type: ignore[union-attr]
-    try:
-        await response(scope, receive, send)
-    finally:
-        cycle.transport = transport  # type: ignore[union-attr]
-        if stand_in.parts and not transport.is_closing():
-            transport.write(b"".join(stand_in.parts))
-        if stand_in.closing:
-            transport.close()
 
 
 __all__ = ["BulkFastPath"]
