@@ -225,14 +225,16 @@ async def _scenario(cluster: BenchCluster, group: ProcessGroup, work: Path, args
     run.latency = sorted(max(0.0, delivered_seqnos[k] - t) for k, t in acked_seqnos.items()
                          if k[0] in healthy and t > killed_at and k in delivered_seqnos)
     run.writes = sum(len(v) for v in acked_at.values())
-    # A moved partition resumed once a write its new active acknowledged (after the kill) was
-    # delivered: the dead node's last frames, still in the socket at the kill, do not count.
-    # Ack and delivery come from two processes; a delivery a little ahead of the writer's reading
-    # of its ack is still that write (the dead node's frames arrive seconds before any new ack).
+    # A moved partition resumed once a write its new active acknowledged was delivered: the dead
+    # node's last frames and acks, still on their way at the kill, do not count.  A write acked
+    # 0.25 s after the SIGKILL was acked by a new active (a failover takes a lease expiry, 1 s and
+    # more).  Ack and delivery come from two processes: a delivery a little ahead of the writer's
+    # reading of its ack is still that write.
+    new_acks = killed_at + 0.25
     for p in moved:
         first = next((t for t, seqno in deliveries[p]
-                      if t > killed_at and acked_seqnos.get((p, seqno), 0.0) > killed_at
-                      and t >= acked_seqnos[(p, seqno)] - 0.05), None)
+                      if acked_seqnos.get((p, seqno), 0.0) > new_acks and t >= acked_seqnos[(p, seqno)] - 0.05),
+                     None)
         if first is not None:
             run.resumed_after[p] = first - killed_at
     run.moved_resumed = len(run.resumed_after)
