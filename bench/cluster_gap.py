@@ -38,7 +38,7 @@ from bench.cluster_figures import Figure, summary_ms, verdict
 from bench.cluster_procs import ROOT, BenchCluster, key_in_partition, progress
 from bench.suite.procs import ProcessGroup
 
-__all__ = ["GapRun", "measure_gap", "gap_figures", "longest_gap"]
+__all__ = ["GapRun", "measure_gap", "gap_figures", "longest_gap", "first_new_delivery"]
 
 
 @dataclass
@@ -60,6 +60,27 @@ def longest_gap(times: list[float], start: float, end: float) -> float:
     """The longest interval between ``start``, the times inside (start, end) and ``end``."""
     inside = [start] + [t for t in times if start < t < end] + [end]
     return max(b - a for a, b in zip(inside, inside[1:]))
+
+
+#: a write acknowledged this long after the SIGKILL was acknowledged by a new active (a failover
+#: takes a lease expiry, a second and more); earlier ones may be the dead node's last answers
+NEW_ACTIVE_AFTER_S = 0.25
+#: a delivery this much ahead of the writer's reading of its acknowledgement is still that write
+#: (two processes: the consumer may see it before the writer's loop reads the answer)
+ACK_READ_SLACK_S = 0.05
+
+
+def first_new_delivery(deliveries: list[tuple[float, int]], acked: dict[int, float], killed_at: float) -> float | None:
+    """When a moved partition first delivered a write its new active acknowledged: the time of
+    the first of ``deliveries`` ((time, seqno)) whose seqno ``acked`` (seqno -> ack time, the
+    latest ack of that seqno) says was acknowledged ``NEW_ACTIVE_AFTER_S`` after ``killed_at``.
+    The dead node's last frames, still in the socket at the kill, do not count; nor does a seqno
+    the dead node had delivered before its new active acknowledged the same seqno on its branch."""
+    for t, seqno in deliveries:
+        acked_at = acked.get(seqno)
+        if acked_at is not None and acked_at > killed_at + NEW_ACTIVE_AFTER_S and t >= acked_at - ACK_READ_SLACK_S:
+            return t
+    return None
 
 
 class _Writer:
@@ -225,16 +246,8 @@ async def _scenario(cluster: BenchCluster, group: ProcessGroup, work: Path, args
     run.latency = sorted(max(0.0, delivered_seqnos[k] - t) for k, t in acked_seqnos.items()
                          if k[0] in healthy and t > killed_at and k in delivered_seqnos)
     run.writes = sum(len(v) for v in acked_at.values())
-    # A moved partition resumed once a write its new active acknowledged was delivered: the dead
-    # node's last frames and acks, still on their way at the kill, do not count.  A write acked
-    # 0.25 s after the SIGKILL was acked by a new active (a failover takes a lease expiry, 1 s and
-    # more).  Ack and delivery come from two processes: a delivery a little ahead of the writer's
-    # reading of its ack is still that write.
-    new_acks = killed_at + 0.25
     for p in moved:
-        first = next((t for t, seqno in deliveries[p]
-                      if acked_seqnos.get((p, seqno), 0.0) > new_acks and t >= acked_seqnos[(p, seqno)] - 0.05),
-                     None)
+        first = first_new_delivery(deliveries[p], {s: t for (q, s), t in acked_seqnos.items() if q == p}, killed_at)
         if first is not None:
             run.resumed_after[p] = first - killed_at
     run.moved_resumed = len(run.resumed_after)
