@@ -52,7 +52,7 @@ class GapRun:
     latency: list[float] = field(default_factory=list)
     writes: int = 0
     moved_resumed: int = 0
-    #: moved partition -> seconds from the kill to its first delivery from its new active
+    #: moved partition -> seconds from the kill to its first delivery of a write its new active acknowledged
     resumed_after: dict[int, float] = field(default_factory=dict)
 
 

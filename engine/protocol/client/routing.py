@@ -33,7 +33,8 @@ Theory of operation
   for the hold to end would add up to ``max_delay`` to every moved partition's pause.
 * **Map reloads** are asked for (``Reload(delay)``) whenever a partition waits: at once after a
   move or a lost connection, then with the same growing delay while partitions stay unserved or
-  held back, or while map reads fail.  ``reload_at`` is the one pending reload time; a reload
+  while map reads fail, and every ``poll_delay`` (at the latest when its hold ends) while a
+  partition is held back.  ``reload_at`` is the one pending reload time; a reload
   is never asked for twice.
 * **Unserved partitions** are reported when they become unserved (``Unserved``), retried with
   every reload, and never fatal: a consumer outlives a cluster without a copy of a partition.
