@@ -278,7 +278,9 @@ def gap_figures(run: GapRun, args: argparse.Namespace) -> list[Figure]:
     resumed = ""
     if run.resumed_after:
         times = sorted(run.resumed_after.values())
-        resumed = f" (kill to the first delivery of a write the new active acknowledged: {times[0]:.2f}–{times[-1]:.2f} s)"
+        each = ", ".join(f"{p}: {t:.2f}" for p, t in sorted(run.resumed_after.items()))
+        resumed = (f" (kill to the first delivery of a write the new active acknowledged: {times[0]:.2f}–{times[-1]:.2f} s;"
+                   f" per partition {each} s)")
     return [
         Figure("longest delivery gap on a healthy partition while a node is SIGKILLed",
                f"{after} over {len(run.healthy)} partition(s)", "max < 100 ms",
