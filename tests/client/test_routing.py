@@ -277,3 +277,43 @@ def test_every_partition_is_on_at_most_one_connection_of_its_active_node(events)
         # whatever waits, a reload is pending (nothing is forgotten)
         if r.map is not None and r.waiting():
             assert r.reload_at is not None
+
+
+# ------------------------------------------------------------------ a node killed: map reads vs dials
+def _follow_a_kill(failover_at: float, r: Router) -> tuple[float, int]:
+    """Node a dies at 0 (every dial to it is refused at once); the map names it until
+    ``failover_at``, then names b.  The consumer reads the map whenever the router asks.
+    Returns (when the partition opened on b, dials to a after the kill)."""
+    r.map_loaded(view(1, ["a"]), -1.0)
+    actions = r.connection_lost(1, now=0.0)
+    dials = 0
+    now = 0.0
+    while now < 60:
+        reloads = [a.delay for a in actions if type(a) is Reload]
+        for a in actions:
+            if type(a) is Open and a.node == "b":
+                return now, dials
+            if type(a) is Open:
+                dials += 1
+                actions = r.connection_lost(a.conn, now)  # refused
+                break
+        else:
+            assert reloads or r.reload_at is not None, "nothing pending: the partition would wait forever"
+            now = r.reload_at if r.reload_at is not None else now + reloads[0]
+            actions = r.map_loaded(view(2, ["b"]) if now >= failover_at else view(1, ["a"]), now)
+    raise AssertionError("the partition never reopened on its new active")
+
+
+@pytest.mark.parametrize("failover_at", [0.3, 1.0, 2.05, 2.3, 2.7, 3.3, 5.0, 9.0])
+def test_a_killed_nodes_partitions_open_on_the_new_active_within_a_poll_of_the_failover(failover_at) -> None:
+    """The dial to the dead node backs off up to ``max_delay``; the map read does not wait for it
+    (a 2 s lease fails the node over 2–3 s after the kill, the hold has grown past 1 s by then)."""
+    opened_at, dials = _follow_a_kill(failover_at, Router())
+    assert failover_at <= opened_at <= failover_at + 0.2 + 1e-9  # the default poll_delay
+    # the dials still back off: 0.05, 0.1, 0.2, ... up to max_delay apart, not one per map read
+    assert dials <= 2 + sum(1 for k in range(12) if sum(min(2.0, 0.05 * 2 ** i) for i in range(k)) < failover_at)
+
+
+def test_poll_delay_must_be_positive() -> None:
+    with pytest.raises(UsageError):
+        Router(poll_delay=0)

@@ -28,9 +28,13 @@ Theory of operation
   still name the dead node, and a node may refuse a partition its map no longer gives it before
   every node read the new map.  Placing it anywhere else happens at once.  The delay starts at
   ``initial_delay`` and doubles per consecutive return to the same node, up to ``max_delay``.
+  Only the dial backs off: while a partition is held back the map is read every ``poll_delay``,
+  because a failover names the new active as soon as the dead node's lease expires, and waiting
+  for the hold to end would add up to ``max_delay`` to every moved partition's pause.
 * **Map reloads** are asked for (``Reload(delay)``) whenever a partition waits: at once after a
   move or a lost connection, then with the same growing delay while partitions stay unserved or
-  held back, or while map reads fail.  ``reload_at`` is the one pending reload time; a reload
+  while map reads fail, and every ``poll_delay`` (at the latest when its hold ends) while a
+  partition is held back.  ``reload_at`` is the one pending reload time; a reload
   is never asked for twice.
 * **Unserved partitions** are reported when they become unserved (``Unserved``), retried with
   every reload, and never fatal: a consumer outlives a cluster without a copy of a partition.
@@ -163,9 +167,12 @@ class Router:
     """See the module docstring."""
 
     def __init__(self, wanted: Iterable[int] | None = None, *, initial_delay: float = 0.05,
-                 max_delay: float = 2.0) -> None:
+                 max_delay: float = 2.0, poll_delay: float = 0.2) -> None:
         if not 0 < initial_delay <= max_delay:
             raise UsageError(f"need 0 < initial_delay <= max_delay, got {initial_delay} and {max_delay}")
+        if not poll_delay > 0:
+            raise UsageError(f"need poll_delay > 0, got {poll_delay}")
+        self.poll_delay = poll_delay
         self.wanted: tuple[int, ...] | None = tuple(sorted(set(wanted))) if wanted is not None else None
         self.initial_delay = initial_delay
         self.max_delay = max_delay
@@ -351,7 +358,7 @@ class Router:
             self.unserved.discard(p)
             hold = self.holds.get(p)
             if hold is not None and hold.node == node and hold.until > now:
-                times.append(hold.until)
+                times.append(min(hold.until, now + self.poll_delay))  # the map may move it sooner
                 continue
             if hold is not None and hold.node != node:
                 del self.holds[p]
