@@ -42,9 +42,9 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def threads(pid: int) -> dict[int, tuple[str, float, int, int]]:
-    """tid -> (name, CPU seconds, voluntary switches, involuntary switches)."""
-    out: dict[int, tuple[str, float, int, int]] = {}
+def threads(pid: int) -> dict[int, tuple[str, float, int, int, float]]:
+    """tid -> (name, CPU seconds, voluntary switches, involuntary switches, of which system)."""
+    out: dict[int, tuple[str, float, int, int, float]] = {}
     for tid in os.listdir(f"/proc/{pid}/task"):
         try:
             with open(f"/proc/{pid}/task/{tid}/stat") as fh:
@@ -58,7 +58,7 @@ def threads(pid: int) -> dict[int, tuple[str, float, int, int]]:
         cpu = (int(fields[11]) + int(fields[12])) / TICK
         vol = int(status.split("voluntary_ctxt_switches:")[1].split()[0])
         invol = int(status.split("nonvoluntary_ctxt_switches:")[1].split()[0])
-        out[int(tid)] = (name, cpu, vol, invol)
+        out[int(tid)] = (name, cpu, vol, invol, int(fields[12]) / TICK)
     return out
 
 
@@ -125,7 +125,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         # warm-up: a second of the same load before the window
         n = i = 0
         secs, rps, per = args.secs, args.rps, args.per
-        before: dict[int, tuple[str, float, int, int]] = {}
+        before: dict[int, tuple[str, float, int, int, float]] = {}
         start = time.monotonic()
         window_start = start + args.warmup
         counted = -1
@@ -165,13 +165,14 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         srv.kill()
         srv.wait()
         log.close()
-    by: dict[str, list[float]] = defaultdict(lambda: [0.0, 0, 0])
-    for tid, (name, cpu, vol, invol) in after.items():
-        _n, cpu0, vol0, invol0 = before.get(tid, (name, 0.0, 0, 0))
+    by: dict[str, list[float]] = defaultdict(lambda: [0.0, 0, 0, 0.0])
+    for tid, (name, cpu, vol, invol, sys_cpu) in after.items():
+        _n, cpu0, vol0, invol0, sys0 = before.get(tid, (name, 0.0, 0, 0, 0.0))
         row = by[_role(name, tid, srv.pid, names)]
         row[0] += cpu - cpu0
         row[1] += vol - vol0
         row[2] += invol - invol0
+        row[3] += sys_cpu - sys0
     return {"requests": counted, "wall": wall, "per": per, "delivered": delivered, "threads": dict(by)}
 
 
@@ -182,11 +183,11 @@ def report(res: dict[str, Any], args: argparse.Namespace) -> None:
           f"load {os.getloadavg()[0]:.1f}")
     total = 0.0
     rows = sorted(res["threads"].items(), key=lambda kv: -kv[1][0])
-    for name, (cpu, vol, invol) in rows:
+    for name, (cpu, vol, invol, sys_cpu) in rows:
         total += cpu
         if cpu <= 0 and vol == 0:
             continue
-        print(f"  {name:20s} {cpu / n * 1e6:7.0f} us/req  {cpu / wall * 100:5.1f} % core  "
+        print(f"  {name:20s} {cpu / n * 1e6:7.0f} us/req (system {sys_cpu / n * 1e6:5.0f})  {cpu / wall * 100:5.1f} % core  "
               f"vol {vol / n:5.2f}/req  invol {invol / n:5.2f}/req")
     print(f"  {'total':20s} {total / n * 1e6:7.0f} us/req  {total / wall * 100:5.1f} % core  "
           f"{total / (n * per) * 1e6:6.0f} us/doc")
