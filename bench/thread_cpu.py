@@ -93,7 +93,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     port = _free_port()
     data = tempfile.mkdtemp(prefix="thread_cpu_")
     root = Path(args.root).resolve() if args.root else HERE
-    env = {**os.environ, "PYTHONPATH": str(root)}
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, (os.environ.get("THREAD_CPU_PATH"), str(root))))}
     cmd = [sys.executable, "-m", "app.cli", "server", "--data-dir", data, "--host", "127.0.0.1",
            "--port", str(port), *args.server_args.split()]
     log = open(os.path.join(data, "server.log"), "w")
@@ -135,7 +135,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                 before, counted, got, w0 = threads(srv.pid), 0, 0, now
                 if args.spy:
                     spy = subprocess.Popen([str(Path(sys.executable).with_name("py-spy")), "record", "-p", str(srv.pid),
-                                            "-r", "250", "-d", str(int(secs)), "-f", "raw", "--threads", "-o", args.spy],
+                                            "-r", "200", "-d", str(int(secs)), "-f", "raw", "--threads", "--gil", "-o", args.spy],
                                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
             if counted >= 0 and now - w0 >= secs:
                 break
