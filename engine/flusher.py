@@ -171,6 +171,9 @@ class Flusher:
         #: persist listeners someone waits on (e.g. a ``persisted``-visibility stream): while any
         #: is registered, rounds keep the interval's cadence (``Engine.add_persist_listener``)
         self._eager_listeners = 0
+        #: a gathering wait is under way, and an eager listener registered during it (its setter)
+        self._gathering = False
+        self._eager_arrived = False
         #: persist listeners someone waits on for replica copies only (a replica's acker: its
         #: active's ``persist_majority`` writes wait for the copy's rounds): while any is
         #: registered, a round keeps the interval's cadence once a replica partition has
@@ -216,10 +219,14 @@ class Flusher:
 
     @eager_listeners.setter
     def eager_listeners(self, count: int) -> None:
-        """A listener registering ends a gathering wait (which looks at nobody until it ends)."""
+        """A listener registering ends a gathering wait (which looks at nobody until it ends);
+        the round then keeps the interval's cadence, as if the listener had been there before.
+        The count is set before the flag is read and the gather raises the flag before it reads
+        the count, so either the gather sees the listener or the listener ends the gather."""
         more = count > self._eager_listeners
         self._eager_listeners = count
-        if more:
+        if more and self._gathering:
+            self._eager_arrived = True
             self._kick.set()
 
     def kick(self) -> None:
@@ -314,8 +321,21 @@ class Flusher:
             return  # an idle look (``IDLE_WAKE_S``): nothing to gather for
         deadline = time.monotonic() + self._gather
         if not self.eager_replica_listeners:
-            self.gathered_rounds += 1
-            kick.wait(self._gather)
+            self._eager_arrived = False  # a late flag of an earlier gather
+            self._gathering = True
+            try:
+                if self._urgent():
+                    kick.wait(self._interval)
+                    return
+                self.gathered_rounds += 1
+                kick.wait(self._gather)
+            finally:
+                self._gathering = False
+            if self._eager_arrived:  # not a kick for a round now: the interval's cadence from here
+                self._eager_arrived = False
+                kick.clear()
+                if not (self._waiters or self._stopping):  # a waiter's kick cleared above is seen here
+                    kick.wait(self._interval)
             return
         gathered = False
         while not (self._urgent() or self._replica_pending()):
