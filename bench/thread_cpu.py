@@ -17,6 +17,10 @@ switches per request; then the total per request and per document.
     PYTHONPATH=$PWD python -m bench.thread_cpu --durability persist
     PYTHONPATH=$PWD python -m bench.thread_cpu --consumers 50 --rps 100
     PYTHONPATH=$PWD python -m bench.thread_cpu --root /tmp/before    # the same bench, another tree
+    PYTHONPATH=$PWD python -m bench.thread_cpu --spy /tmp/loop.txt   # + py-spy --gil of the window
+
+``THREAD_CPU_PATH`` is put in front of the server's ``PYTHONPATH`` (e.g. a ``sitecustomize`` with
+an audit hook that counts what the server compiles while it serves).
 """
 from __future__ import annotations
 
