@@ -16,10 +16,7 @@ from app.params import (
     DURABILITY_PARAM,
     DURABILITY_TIMEOUT_PARAM,
     RESULTS_PARAM,
-    BULK_QUERY,
-    columns_wanted,
-    durability_of,
-    durability_timeout_of,
+    bulk_query_of,
 )
 from app.routes.docs import durable_writes
 from app.models import BulkColumnsResult, BulkItem, BulkResult
@@ -89,9 +86,7 @@ async def post_bulk(
 async def answer(request: Request, ctx: Ctx) -> Response:
     """The route's work for an authorised caller: shared by the route and ``app.fast_bulk``."""
     settings, runner, metrics = ctx.settings, ctx.runner, ctx.metrics
-    durability = durability_of(request, BULK_QUERY)
-    timeout_s = durability_timeout_of(request, settings.durability_timeout_ms)
-    columns = columns_wanted(request)
+    durability, timeout_s, columns = bulk_query_of(request, settings.durability_timeout_ms)
     body = await read_body(request, settings.max_bulk_bytes, "the bulk body")
     ndjson = bulk.is_ndjson(request.headers.get("content-type"), body)
     durable = durable_writes(ctx) if durability.majority else None

@@ -80,3 +80,16 @@ def test_a_replica_only_listener_keeps_the_interval_for_replica_partitions_alone
     remove()
     remove()  # twice: counted once
     assert flusher.eager_replica_listeners == 0
+
+
+def test_an_eager_listener_registering_ends_a_gather_under_way(make_engine, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A gather waits once, without looking every interval: a ``persisted`` stream arriving
+    meanwhile still gets the interval's cadence, not the rest of the gather."""
+    monkeypatch.setattr(flusher_module, "GATHER_S", 3600.0)
+    engine = make_engine(flush_interval_ms=1.0)
+    first = engine.write(WriteOp(Op.MUTATION, "a", b"one", None))
+    _until(lambda: engine._flusher._gathering)
+    assert engine.stats(first.partition).persisted_seqno < first.seqno
+    remove = engine.add_persist_listener(lambda p: None)
+    _until(lambda: engine.stats(first.partition).persisted_seqno == first.seqno)
+    remove()
