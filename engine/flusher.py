@@ -54,6 +54,16 @@ IDLE_WAKE_S = 1.0
 #: CPU per replicated bulk).  A waiter still gets a round at once (``wait_for`` kicks).
 GATHER_S = 0.02
 
+#: the least time between the starts of two rounds that a replica copy's changes alone ask for
+#: (``Flusher.eager_replica_listeners``: a replica's acker).  WHY: a replica under a steady
+#: stream has something to persist at every interval tick, so its rounds ran back to back, each
+#: an LMDB commit plus a persisted ack to its active (docs/benchmarks.md, "Cluster": a
+#: replicating node's CPU per bulk, thread by thread).  The copy's data is in memory already
+#: (what ``majority`` counts); only a ``persist_majority`` write on its active waits for the
+#: round, and it waits at most this long more under a steady stream and nothing more after a
+#: quiet spell (the last round began long ago, so the next interval tick starts one).
+REPLICA_ROUND_S = 0.05
+
 REPLICA = PartitionState.REPLICA
 
 #: a partition, its items to persist, the seqno they cover, and the partition's generation when read
@@ -188,6 +198,8 @@ class Flusher:
         #: rounds looked for work (``flushes`` counts the ones that committed), and rounds whose
         #: wait gathered past the interval because nobody was waiting
         self.rounds = 0
+        #: when the last round began (``REPLICA_ROUND_S``)
+        self._round_began = 0.0
         self.gathered_rounds = 0
         self.flushes = 0
         self.items_flushed = 0
@@ -303,8 +315,11 @@ class Flusher:
             self.gathered_rounds += 1
 
     def _replica_pending(self) -> bool:
-        """Whether a replica partition has queued items not yet persisted (looked at once per
-        interval while a round gathers)."""
+        """Whether a replica partition has queued items not yet persisted and the last round
+        began at least ``REPLICA_ROUND_S`` ago (looked at once per interval while a round
+        gathers)."""
+        if time.monotonic() - self._round_began < REPLICA_ROUND_S:
+            return False
         return any(p.state is REPLICA and p.queue.root.high > p.queue.persisted for p in self._partitions)
 
     def _sleep_while_idle(self) -> None:
@@ -323,6 +338,7 @@ class Flusher:
     def flush_round(self) -> bool:
         """One group commit; returns True if work was left over for another round."""
         self.rounds += 1
+        self._round_began = time.monotonic()
         work: list[_Work] = []
         budget = self._batch_items
         parts = self._partitions
