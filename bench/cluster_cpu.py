@@ -203,11 +203,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--pyspy", type=Path, help="record both nodes with py-spy into this directory")
     p.add_argument("--pyspy-idle", action="store_true",
                    help="with --pyspy: record idle samples too (--idle) instead of only GIL holders (--gil)")
+    p.add_argument("--nice", type=int, default=0,
+                   help="run both nodes and this writer at this nice value (negative: ahead of other load, "
+                        "so their wake-ups are what a calmer machine makes of the writes; needs root)")
     p.add_argument("--env", action="append", default=[], metavar="NAME=VALUE",
                    help="set in both nodes' environment (e.g. UPR_FLUSH_INTERVAL_MS=20); repeatable")
     args = p.parse_args(argv)
     work = Path(tempfile.mkdtemp(prefix="upr-bench-cpu-"))
-    print(f"load average {os.getloadavg()[0]:.1f} at the start", flush=True)
+    print(f"load average {os.getloadavg()[0]:.1f} at the start; nice {args.nice}", flush=True)
     try:
         with ProcessGroup() as group:
             etcd = start_etcd(group, work)
@@ -217,6 +220,10 @@ def main(argv: list[str] | None = None) -> int:
             actives = pair.actives()
             nodes = [n for n in pair.live() if n.proc is not None]
             procs = [psutil.Process(n.proc.pid) for n in nodes]  # type: ignore[union-attr]
+            if args.nice:
+                for proc in [*procs, psutil.Process()]:
+                    for thread in proc.threads():  # a process's nice value is per thread on Linux
+                        os.setpriority(os.PRIO_PROCESS, thread.id, args.nice)
             for rate in (float(r) for r in args.rates.split(",")):
                 spies = []
                 if args.pyspy:

@@ -179,9 +179,10 @@ class Flusher:
         self.eager_listeners = 0
         #: persist listeners someone waits on for replica copies only (a replica's acker: its
         #: active's ``persist_majority`` writes wait for the copy's rounds): while any is
-        #: registered, a round keeps the interval's cadence once a replica partition has
-        #: something to persist, and gathers while only active partitions do (their ``memory``
-        #: writes wait for nobody; a ``persist`` write kicks)
+        #: registered, a round starts at the next interval tick once a replica partition has
+        #: something to persist and the last round began ``REPLICA_ROUND_S`` ago, and gathers
+        #: while only active partitions do (their ``memory`` writes wait for nobody; a
+        #: ``persist`` write kicks)
         self.eager_replica_listeners = 0
         self._batch_items = max(batch_items, 1)
         self._kick = threading.Event()
