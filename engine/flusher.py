@@ -199,7 +199,7 @@ class Flusher:
         #: rounds looked for work (``flushes`` counts the ones that committed), and rounds whose
         #: wait gathered past the interval because nobody was waiting
         self.rounds = 0
-        #: when the last round began (``REPLICA_ROUND_S``)
+        #: when the last round that found work began (``REPLICA_ROUND_S``)
         self._round_began = 0.0
         self.gathered_rounds = 0
         self.flushes = 0
@@ -339,7 +339,7 @@ class Flusher:
     def flush_round(self) -> bool:
         """One group commit; returns True if work was left over for another round."""
         self.rounds += 1
-        self._round_began = time.monotonic()
+        round_began = time.monotonic()
         work: list[_Work] = []
         budget = self._batch_items
         parts = self._partitions
@@ -365,6 +365,7 @@ class Flusher:
         self._next_start = (start + 1) % n
         if not work:
             return False
+        self._round_began = round_began  # an idle look is no round to pace from
         began = time.perf_counter()
         began_cpu = time.thread_time()
         store = self._store
