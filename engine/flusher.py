@@ -58,6 +58,16 @@ IDLE_WAKE_S = 1.0
 #: on a crash of the process (Redis's ``appendfsync everysec`` risks a second).
 GATHER_S = 0.1
 
+#: the least time between the starts of two rounds that a replica copy's changes alone ask for
+#: (``Flusher.eager_replica_listeners``: a replica's acker).  WHY: a replica under a steady
+#: stream has something to persist at every interval tick, so its rounds ran back to back, each
+#: an LMDB commit plus a persisted ack to its active (docs/benchmarks.md, "Cluster": a
+#: replicating node's CPU per bulk, thread by thread).  The copy's data is in memory already
+#: (what ``majority`` counts); only a ``persist_majority`` write on its active waits for the
+#: round, and it waits at most this long more under a steady stream and nothing more after a
+#: quiet spell (the last round began long ago, so the next interval tick starts one).
+REPLICA_ROUND_S = 0.05
+
 REPLICA = PartitionState.REPLICA
 
 #: a partition, its items to persist, the seqno they cover, and the partition's generation when read
@@ -176,9 +186,10 @@ class Flusher:
         self._eager_arrived = False
         #: persist listeners someone waits on for replica copies only (a replica's acker: its
         #: active's ``persist_majority`` writes wait for the copy's rounds): while any is
-        #: registered, a round keeps the interval's cadence once a replica partition has
-        #: something to persist, and gathers while only active partitions do (their ``memory``
-        #: writes wait for nobody; a ``persist`` write kicks)
+        #: registered, a round starts at the next interval tick once a replica partition has
+        #: something to persist and the last round began ``REPLICA_ROUND_S`` ago, and gathers
+        #: while only active partitions do (their ``memory`` writes wait for nobody; a
+        #: ``persist`` write kicks)
         self.eager_replica_listeners = 0
         self._batch_items = max(batch_items, 1)
         self._kick = threading.Event()
@@ -195,6 +206,8 @@ class Flusher:
         #: rounds looked for work (``flushes`` counts the ones that committed), and rounds whose
         #: wait gathered past the interval because nobody was waiting
         self.rounds = 0
+        #: when the last round that found work began (``REPLICA_ROUND_S``)
+        self._round_began = 0.0
         self.gathered_rounds = 0
         self.flushes = 0
         self.items_flushed = 0
@@ -353,8 +366,11 @@ class Flusher:
         return bool(self._waiters or self.eager_listeners or self._stopping)
 
     def _replica_pending(self) -> bool:
-        """Whether a replica partition has queued items not yet persisted (looked at once per
-        interval while a round gathers)."""
+        """Whether a replica partition has queued items not yet persisted and the last round
+        began at least ``REPLICA_ROUND_S`` ago (looked at once per interval while a round
+        gathers)."""
+        if time.monotonic() - self._round_began < REPLICA_ROUND_S:
+            return False
         return any(p.state is REPLICA and p.queue.root.high > p.queue.persisted for p in self._partitions)
 
     def _sleep_while_idle(self) -> None:
@@ -373,6 +389,7 @@ class Flusher:
     def flush_round(self) -> bool:
         """One group commit; returns True if work was left over for another round."""
         self.rounds += 1
+        round_began = time.monotonic()
         work: list[_Work] = []
         budget = self._batch_items
         parts = self._partitions
@@ -398,6 +415,7 @@ class Flusher:
         self._next_start = (start + 1) % n
         if not work:
             return False
+        self._round_began = round_began  # an idle look is no round to pace from
         began = time.perf_counter()
         began_cpu = time.thread_time()
         store = self._store
