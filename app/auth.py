@@ -214,40 +214,6 @@ def authorize(tokens: TokenTable, token: str | None, role: Role, *, client_host:
 def authorize_connection(
     tokens: TokenTable, conn: HTTPConnection, role: Role, *, allow_query: bool = False
 ) -> Principal:
-    """``authorize`` for a Starlette request or WebSocket (before ``accept()``).
-
-    In protected mode a caller a proxy forwarded counts as the address the proxy names: the
-    server reads forwarded headers only for the proxies an operator trusts
-    (``--forwarded-allow-ips``), so without this a proxy on the same host would make every
-    remote caller a loopback admin."""
+    """``authorize`` for a Starlette request or WebSocket (before ``accept()``)."""
     client = conn.client.host if conn.client else None
-    if tokens.protected_mode:
-        client = forwarded_from_afar(conn.scope["headers"]) or client
     return authorize(tokens, bearer_token(conn, allow_query=allow_query), role, client_host=client)
-
-
-def forwarded_from_afar(headers: Iterable[tuple[bytes, bytes]]) -> str | None:
-    """The first address an ``X-Forwarded-For`` or ``Forwarded: for=`` header names that is
-    not loopback (an obfuscated or ``unknown`` one included), or None."""
-    for name, value in headers:
-        if name == b"x-forwarded-for":
-            named = value.decode("latin-1").split(",")
-        elif name == b"forwarded":
-            named = [part.strip()[4:] for element in value.decode("latin-1").split(",")
-                     for part in element.split(";") if part.strip()[:4].lower() == "for="]
-        else:
-            continue
-        for address in named:
-            host = _host_of(address.strip().strip('"'))
-            if host and not is_loopback(host):
-                return host
-    return None
-
-
-def _host_of(address: str) -> str:
-    """``address`` without its port: ``[::1]:80`` → ``::1``, ``127.0.0.1:80`` → ``127.0.0.1``."""
-    if address.startswith("["):
-        return address[1:address.find("]")] if "]" in address else address
-    if address.count(":") == 1:
-        return address.partition(":")[0]
-    return address

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -70,12 +69,6 @@ class _Server(uvicorn.Server):
             tmp = self._ready_file.with_suffix(".tmp")
             tmp.write_text(f"http://{host}:{port}\n")
             tmp.replace(self._ready_file)
-
-
-def trusted_proxies_of(settings: Settings) -> str:
-    """The proxies whose forwarded headers name the caller (``--forwarded-allow-ips``, else
-    uvicorn's own ``FORWARDED_ALLOW_IPS``); empty when none is trusted."""
-    return settings.forwarded_allow_ips.strip() or os.environ.get("FORWARDED_ALLOW_IPS", "").strip()
 
 
 class StartRefused(Exception):
@@ -164,24 +157,7 @@ def _run(settings: Settings, tokens: TokenTable, engine: Any) -> int:
         if not is_loopback(settings.host):
             log.info("binding %s: tokens required for every request but /health and /ready", settings.host)
     app = create_app(settings, tokens=tokens, open_engine=lambda _config: engine)
-    server = _Server(uvicorn_config(settings, app), settings.ready_file, app)
-    # WHY a setting, at Python's 5 ms by default: a thread that wants the GIL waits for the holder's
-    # next release or this interval.  A shorter one switches more often, which costs a fan-out
-    # more server CPU per delivery than it saves the tail (docs/benchmarks.md, Peers, "Calm
-    # machine, main after the seventh session's merges").
-    sys.setswitchinterval(settings.gil_switch_interval_ms / 1000.0)
-    # server.run(), not asyncio.run(server.serve()): only run() builds the loop from config.loop, so
-    # the plain asyncio loop ran here instead of uvloop (measured: see docs/benchmarks.md, HTTP)
-    server.run()
-    if not server.started:
-        return 1
-    return 0 if app.state.closed_clean else EXIT_UNFLUSHED
-
-
-def uvicorn_config(settings: Settings, app: Any) -> uvicorn.Config:
-    """How uvicorn serves ``app`` (the FastAPI app) under ``settings``."""
-    trusted_proxies = trusted_proxies_of(settings)
-    return uvicorn.Config(
+    config = uvicorn.Config(
         # bulk writes answered before FastAPI's own outer layers (error page, telemetry, body limit
         # checks) too; everything else, the lifespan included, goes on to the app
         BulkFastPath(app, owner=app, limit=settings.max_request_bytes),
@@ -201,9 +177,16 @@ def uvicorn_config(settings: Settings, app: Any) -> uvicorn.Config:
         ws_max_size=16 * settings.stream_max_message_bytes,
         ws_per_message_deflate=False,
         server_header=False,
-        # uvicorn's forwarded-headers layer runs on every request once on; off unless a proxy is
-        # trusted, since without one it only costs (docs/benchmarks.md, Peers, "uvicorn's
-        # proxy-headers layer off"); protected mode reads the headers itself (``app.auth``)
-        proxy_headers=bool(trusted_proxies),
-        forwarded_allow_ips=trusted_proxies or None,
     )
+    server = _Server(config, settings.ready_file, app)
+    # WHY a setting, at Python's 5 ms by default: a thread that wants the GIL waits for the holder's
+    # next release or this interval.  A shorter one switches more often, which costs a fan-out
+    # more server CPU per delivery than it saves the tail (docs/benchmarks.md, Peers, "Calm
+    # machine, main after the seventh session's merges").
+    sys.setswitchinterval(settings.gil_switch_interval_ms / 1000.0)
+    # server.run(), not asyncio.run(server.serve()): only run() builds the loop from config.loop, so
+    # the plain asyncio loop ran here instead of uvloop (measured: see docs/benchmarks.md, HTTP)
+    server.run()
+    if not server.started:
+        return 1
+    return 0 if app.state.closed_clean else EXIT_UNFLUSHED

@@ -104,10 +104,6 @@ class Settings(BaseSettings):
         description="how long a majority/persist_majority write waits for its copies unless it asks otherwise "
         "(?durability_timeout_ms, at most 60000), then 504 durability-ambiguous",
     )
-    forwarded_allow_ips: str = Field(
-        "", description="reverse proxies (addresses, networks or *; comma-separated) whose X-Forwarded-For and "
-        "X-Forwarded-Proto name the caller and scheme; empty: those headers are not read and the caller is the TCP "
-        "peer (uvicorn's FORWARDED_ALLOW_IPS is used when this is empty)")
     tokens_file: Path | None = Field(None, description="TOML or JSON file of bearer tokens and roles")
     tokens: CliSuppress[str | None] = Field(
         None, description="bearer tokens inline, 'token=role,token=role' or JSON (usually via UPR_TOKENS)"
