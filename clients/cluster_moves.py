@@ -132,7 +132,8 @@ class PartitionMoves:
         checkpoint = s.session.release(p)
         s.view.partitions.discard(p)
         self.states.put(p, checkpoint)
-        await self._apply(self.router.partition_moved(s.conn_id, p, time.monotonic(), revision_in(event.detail)))
+        await self._apply(self.router.partition_moved(s.conn_id, p, time.monotonic(), revision_in(event.detail),
+                                                      refused=event.reason == "not_my_partition"))
 
     async def _finished(self, s: Any) -> None:
         """A node stream's bounded streams all reached their ends."""

@@ -31,11 +31,21 @@ Theory of operation
   Only the dial backs off: while a partition is held back the map is read every ``poll_delay``,
   because a failover names the new active as soon as the dead node's lease expires, and waiting
   for the hold to end would add up to ``max_delay`` to every moved partition's pause.
+* **"Not yet" is not "wrong node".**  A node that refuses a partition (``not_my_partition``)
+  although the map held, at the revision the node names or a newer one, gives it that node has
+  the map but has not applied its own promotion yet: a node applies its promotions one after the
+  other, so the last of them lands a few hundred milliseconds after the map.  Such a refusal
+  holds the partition back for ``refusal_delay`` only, not the doubling delay meant for a dead
+  node, at most ``refusals_per_revision`` times per map revision; past that the node is treated
+  as one that keeps refusing and the doubling delay applies, so it is never dialled in a loop.
 * **Map reloads** are asked for (``Reload(delay)``) whenever a partition waits: at once after a
-  move or a lost connection, then with the same growing delay while partitions stay unserved or
-  while map reads fail, and every ``poll_delay`` (at the latest when its hold ends) while a
-  partition is held back.  ``reload_at`` is the one pending reload time; a reload
-  is never asked for twice.
+  move or a lost connection, then with the same growing delay while map reads fail, and every
+  ``poll_delay`` (at the latest when its hold ends) while a partition is held back.  While a
+  partition has no live active (*unserved*) the map is read every ``poll_delay`` too, for the
+  first ``unserved_poll_s`` of the spell (a failover names the new active one lease after the
+  death, and a doubling delay would add up to its last step to it), then with the growing delay
+  (an outage of hours is not polled several times a second).  ``reload_at`` is the one pending
+  reload time; a reload is never asked for twice.
 * **Unserved partitions** are reported when they become unserved (``Unserved``), retried with
   every reload, and never fatal: a consumer outlives a cluster without a copy of a partition.
 
@@ -160,19 +170,32 @@ class _Connection:
 class _Hold:
     node: str
     until: float
+    #: consecutive returns to ``node`` that backed off (doubling delay); 0: none yet
     attempts: int
+    #: "not yet" refusals by ``node`` under map ``revision``
+    refusals: int = 0
+    revision: int = -1
 
 
 class Router:
     """See the module docstring."""
 
     def __init__(self, wanted: Iterable[int] | None = None, *, initial_delay: float = 0.05,
-                 max_delay: float = 2.0, poll_delay: float = 0.2) -> None:
+                 max_delay: float = 2.0, poll_delay: float = 0.2, refusal_delay: float = 0.1,
+                 refusals_per_revision: int = 20, unserved_poll_s: float = 30.0) -> None:
         if not 0 < initial_delay <= max_delay:
             raise UsageError(f"need 0 < initial_delay <= max_delay, got {initial_delay} and {max_delay}")
         if not poll_delay > 0:
             raise UsageError(f"need poll_delay > 0, got {poll_delay}")
+        if not refusal_delay > 0:
+            raise UsageError(f"need refusal_delay > 0, got {refusal_delay}")
+        if refusals_per_revision < 0 or unserved_poll_s < 0:
+            raise UsageError(f"need refusals_per_revision >= 0 and unserved_poll_s >= 0, got "
+                             f"{refusals_per_revision} and {unserved_poll_s}")
         self.poll_delay = poll_delay
+        self.refusal_delay = refusal_delay
+        self.refusals_per_revision = refusals_per_revision
+        self.unserved_poll_s = unserved_poll_s
         self.wanted: tuple[int, ...] | None = tuple(sorted(set(wanted))) if wanted is not None else None
         self.initial_delay = initial_delay
         self.max_delay = max_delay
@@ -190,6 +213,8 @@ class Router:
         self.reload_at: float | None = None
         self._reload_failures = 0
         self._unserved_polls = 0
+        #: when the current spell of unserved partitions began (None: every partition is served)
+        self._unserved_since: float | None = None
         self._next_conn = 1
 
     # ------------------------------------------------------------------ queries
@@ -240,15 +265,18 @@ class Router:
         return actions + self._place(now)
 
     def partition_moved(self, conn: int, partition: int, now: float,
-                        revision: int | None = None) -> list[RouteAction]:
+                        revision: int | None = None, *, refused: bool = False) -> list[RouteAction]:
         """``partition``'s stream on ``conn`` ended because its node is not (or no longer) its
-        active: ``state_changed``, or ``not_my_partition`` naming ``revision``."""
+        active: ``state_changed``, or (``refused``) ``not_my_partition`` naming ``revision``."""
         c = self.connections.get(conn)
         if c is None or partition not in c.partitions:
             return []  # the connection was closed meanwhile: the partition is already waiting
         c.partitions.discard(partition)
         del self.assigned[partition]
-        self._hold(partition, c.node, now)
+        if refused and self._not_yet(partition, c.node, revision):
+            self._refused(partition, c.node, now)
+        else:
+            self._hold(partition, c.node, now)
         actions: list[RouteAction] = []
         if not c.partitions:
             actions.append(self._close(conn))
@@ -318,7 +346,27 @@ class Router:
         # since then starts over
         recent = old is not None and old.node == node and now <= old.until + 10 * self.max_delay
         attempts = old.attempts + 1 if recent and old is not None else 1
-        self.holds[partition] = _Hold(node, now + self._delay(attempts), attempts)
+        hold = _Hold(node, now + self._delay(attempts), attempts)
+        if old is not None and old.node == node:  # the refusals counted under this map still count
+            hold.refusals, hold.revision = old.refusals, old.revision
+        self.holds[partition] = hold
+
+    def _not_yet(self, partition: int, node: str, revision: int | None) -> bool:
+        """A refusal by the node that the held map, as new as the node's or newer, names active."""
+        return (self.map is not None and self.map.actives.get(partition) == node
+                and (revision is None or revision <= self.revision))
+
+    def _refused(self, partition: int, node: str, now: float) -> None:
+        """Hold a "not yet" refusal back briefly, or like any return once the node refused it
+        ``refusals_per_revision`` times under this map."""
+        old = self.holds.get(partition)
+        same = old is not None and old.node == node and old.revision == self.revision
+        refusals = old.refusals + 1 if same and old is not None else 1
+        if refusals > self.refusals_per_revision:
+            self._hold(partition, node, now)
+            self.holds[partition].refusals, self.holds[partition].revision = refusals, self.revision
+            return
+        self.holds[partition] = _Hold(node, now + self.refusal_delay, 0, refusals, self.revision)
 
     def _close(self, conn_id: int) -> Close:
         conn = self.connections.pop(conn_id)
@@ -378,10 +426,16 @@ class Router:
                                         else f"node {view.actives[p]} is down") for p in newly_unserved)
             actions.append(Unserved(tuple(newly_unserved), f"map revision {view.revision}: {why}"))
         if self.unserved:
-            self._unserved_polls += 1  # poll with a growing delay while no node serves them
-            times.append(now + self._delay(self._unserved_polls))
+            if self._unserved_since is None:
+                self._unserved_since = now
+            self._unserved_polls += 1
+            delay = self._delay(self._unserved_polls)
+            if now - self._unserved_since < self.unserved_poll_s:
+                delay = min(delay, self.poll_delay)  # a failover may name a new active any moment
+            times.append(now + delay)
         else:
             self._unserved_polls = 0
+            self._unserved_since = None
         if self.seen_revision > self.revision:
             self._reload_failures += 1  # a node answered an older map than one heard of
             times.append(now + self._delay(self._reload_failures))
