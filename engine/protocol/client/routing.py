@@ -35,9 +35,10 @@ Theory of operation
   although the map held, at the revision the node names or a newer one, gives it that node has
   the map but has not applied its own promotion yet: a node applies its promotions one after the
   other, so the last of them lands a few hundred milliseconds after the map.  Such a refusal
-  holds the partition back for ``refusal_delay`` only, not the doubling delay meant for a dead
-  node, at most ``refusals_per_revision`` times per map revision; past that the node is treated
-  as one that keeps refusing and the doubling delay applies, so it is never dialled in a loop.
+  holds the partition back with the same doubling delay but only up to ``refusal_delay``, not
+  ``max_delay``, at most ``refusals_per_revision`` times per map revision; past that the node is
+  treated as one that keeps refusing and the full doubling delay applies, so a node is never
+  dialled in a loop.
 * **Map reloads** are asked for (``Reload(delay)``) whenever a partition waits: at once after a
   move or a lost connection, then with the same growing delay while map reads fail, and every
   ``poll_delay`` (at the latest when its hold ends) while a partition is held back.  While a
@@ -366,7 +367,10 @@ class Router:
             self._hold(partition, node, now)
             self.holds[partition].refusals, self.holds[partition].revision = refusals, self.revision
             return
-        self.holds[partition] = _Hold(node, now + self.refusal_delay, 0, refusals, self.revision)
+        # the dead node's doubling delay, but never past refusal_delay: the first retry comes as
+        # soon as after any other move, the later ones at a steady, bounded pace
+        delay = min(self._delay(refusals), self.refusal_delay)
+        self.holds[partition] = _Hold(node, now + delay, 0, refusals, self.revision)
 
     def _close(self, conn_id: int) -> Close:
         conn = self.connections.pop(conn_id)
