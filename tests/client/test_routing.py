@@ -169,8 +169,10 @@ def test_a_refusal_by_the_named_active_is_retried_soon(desc, held, named, refuse
     now, holds = 1.0, []
     for _ in range(4):
         conn = next(iter(c for c, v in r.connections.items() if 0 in v.partitions))
-        assert Reload(0.0) in r.partition_moved(conn, 0, now, named, refused=refused)
+        [reload] = [a for a in r.partition_moved(conn, 0, now, named, refused=refused) if type(a) is Reload]
         holds.append(round(r.holds[0].until - now, 3))
+        # a "not yet" keeps the map held: read it again (and retry) when the hold ends
+        assert reload.delay == pytest.approx(holds[-1] if hold == "not yet" else 0.0)
         now = r.holds[0].until
         r.map_loaded(held, now)  # the node's newer map (if it named one) is not out yet
     assert holds == ([0.05, 0.1, 0.1, 0.1] if hold == "not yet" else [0.05, 0.1, 0.2, 0.4])

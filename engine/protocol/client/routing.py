@@ -40,7 +40,7 @@ Theory of operation
   treated as one that keeps refusing and the full doubling delay applies, so a node is never
   dialled in a loop.
 * **Map reloads** are asked for (``Reload(delay)``) whenever a partition waits: at once after a
-  move or a lost connection, then with the same growing delay while map reads fail, and every
+  move (when its "not yet" hold ends after such a refusal) or a lost connection, then with the same growing delay while map reads fail, and every
   ``poll_delay`` (at the latest when its hold ends) while a partition is held back.  While a
   partition has no live active (*unserved*) the map is read every ``poll_delay`` too, for the
   first ``unserved_poll_s`` of the spell (a failover names the new active one lease after the
@@ -274,7 +274,8 @@ class Router:
             return []  # the connection was closed meanwhile: the partition is already waiting
         c.partitions.discard(partition)
         del self.assigned[partition]
-        if refused and self._not_yet(partition, c.node, revision):
+        not_yet = refused and self._not_yet(partition, c.node, revision)
+        if not_yet:
             self._refused(partition, c.node, now)
         else:
             self._hold(partition, c.node, now)
@@ -283,7 +284,8 @@ class Router:
             actions.append(self._close(conn))
         if revision is not None:
             self.seen_revision = max(self.seen_revision, revision)
-        return actions + self._reload(now, 0.0)
+        # the map held already sends it back to that node: read it (and retry) when the hold ends
+        return actions + self._reload(now, self.holds[partition].until - now if not_yet else 0.0)
 
     def connection_lost(self, conn: int, now: float) -> list[RouteAction]:
         """Connection ``conn`` broke (or would not open): its partitions wait for the map."""
