@@ -32,16 +32,17 @@ Theory of operation
   because a failover names the new active as soon as the dead node's lease expires, and waiting
   for the hold to end would add up to ``max_delay`` to every moved partition's pause.
 * **"Not yet" is not "wrong node".**  A node that refuses a partition (``not_my_partition``)
-  although the map held, at the revision the node names or a newer one, gives it that node has
-  the map but has not applied its own promotion yet: a node applies its promotions one after the
-  other, so the last of them lands a few hundred milliseconds after the map.  Such a refusal
+  which the map held (at the revision the node names, or a newer one) gives to that very node is
+  late, not wrong: it has the map but has not applied its own promotion yet (a node applies its
+  promotions one after the other, the last a few hundred milliseconds after the map).  Such a refusal
   holds the partition back with the same doubling delay but only up to ``refusal_delay``, not
   ``max_delay``, at most ``refusals_per_revision`` times per map revision; past that the node is
   treated as one that keeps refusing and the full doubling delay applies, so a node is never
   dialled in a loop.
 * **Map reloads** are asked for (``Reload(delay)``) whenever a partition waits: at once after a
-  move (when its "not yet" hold ends after such a refusal) or a lost connection, then with the same growing delay while map reads fail, and every
-  ``poll_delay`` (at the latest when its hold ends) while a partition is held back.  While a
+  move or a lost connection (after a "not yet" refusal: when its hold ends, the map held already
+  sends the partition back there), then with the same growing delay while map reads fail, and
+  every ``poll_delay`` (at the latest when its hold ends) while a partition is held back.  While a
   partition has no live active (*unserved*) the map is read every ``poll_delay`` too, for the
   first ``unserved_poll_s`` of the spell (a failover names the new active one lease after the
   death, and a doubling delay would add up to its last step to it), then with the growing delay
