@@ -16,6 +16,7 @@ from engine.protocol.client.routing import (
     Router,
     Unserved,
     revision_in,
+    served_by_in,
 )
 
 URLS = {"a": "http://a", "b": "http://b", "c": "http://c"}
@@ -63,6 +64,15 @@ def test_map_view_rejects_malformed_answers(data) -> None:
 ])
 def test_revision_in_not_my_partition_detail(detail, revision) -> None:
     assert revision_in(detail) == revision
+
+
+@pytest.mark.parametrize("detail, node", [
+    ("partition 3 is replica here (map revision 7; served by node n2 at http://127.0.0.1:5)", "n2"),
+    ("partition 3 is replica here (map revision 7; served by no node right now)", None),
+    ("not active", None), (None, None),
+])
+def test_served_by_in_not_my_partition_detail(detail, node) -> None:
+    assert served_by_in(detail) == node
 
 
 # ------------------------------------------------------------------ placement
@@ -152,12 +162,15 @@ def test_a_partition_goes_back_to_the_same_node_only_after_a_growing_delay() -> 
 
 
 REFUSALS = [
-    # desc, the map held, the revision the refusal names, refused (not_my_partition), hold
+    # desc, the map held, the revision the refusal names, refused (not_my_partition; a node name:
+    # the server it names), hold
     ("named active, same revision: not yet", view(3, ["a", "b"]), 3, True, "not yet"),
     ("named active, older revision named: not yet", view(3, ["a", "b"]), 2, True, "not yet"),
     ("named active, no revision named: not yet", view(3, ["a", "b"]), None, True, "not yet"),
     ("the node knows a newer map: back off, read it", view(3, ["a", "b"]), 4, True, "back off"),
     ("state_changed: the node gave it up, back off", view(3, ["a", "b"]), None, False, "back off"),
+    ("the node names another server (a handover): back off", view(3, ["a", "b"]), 3, "b", "back off"),
+    ("the node names itself as the server: not yet", view(3, ["a", "b"]), 3, "a", "not yet"),
 ]
 
 
@@ -169,7 +182,9 @@ def test_a_refusal_by_the_named_active_is_retried_soon(desc, held, named, refuse
     now, holds = 1.0, []
     for _ in range(4):
         conn = next(iter(c for c, v in r.connections.items() if 0 in v.partitions))
-        [reload] = [a for a in r.partition_moved(conn, 0, now, named, refused=refused) if type(a) is Reload]
+        served_by = refused if isinstance(refused, str) else None  # the server the refusal names
+        actions = r.partition_moved(conn, 0, now, named, refused=bool(refused), served_by=served_by)
+        [reload] = [a for a in actions if type(a) is Reload]
         holds.append(round(r.holds[0].until - now, 3))
         # a "not yet" keeps the map held: read it again (and retry) when the hold ends
         assert reload.delay == pytest.approx(holds[-1] if hold == "not yet" else 0.0)

@@ -34,7 +34,8 @@ Theory of operation
 * **"Not yet" is not "wrong node".**  A node that refuses a partition (``not_my_partition``)
   which the map held (at the revision the node names, or a newer one) gives to that very node is
   late, not wrong: it has the map but has not applied its own promotion yet (a node applies its
-  promotions one after the other, the last a few hundred milliseconds after the map).  Such a refusal
+  promotions one after the other, the last a few hundred milliseconds after the map).  A refusal
+  naming another node as the server is a handover under way and backs off like a move.  Such a refusal
   holds the partition back with the same doubling delay but only up to ``refusal_delay``, not
   ``max_delay``, at most ``refusals_per_revision`` times per map revision; past that the node is
   treated as one that keeps refusing and the full doubling delay applies, so a node is never
@@ -64,7 +65,7 @@ from typing import Any, Union
 from .errors import UsageError
 
 __all__ = ["MapView", "Open", "Close", "Reload", "Unserved", "RouteAction", "Router", "revision_in",
-           "MapFormatError"]
+           "served_by_in", "MapFormatError"]
 
 
 class MapFormatError(UsageError):
@@ -159,6 +160,16 @@ def revision_in(detail: str | None) -> int | None:
         return None
     found = _REVISION.search(detail)
     return int(found.group(1)) if found else None
+
+
+_SERVED_BY = re.compile(r"served by node (\S+) at ")
+
+
+def served_by_in(detail: str | None) -> str | None:
+    """The node a ``not_my_partition`` detail names as serving the partition, per the refusing
+    node's map ("... served by node n2 at http://..."); None when it names none."""
+    found = _SERVED_BY.search(detail or "")
+    return found.group(1) if found else None
 
 
 @dataclass(slots=True)
@@ -266,16 +277,17 @@ class Router:
                 actions.append(self._close(conn_id))
         return actions + self._place(now)
 
-    def partition_moved(self, conn: int, partition: int, now: float,
-                        revision: int | None = None, *, refused: bool = False) -> list[RouteAction]:
+    def partition_moved(self, conn: int, partition: int, now: float, revision: int | None = None, *,
+                        refused: bool = False, served_by: str | None = None) -> list[RouteAction]:
         """``partition``'s stream on ``conn`` ended because its node is not (or no longer) its
-        active: ``state_changed``, or (``refused``) ``not_my_partition`` naming ``revision``."""
+        active: ``state_changed``, or (``refused``) ``not_my_partition`` naming ``revision`` and
+        the node that serves the partition in the refusing node's eyes (``served_by``)."""
         c = self.connections.get(conn)
         if c is None or partition not in c.partitions:
             return []  # the connection was closed meanwhile: the partition is already waiting
         c.partitions.discard(partition)
         del self.assigned[partition]
-        not_yet = refused and self._not_yet(partition, c.node, revision)
+        not_yet = refused and served_by in (None, c.node) and self._not_yet(partition, c.node, revision)
         if not_yet:
             self._refused(partition, c.node, now)
         else:
