@@ -29,14 +29,12 @@ import tempfile
 import time
 from pathlib import Path
 
-import json
-import re
-
 import httpx
 import psutil
 
 from bench.cluster_lag import CpuWindow, paced_writer
 from bench.cluster_procs import BenchCluster, start_etcd
+from bench.thread_stats import python_thread_names, thread_stats
 from bench.suite.procs import ProcessGroup
 
 
@@ -88,38 +86,8 @@ TaskSnapshot = dict[int, tuple[str, float, int, int]]
 
 def task_snapshot(pid: int) -> TaskSnapshot:
     """Each thread of a process: its kernel name, CPU seconds (user + system), voluntary and
-    involuntary context switches so far (``/proc/PID/task``)."""
-    out: TaskSnapshot = {}
-    tick = os.sysconf("SC_CLK_TCK")
-    for tid in os.listdir(f"/proc/{pid}/task"):
-        try:
-            with open(f"/proc/{pid}/task/{tid}/stat") as f:
-                stat = f.read()
-            with open(f"/proc/{pid}/task/{tid}/status") as f:
-                status = f.read()
-        except OSError:
-            continue  # the thread ended between the listing and the read
-        fields = stat[stat.rindex(")") + 2:].split()
-        comm = stat[stat.index("(") + 1:stat.rindex(")")]
-        vol = int(status.split("voluntary_ctxt_switches:")[1].split()[0])
-        invol = int(status.split("nonvoluntary_ctxt_switches:")[1].split()[0])
-        out[int(tid)] = (comm, (int(fields[11]) + int(fields[12])) / tick, vol, invol)
-    return out
-
-
-def python_thread_names(pid: int) -> dict[int, str]:
-    """OS thread id → Python thread name, from ``py-spy dump`` (threads Python does not know,
-    and a failed dump, keep their kernel name).  Numbered pool workers lose their number, so a
-    pool's threads add up under one name."""
-    spy = shutil.which("py-spy") or str(Path(sys.executable).parent / "py-spy")
-    try:
-        dump = subprocess.run([spy, "dump", "--json", "--nonblocking", "--pid", str(pid)],
-                              capture_output=True, timeout=30, check=True).stdout
-        threads = json.loads(dump)
-    except (OSError, subprocess.SubprocessError, ValueError):
-        return {}
-    return {t["os_thread_id"]: re.sub(r"_\d+$", "", t["thread_name"] or "?")
-            for t in threads if t.get("os_thread_id")}
+    involuntary context switches so far."""
+    return {tid: (t.name, t.cpu_s, t.voluntary, t.involuntary) for tid, t in thread_stats(pid).items()}
 
 
 class ThreadWindow(CpuWindow):

@@ -36,7 +36,8 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
-TICK = os.sysconf("SC_CLK_TCK")
+from bench.thread_stats import python_thread_names, thread_stats
+
 HERE = Path(__file__).resolve().parent.parent
 
 
@@ -48,40 +49,7 @@ def _free_port() -> int:
 
 def threads(pid: int) -> dict[int, tuple[str, float, int, int, float]]:
     """tid -> (name, CPU seconds, voluntary switches, involuntary switches, of which system)."""
-    out: dict[int, tuple[str, float, int, int, float]] = {}
-    for tid in os.listdir(f"/proc/{pid}/task"):
-        try:
-            with open(f"/proc/{pid}/task/{tid}/stat") as fh:
-                st = fh.read()
-            with open(f"/proc/{pid}/task/{tid}/status") as fh:
-                status = fh.read()
-        except OSError:
-            continue
-        name = st[st.index("(") + 1:st.rindex(")")]
-        fields = st[st.rindex(")") + 2:].split()
-        cpu = (int(fields[11]) + int(fields[12])) / TICK
-        vol = int(status.split("voluntary_ctxt_switches:")[1].split()[0])
-        invol = int(status.split("nonvoluntary_ctxt_switches:")[1].split()[0])
-        out[int(tid)] = (name, cpu, vol, invol, int(fields[12]) / TICK)
-    return out
-
-
-def thread_names(pid: int) -> dict[int, str]:
-    """tid -> Python thread name, from ``py-spy dump`` (Python 3.11 names no native thread)."""
-    spy = Path(sys.executable).with_name("py-spy")
-    try:
-        out = subprocess.run([str(spy), "dump", "--pid", str(pid)], capture_output=True, text=True,
-                             timeout=30).stdout
-    except (OSError, subprocess.TimeoutExpired):
-        return {}
-    names: dict[int, str] = {}
-    for line in out.splitlines():
-        if line.startswith("Thread ") and '"' in line:
-            try:
-                names[int(line.split()[1], 0)] = line.split('"')[1]
-            except ValueError:
-                continue
-    return names
+    return {tid: tuple(t) for tid, t in thread_stats(pid).items()}  # type: ignore[misc]
 
 
 def _role(name: str, tid: int, pid: int, names: dict[int, str]) -> str:
@@ -160,7 +128,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         delivered = got
         if spy is not None:
             spy.wait()
-        names = thread_names(srv.pid)
+        names = python_thread_names(srv.pid)
     finally:
         for t in tasks:
             t.cancel()
