@@ -27,7 +27,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
-import socket
 import subprocess
 import sys
 import tempfile
@@ -36,15 +35,10 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
+from bench.suite.ports import free_port
 from bench.thread_stats import python_thread_names, thread_stats
 
 HERE = Path(__file__).resolve().parent.parent
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def threads(pid: int) -> dict[int, tuple[str, float, int, int, float]]:
@@ -62,7 +56,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     from clients import Consumer
     from clients.http import AsyncHttpApi
 
-    port = _free_port()
+    port = free_port()
     data = tempfile.mkdtemp(prefix="thread_cpu_")
     root = Path(args.root).resolve() if args.root else HERE
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, (os.environ.get("THREAD_CPU_PATH"), str(root))))}
