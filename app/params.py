@@ -114,6 +114,33 @@ def columns_wanted(request: Request) -> bool:
     raise Problem(INVALID_INPUT, "results must be objects or columns", field="query.results")
 
 
+#: a bulk query's parsed form by its raw text and the timeout default (see ``bulk_query_of``)
+_BULK_QUERIES: dict[tuple[bytes, int], tuple[Durability, float, bool]] = {}
+#: distinct bulk queries remembered; past it a query is parsed every time (a client varying its
+#: query cannot grow the table)
+BULK_QUERIES_KEPT = 64
+
+
+def bulk_query_of(request: Request, default_timeout_ms: int) -> tuple[Durability, float, bool]:
+    """A bulk's durability, its timeout in seconds and whether it wants ``results=columns``:
+    ``durability_of``, ``durability_timeout_of`` and ``columns_wanted`` in one, remembered by
+    the query's raw text.
+
+    WHY: a writer sends the same query with every bulk, and parsing it three times over was a
+    few per cent of the event loop's CPU per small bulk (docs/benchmarks.md, Peers, "A node's
+    CPU per small write request").  Only queries that parsed without a problem are kept, so a
+    bad one is refused every time with its own message."""
+    key = (request.scope.get("query_string", b""), default_timeout_ms)
+    found = _BULK_QUERIES.get(key)
+    if found is not None:
+        return found
+    found = (durability_of(request, BULK_QUERY), durability_timeout_of(request, default_timeout_ms),
+             columns_wanted(request))
+    if len(_BULK_QUERIES) < BULK_QUERIES_KEPT:
+        _BULK_QUERIES[key] = found
+    return found
+
+
 def parse_if_match(value: str | None) -> int | None:
     """The CAS in an ``If-Match`` header (quoted or bare decimal), or None when absent.
 

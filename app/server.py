@@ -19,6 +19,7 @@ from app.auth import TokenTable, check_bind, is_loopback
 from app.fast_bulk import BulkFastPath
 from app.main import EXIT_UNFLUSHED, create_app
 from app.settings import Settings
+from app.shutdown_watch import ShutdownWatch
 from engine import gc_tuning
 from engine.core.errors import UprError
 
@@ -39,6 +40,14 @@ class _Server(uvicorn.Server):
     async def shutdown(self, sockets: list | None = None) -> None:  # type: ignore[type-arg]
         """End stream connections first (``stream_end(shutting_down)``, close 1001): uvicorn's own
         shutdown would close every WebSocket with 1012 before the lifespan runs."""
+        watch = ShutdownWatch()
+        watch.arm()
+        try:
+            await self._shutdown(sockets)
+        finally:
+            watch.disarm()
+
+    async def _shutdown(self, sockets: list | None) -> None:  # type: ignore[type-arg]
         app_state = getattr(self._app, "state", None)
         feed = getattr(app_state, "event_feed", None)
         if feed is not None:

@@ -79,7 +79,7 @@ class Settings(BaseSettings):
     host: str = Field("127.0.0.1", description="address to bind; non-loopback requires tokens")
     port: int = Field(8000, ge=0, le=65535, description="TCP port (0 = pick a free one)")
     partitions: int = Field(64, ge=1, le=1024, description="partition count (fixed when the data dir is created)")
-    flush_interval_ms: float = Field(5.0, gt=0, le=60_000, description="how often memory-durability writes are persisted while a persist write, a persisted/majority stream or a replica waits on it; otherwise rounds may gather up to 20 ms")
+    flush_interval_ms: float = Field(5.0, gt=0, le=60_000, description="how often memory-durability writes are persisted while a persist write, a persisted/majority stream or a replica waits on it; otherwise rounds may gather up to 100 ms (a replica copy's rounds start at most every 50 ms under a steady stream)")
     gil_switch_interval_ms: float = Field(
         5.0, gt=0, le=100,
         description="the server process's GIL switch interval (Python's sys.setswitchinterval): "

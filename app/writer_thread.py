@@ -25,13 +25,31 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any
 
-__all__ = ["LoopInbox", "WriterThread"]
+__all__ = ["LoopInbox", "WriterThread", "running_inbox"]
 
 log = logging.getLogger(__name__)
 _STOP = object()
 #: within a run, results already posted are woken once this much time has passed, so a long job
 #: does not hold back the answers of the short ones that ran before it
 _RUN_WAKE_S = 0.002
+
+
+#: the inbox of the job running on this thread (set on a writer thread only)
+_running = threading.local()
+
+
+def running_inbox(loop: asyncio.AbstractEventLoop) -> "LoopInbox | None":
+    """The inbox of the writer job running on this thread, if it answers to ``loop``: a callback
+    posted there reaches the loop in the same wake-up as the job's own result, which the writer
+    thread asks for as soon as the job ends.
+
+    WHY: a write's change notification (the streams' wake) and its answer otherwise wake the
+    loop once each, from the same thread a few microseconds apart; each wake-up is a self-pipe
+    write and a GIL hand-over (docs/benchmarks.md, Peers, "A node's CPU per small write
+    request").  Posted before the job's result, the notification still runs first, so a stream
+    is told of a write before the writer is answered."""
+    inbox = getattr(_running, "inbox", None)
+    return inbox if inbox is not None and inbox.loop is loop else None
 
 
 class LoopInbox:
@@ -103,6 +121,7 @@ class WriterThread:
 
     def _loop(self) -> None:
         get, take = self._jobs.get, self._jobs.get_nowait
+        running = _running
         while True:
             run = [get()]
             while True:
@@ -121,10 +140,13 @@ class WriterThread:
                     continue
                 job, inbox = entry
                 self.jobs += 1
+                running.inbox = inbox
                 try:
                     job()
                 except BaseException:  # a job settles its own errors: this is a bug, not the thread's end
                     log.exception("writer job failed")
+                finally:
+                    running.inbox = None
                 if inbox not in inboxes:
                     inboxes.append(inbox)
                 if len(run) > 1 and clock() - since > _RUN_WAKE_S:

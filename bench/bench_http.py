@@ -43,6 +43,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from bench.server import start_upr_server
+from bench.suite.ports import free_port
 
 import httpx
 import orjson
@@ -60,14 +61,6 @@ async def t():
 uvicorn.run(app, host="127.0.0.1", port=int(sys.argv[1]), log_level="warning", access_log=False,
             loop="uvloop", http="httptools")
 """
-
-
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def wait_ready(url: str, proc: subprocess.Popen[bytes], timeout: float = 30) -> None:

@@ -14,13 +14,17 @@ the end: the longest gap between two deliveries of a partition (p50 and max over
 partitions; the goal is a max under 100 ms), beside the same figure over an equally long window
 before the kill (what the write interval and the machine's scheduling cost without a fault), the
 writer's own longest gap between acknowledged writes of those partitions (a delivery gap cannot
-be shorter than the writes'), and the acknowledgement-to-delivery latency after the kill.
+be shorter than the writes'), and the acknowledgement-to-delivery latency after the kill.  Over
+the moved partitions: how many delivered a write their new active acknowledged, and how long after
+the kill the first such delivery came (the consumer's log, with times, is ``gap-consumer.log`` in
+the run's directory with ``--keep``).
 """
 from __future__ import annotations
 
 import argparse
 import asyncio
 import json
+import logging
 import sys
 import time
 from collections import defaultdict
@@ -34,7 +38,7 @@ from bench.cluster_figures import Figure, summary_ms, verdict
 from bench.cluster_procs import ROOT, BenchCluster, key_in_partition, progress
 from bench.suite.procs import ProcessGroup
 
-__all__ = ["GapRun", "measure_gap", "gap_figures", "longest_gap"]
+__all__ = ["GapRun", "measure_gap", "gap_figures", "longest_gap", "first_new_delivery"]
 
 
 @dataclass
@@ -48,12 +52,35 @@ class GapRun:
     latency: list[float] = field(default_factory=list)
     writes: int = 0
     moved_resumed: int = 0
+    #: moved partition -> seconds from the kill to its first delivery of a write its new active acknowledged
+    resumed_after: dict[int, float] = field(default_factory=dict)
 
 
 def longest_gap(times: list[float], start: float, end: float) -> float:
     """The longest interval between ``start``, the times inside (start, end) and ``end``."""
     inside = [start] + [t for t in times if start < t < end] + [end]
     return max(b - a for a, b in zip(inside, inside[1:]))
+
+
+#: a write acknowledged this long after the SIGKILL was acknowledged by a new active (a failover
+#: takes a lease expiry, a second and more); earlier ones may be the dead node's last answers
+NEW_ACTIVE_AFTER_S = 0.25
+#: a delivery this much ahead of the writer's reading of its acknowledgement is still that write
+#: (two processes: the consumer may see it before the writer's loop reads the answer)
+ACK_READ_SLACK_S = 0.05
+
+
+def first_new_delivery(deliveries: list[tuple[float, int]], acked: dict[int, float], killed_at: float) -> float | None:
+    """When a moved partition first delivered a write its new active acknowledged: the time of
+    the first of ``deliveries`` ((time, seqno)) whose seqno ``acked`` (seqno -> ack time, the
+    latest ack of that seqno) says was acknowledged ``NEW_ACTIVE_AFTER_S`` after ``killed_at``.
+    The dead node's last frames, still in the socket at the kill, do not count; nor does a seqno
+    the dead node had delivered before its new active acknowledged the same seqno on its branch."""
+    for t, seqno in deliveries:
+        acked_at = acked.get(seqno)
+        if acked_at is not None and acked_at > killed_at + NEW_ACTIVE_AFTER_S and t >= acked_at - ACK_READ_SLACK_S:
+            return t
+    return None
 
 
 class _Writer:
@@ -109,10 +136,21 @@ class _Writer:
             n += 1
             await asyncio.sleep(self.interval_s)
 
+    async def map_loop(self, client: httpx.AsyncClient) -> None:
+        """Reads the map again while some partition has no live active.  A node loop reads it only
+        after a refused write, so a read that lands between the dead node's lease expiring and its
+        partitions' promotion (the map names it, but as down) leaves those partitions on no loop:
+        without this, nothing would ever write them again."""
+        while not self.stop.is_set():
+            if any(not u for u in self.actives.values()):
+                await self.read_map(client)
+            await asyncio.sleep(self.interval_s)
+
     async def run(self) -> None:
         async with httpx.AsyncClient(limits=httpx.Limits(max_connections=32)) as client:
             await self.read_map(client)
-            await asyncio.gather(*(self.node_loop(client, url) for url in sorted(self.node_urls)))
+            await asyncio.gather(self.map_loop(client),
+                                 *(self.node_loop(client, url) for url in sorted(self.node_urls)))
 
 
 async def _write_until(urls: list[str], partitions: int, interval_s: float, stop: Path, out: Path) -> None:
@@ -151,7 +189,15 @@ async def _scenario(cluster: BenchCluster, group: ProcessGroup, work: Path, args
                          name="gap writer", log=work / "gap-writer.log", cwd=ROOT)
     delivered: dict[int, list[float]] = defaultdict(list)
     delivered_seqnos: dict[tuple[int, int], float] = {}
+    #: partition -> (time, seqno) of every delivery
+    deliveries: dict[int, list[tuple[float, int]]] = defaultdict(list)
     consumer = Consumer(",".join(urls), name="bench-gap", start="now", state=work / "gap-state", open_timeout=5)
+    # the consumer's own account of what it followed, with times, beside the nodes' logs
+    client_log = logging.getLogger("upr.client")
+    handler = logging.FileHandler(work / "gap-consumer.log")
+    handler.setFormatter(logging.Formatter("%(asctime)s.%(msecs)03d %(levelname)s %(message)s", "%H:%M:%S"))
+    client_log.addHandler(handler)
+    client_log.setLevel(logging.INFO)
 
     async def consume() -> None:
         async for event in consumer:
@@ -159,6 +205,7 @@ async def _scenario(cluster: BenchCluster, group: ProcessGroup, work: Path, args
                 now = time.monotonic()
                 delivered[event.partition].append(now)
                 delivered_seqnos.setdefault((event.partition, event.seqno), now)
+                deliveries[event.partition].append((now, event.seqno))
 
     consuming = asyncio.create_task(consume())
     try:
@@ -182,6 +229,8 @@ async def _scenario(cluster: BenchCluster, group: ProcessGroup, work: Path, args
         consuming.cancel()
         await asyncio.gather(consuming, return_exceptions=True)
         await consumer.close()
+        client_log.removeHandler(handler)
+        handler.close()
     written = json.loads(results.read_text())
     acked_at = {int(p): times for p, times in written["acked_at"].items()}
     acked_seqnos = {(p, s): t for p, s, t in written["acked_seqnos"]}
@@ -197,7 +246,11 @@ async def _scenario(cluster: BenchCluster, group: ProcessGroup, work: Path, args
     run.latency = sorted(max(0.0, delivered_seqnos[k] - t) for k, t in acked_seqnos.items()
                          if k[0] in healthy and t > killed_at and k in delivered_seqnos)
     run.writes = sum(len(v) for v in acked_at.values())
-    run.moved_resumed = sum(1 for p in moved if any(t > killed_at for t in delivered[p]))
+    for p in moved:
+        first = first_new_delivery(deliveries[p], {s: t for (q, s), t in acked_seqnos.items() if q == p}, killed_at)
+        if first is not None:
+            run.resumed_after[p] = first - killed_at
+    run.moved_resumed = len(run.resumed_after)
     return run
 
 
@@ -222,6 +275,12 @@ def gap_figures(run: GapRun, args: argparse.Namespace) -> list[Figure]:
     before, _ = spread(run.before)
     writer, _ = spread(run.writer_after)
     lat: Any = summary_ms(run.latency) if run.latency else None
+    resumed = ""
+    if run.resumed_after:
+        times = sorted(run.resumed_after.values())
+        each = ", ".join(f"{p}: {t:.2f}" for p, t in sorted(run.resumed_after.items()))
+        resumed = (f" (kill to the first delivery of a write the new active acknowledged: {times[0]:.2f}–{times[-1]:.2f} s;"
+                   f" per partition {each} s)")
     return [
         Figure("longest delivery gap on a healthy partition while a node is SIGKILLed",
                f"{after} over {len(run.healthy)} partition(s)", "max < 100 ms",
@@ -230,7 +289,7 @@ def gap_figures(run: GapRun, args: argparse.Namespace) -> list[Figure]:
                f"before the kill, same length: {before}; the writer's own longest gap between acknowledged "
                f"writes of those partitions: {writer} (one write per partition every {args.gap_write_ms:.0f} ms); "
                f"{run.moved_resumed} of the {len(run.moved)} moved partitions delivered again from their new "
-               f"actives; {run.writes:,} writes acknowledged"),
+               f"actives{resumed}; {run.writes:,} writes acknowledged"),
         Figure("healthy partitions: acknowledgement to delivery after the kill",
                f"p50 {lat['p50']:.1f} ms, p99 {lat['p99']:.1f} ms, max {lat['p100']:.1f} ms" if lat else "n/a",
                "—", "—", f"over {len(run.latency):,} writes"),

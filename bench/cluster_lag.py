@@ -88,10 +88,11 @@ class CpuWindow:
 
 async def paced_writer(actives: dict[int, str], partitions: int, rate: float, tick: float, start_at: float,
                        stop_at: float, cpu: CpuWindow, max_in_flight: int = 16,
-                       bulks: dict[str, int] | None = None) -> tuple[list[Ack], int, int]:
+                       bulks: dict[str, int] | None = None,
+                       writes: dict[str, int] | None = None) -> tuple[list[Ack], int, int]:
     """Bulk ``memory`` writes at ``rate`` items/s from now to ``stop_at``; the acks of writes sent
     from ``start_at`` on, the items sent in that window and the errors.  ``bulks``, if given,
-    counts the bulk requests sent in the window per node URL."""
+    counts the bulk requests sent in the window per node URL, ``writes`` their items."""
     pools = {url: Pool(url) for url in set(actives.values())}
     per_tick = max(1, round(rate * tick))
     acks: list[Ack] = []
@@ -146,6 +147,8 @@ async def paced_writer(actives: dict[int, str], partitions: int, rate: float, ti
                     counts["sent"] += len(ops)
                     if bulks is not None:
                         bulks[url] = bulks.get(url, 0) + 1
+                    if writes is not None:
+                        writes[url] = writes.get(url, 0) + len(ops)
                 task = asyncio.create_task(send(url, orjson.dumps(ops), len(ops), sent))
                 tasks.add(task)
                 task.add_done_callback(tasks.discard)

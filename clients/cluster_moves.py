@@ -15,7 +15,7 @@ import time
 from typing import Any
 
 from engine.protocol.client.actions import StartMode
-from engine.protocol.client.routing import Close, Open, RouteAction, Router, Unserved, revision_in
+from engine.protocol.client.routing import Close, Open, RouteAction, Router, Unserved, revision_in, served_by_in
 
 from .cluster_state import PartitionStates
 from .events import PartitionMoved, PartitionsUnavailable
@@ -132,7 +132,9 @@ class PartitionMoves:
         checkpoint = s.session.release(p)
         s.view.partitions.discard(p)
         self.states.put(p, checkpoint)
-        await self._apply(self.router.partition_moved(s.conn_id, p, time.monotonic(), revision_in(event.detail)))
+        refused = event.reason == "not_my_partition"
+        await self._apply(self.router.partition_moved(s.conn_id, p, time.monotonic(), revision_in(event.detail),
+                                                      refused=refused, served_by=served_by_in(event.detail)))
 
     async def _finished(self, s: Any) -> None:
         """A node stream's bounded streams all reached their ends."""

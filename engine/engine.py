@@ -64,7 +64,7 @@ from engine.replica import (ByKeyReader, ItemsStep, MarkerStep, ReplicaStep, app
 from engine.protocol.frames import Columns
 from engine.snapshot import PartitionSnapshot, capture, capture_memory_only, memory_backlog, memory_frame
 from engine.storage.store import Store
-from engine.writequeue import WriteQueue
+from engine.writequeue import QueueBytes, WriteQueue
 
 log = logging.getLogger(__name__)
 
@@ -82,6 +82,10 @@ class Engine:
         self._lock = lock_holds.timed(threading.RLock(), "writer_lock")
         self._turn = lock_holds.timed(lmdb_turn(), "lmdb_turn")
         self._closed = False
+        #: every partition queue's bytes in one number, read by each write's backpressure check
+        self._queue_bytes = QueueBytes()
+        for part in partitions:
+            part.queue.count_in(self._queue_bytes)
         self._listeners: list[Callable[[int], None]] = []
         self._batch_listeners: list[Callable[[Any], None]] = []
         self._writer = BatchWriter(partitions, store, self._turn, max_key_bytes=config.max_key_bytes,
@@ -200,8 +204,7 @@ class Engine:
         """
         if self._closed:
             raise EngineClosed("engine is closed")
-        parts = self._parts
-        queued = sum(p.queue.bytes for p in parts)
+        queued = self._queue_bytes.bytes
         if queued > self.config.queue_memory_limit_bytes:
             self.backpressure_total += 1
             self._flusher.kick()
@@ -756,7 +759,7 @@ class Engine:
         f = self._flusher
         return {
             "partitions": float(self.num_partitions),
-            "queue_bytes": float(sum(p.queue.bytes for p in parts)),
+            "queue_bytes": float(self._queue_bytes.bytes),
             "queue_depth": float(sum(p.queue.depth for p in parts)),
             "queue_memory_limit_bytes": float(self.config.queue_memory_limit_bytes),
             "high_seqno_total": float(sum(p.high_seqno for p in parts)),

@@ -51,8 +51,22 @@ IDLE_WAKE_S = 1.0
 #: WHY: each round is an LMDB commit and a hand-off to every persist listener, a fixed cost per
 #: round whatever it carries; under a steady stream of small writes (a replicating node) the
 #: interval's cadence made that most of the flusher's work (docs/benchmarks.md, "Cluster":
-#: CPU per replicated bulk).  A waiter still gets a round at once (``wait_for`` kicks).
-GATHER_S = 0.02
+#: CPU per replicated bulk; Peers: "A node's CPU per small write request").  A waiter still gets
+#: a round at once (``wait_for`` kicks), and the memory a gather holds stays bounded: past the
+#: queues' memory limit a write is refused and kicks a round (``Backpressure``).  What a gather
+#: puts at risk is what ``memory`` durability allows: the writes of its last tenth of a second
+#: on a crash of the process (Redis's ``appendfsync everysec`` risks a second).
+GATHER_S = 0.1
+
+#: the least time between the starts of two rounds that a replica copy's changes alone ask for
+#: (``Flusher.eager_replica_listeners``: a replica's acker).  WHY: a replica under a steady
+#: stream has something to persist at every interval tick, so its rounds ran back to back, each
+#: an LMDB commit plus a persisted ack to its active (docs/benchmarks.md, "Cluster": a
+#: replicating node's CPU per bulk, thread by thread).  The copy's data is in memory already
+#: (what ``majority`` counts); only a ``persist_majority`` write on its active waits for the
+#: round, and it waits at most this long more under a steady stream and nothing more after a
+#: quiet spell (the last round began long ago, so the next interval tick starts one).
+REPLICA_ROUND_S = 0.05
 
 REPLICA = PartitionState.REPLICA
 
@@ -166,12 +180,16 @@ class Flusher:
         self._gather = max(self._interval, GATHER_S if gather_s is None else gather_s)
         #: persist listeners someone waits on (e.g. a ``persisted``-visibility stream): while any
         #: is registered, rounds keep the interval's cadence (``Engine.add_persist_listener``)
-        self.eager_listeners = 0
+        self._eager_listeners = 0
+        #: a gathering wait is under way, and an eager listener registered during it (its setter)
+        self._gathering = False
+        self._eager_arrived = False
         #: persist listeners someone waits on for replica copies only (a replica's acker: its
         #: active's ``persist_majority`` writes wait for the copy's rounds): while any is
-        #: registered, a round keeps the interval's cadence once a replica partition has
-        #: something to persist, and gathers while only active partitions do (their ``memory``
-        #: writes wait for nobody; a ``persist`` write kicks)
+        #: registered, a round starts at the next interval tick once a replica partition has
+        #: something to persist and the last round began ``REPLICA_ROUND_S`` ago, and gathers
+        #: while only active partitions do (their ``memory`` writes wait for nobody; a
+        #: ``persist`` write kicks)
         self.eager_replica_listeners = 0
         self._batch_items = max(batch_items, 1)
         self._kick = threading.Event()
@@ -188,6 +206,8 @@ class Flusher:
         #: rounds looked for work (``flushes`` counts the ones that committed), and rounds whose
         #: wait gathered past the interval because nobody was waiting
         self.rounds = 0
+        #: when the last round that found work began (``REPLICA_ROUND_S``)
+        self._round_began = 0.0
         self.gathered_rounds = 0
         self.flushes = 0
         self.items_flushed = 0
@@ -205,6 +225,22 @@ class Flusher:
 
     def start(self) -> None:
         self._thread.start()
+
+    @property
+    def eager_listeners(self) -> int:
+        return self._eager_listeners
+
+    @eager_listeners.setter
+    def eager_listeners(self, count: int) -> None:
+        """A listener registering ends a gathering wait (which looks at nobody until it ends);
+        the round then keeps the interval's cadence, as if the listener had been there before.
+        The count is set before the flag is read and the gather raises the flag before it reads
+        the count, so either the gather sees the listener or the listener ends the gather."""
+        more = count > self._eager_listeners
+        self._eager_listeners = count
+        if more and self._gathering:
+            self._eager_arrived = True
+            self._kick.set()
 
     def kick(self) -> None:
         self._kick.set()
@@ -281,18 +317,41 @@ class Flusher:
                 return
 
     def _wait_for_round(self) -> None:
-        """Wait the interval, then, while nothing is urgent, on up to the gather time: a kick (a
-        persist waiter, backpressure, a stop) or an eager listener ends the wait at the next
-        interval tick at the latest."""
+        """While someone waits on this round (a persist waiter, an eager listener, a stop), wait
+        the interval; otherwise gather for up to the gather time in one wait, which a kick (a
+        persist waiter, backpressure, a stop, an eager listener registering) ends at once.
+
+        WHY one wait and not a look per interval: under a steady stream of ``memory`` writes
+        every look is a thread wake-up that takes the GIL from the event loop (docs/benchmarks.md,
+        Peers, "A node's CPU per small write request").  Only a replica's acker
+        (``eager_replica_listeners``) still has the gather looked at once per interval, since
+        nothing kicks when a replica partition's change arrives."""
         kick = self._kick
-        if kick.wait(self._interval) or self._gather <= self._interval:
+        if self._gather <= self._interval or self._urgent():
+            kick.wait(self._interval)
             return
         if not any(p.queue.root.high > p.queue.persisted for p in self._partitions):
             return  # an idle look (``IDLE_WAKE_S``): nothing to gather for
-        deadline = time.monotonic() + self._gather - self._interval
+        deadline = time.monotonic() + self._gather
+        if not self.eager_replica_listeners:
+            self._eager_arrived = False  # a late flag of an earlier gather
+            self._gathering = True
+            try:
+                if self._urgent():
+                    kick.wait(self._interval)
+                    return
+                self.gathered_rounds += 1
+                kick.wait(self._gather)
+            finally:
+                self._gathering = False
+            if self._eager_arrived:  # not a kick for a round now: the interval's cadence from here
+                self._eager_arrived = False
+                kick.clear()
+                if not (self._waiters or self._stopping):  # a waiter's kick cleared above is seen here
+                    kick.wait(self._interval)
+            return
         gathered = False
-        while not (self._waiters or self.eager_listeners or self._stopping
-                   or (self.eager_replica_listeners and self._replica_pending())):
+        while not (self._urgent() or self._replica_pending()):
             left = deadline - time.monotonic()
             if left <= 0:
                 break
@@ -302,9 +361,16 @@ class Flusher:
         if gathered:
             self.gathered_rounds += 1
 
+    def _urgent(self) -> bool:
+        """Someone waits on the next round: a persist waiter, an eager listener, a stop."""
+        return bool(self._waiters or self.eager_listeners or self._stopping)
+
     def _replica_pending(self) -> bool:
-        """Whether a replica partition has queued items not yet persisted (looked at once per
-        interval while a round gathers)."""
+        """Whether a replica partition has queued items not yet persisted and the last round
+        began at least ``REPLICA_ROUND_S`` ago (looked at once per interval while a round
+        gathers)."""
+        if time.monotonic() - self._round_began < REPLICA_ROUND_S:
+            return False
         return any(p.state is REPLICA and p.queue.root.high > p.queue.persisted for p in self._partitions)
 
     def _sleep_while_idle(self) -> None:
@@ -323,6 +389,7 @@ class Flusher:
     def flush_round(self) -> bool:
         """One group commit; returns True if work was left over for another round."""
         self.rounds += 1
+        round_began = time.monotonic()
         work: list[_Work] = []
         budget = self._batch_items
         parts = self._partitions
@@ -348,6 +415,7 @@ class Flusher:
         self._next_start = (start + 1) % n
         if not work:
             return False
+        self._round_began = round_began  # an idle look is no round to pace from
         began = time.perf_counter()
         began_cpu = time.thread_time()
         store = self._store

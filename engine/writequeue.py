@@ -69,13 +69,29 @@ def item_cost(item: Item) -> int:
     return len(item.key) + len(item.value) + ITEM_OVERHEAD
 
 
+class QueueBytes:
+    """The bytes a set of queues (an engine's partitions) hold, kept as they change.
+
+    WHY: the backpressure check runs before every write batch and would otherwise sum every
+    partition's count (docs/benchmarks.md, Peers, "A node's CPU per small write request").
+    Each queue adds its own change where it makes one: once per published batch (``QueueBatch``
+    notes the queue's count when it begins) and in ``mark_persisted``/``reset``, all under the
+    engine's writer lock, so the total equals the sum of the queues' ``bytes`` whenever no batch
+    is being applied."""
+
+    __slots__ = ("bytes",)
+
+    def __init__(self) -> None:
+        self.bytes = 0
+
+
 class QueueBatch:
     """Accumulates one write batch for one partition; ``publish`` makes it visible at once.
 
     Appending is ``engine.batch_writer``'s: it is this class's declared friend and writes the
     append steps (evolver slot, index, byte count, ``next_seqno``) out in its per-write loop."""
 
-    __slots__ = ("queue", "ev", "base", "next_seqno", "index")
+    __slots__ = ("queue", "ev", "base", "next_seqno", "index", "bytes_before")
 
     def __init__(self, queue: "WriteQueue") -> None:
         self.queue = queue
@@ -84,22 +100,33 @@ class QueueBatch:
         self.base = root.base
         self.next_seqno = root.high + 1
         self.index = queue.index
+        self.bytes_before = queue.bytes
 
     def publish(self) -> None:
         queue = self.queue
         queue.root = QueueRoot(untrack(self.ev.persistent()), self.base, self.next_seqno - 1, queue.persisted)
+        queue.total.bytes += queue.bytes - self.bytes_before
+        self.bytes_before = queue.bytes
 
 
 class WriteQueue:
     """One partition's queue (see module docstring for the ownership rules)."""
 
-    __slots__ = ("root", "persisted", "index", "bytes")
+    __slots__ = ("root", "persisted", "index", "bytes", "total")
 
     def __init__(self, persisted_seqno: int) -> None:
         self.root = QueueRoot(_EMPTY, persisted_seqno + 1, persisted_seqno, persisted_seqno)
         self.persisted = persisted_seqno
         self.index: dict[bytes, Item] = {}
         self.bytes = 0
+        #: the total this queue's count is part of (its own until ``count_in``)
+        self.total = QueueBytes()
+
+    def count_in(self, total: QueueBytes) -> None:
+        """Keep this queue's bytes in ``total`` from now on (under the writer lock)."""
+        self.total.bytes -= self.bytes
+        total.bytes += self.bytes
+        self.total = total
 
     @property
     def high(self) -> int:
@@ -132,6 +159,7 @@ class WriteQueue:
         """
         index = self.index
         root = self.root
+        before = self.bytes
         if upto >= root.high:
             # everything queued is persisted (the usual case when the flusher keeps up)
             index.clear()
@@ -154,6 +182,7 @@ class WriteQueue:
             deque(map(index.__delitem__, done_keys), 0)
             self.bytes -= (sum(map(len, done_keys)) + sum(map(len, map(_value_of, done)))
                            + ITEM_OVERHEAD * len(done))
+        self.total.bytes += self.bytes - before
         if upto > self.persisted:
             self.persisted = upto
         return self._maybe_rebase()
@@ -179,4 +208,5 @@ class WriteQueue:
         self.root = QueueRoot(_EMPTY, seqno + 1, seqno, seqno)
         self.persisted = seqno
         self.index.clear()
+        self.total.bytes -= self.bytes
         self.bytes = 0

@@ -117,6 +117,7 @@ class UprStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self._target: dict[int, int] | None = None    # AvailableNow: never plan past these seqnos
         self._fresh: ServerMeta | None = None          # metadata fetched by prepareForTriggerAvailableNow
         self._planned: SourceOffset | None = None      # the end offset latestOffset returned last
+        self._held: dict[int, str] = {}                # partitions that plan left where they were, and why
         self._routes: dict[int, str] | None = None     # each partition's active node, as last fetched
 
     # ---------------------------------------------------------------- offsets (driver)
@@ -141,6 +142,7 @@ class UprStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def latestOffset(self, start: dict[str, Any] | None = None, limit: ReadLimit | None = None) -> dict[str, Any]:
         meta, self._fresh = self._fresh or self._fetch(), None
         selected = select_partitions(meta, self.opts.partitions)
+        self._held = {p: why for p, why in meta.unavailable.items() if p in selected}
         if start is None:
             # Spark 4.0/4.1 call latestOffset() without the start: all they can be told is "the
             # high seqnos now" (no read limit; a branch is met by read() as a reset row).
@@ -167,7 +169,10 @@ class UprStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         meta, _ = fetch_routed(self.opts, partial=True)
         readable = [p for p in select_partitions(meta, self.opts.partitions) if p in meta.partitions]
         latest = resolve_positions(Position.LATEST, meta, readable)
-        unavailable = {str(p): why for p, why in sorted(meta.unavailable.items())}
+        # WHY the plan's view first: a partition held by the batch just planned is still unserved
+        # by it even if the map moved it since, and Trigger.AvailableNow ends on the plan alone,
+        # so an index run that read "available now" here would stop short of it
+        unavailable = {str(p): why for p, why in sorted({**meta.unavailable, **self._held}.items())}
         return {**latest.to_json(), **lag_metrics(self._planned, latest),
                 **({"unavailablePartitions": unavailable} if unavailable else {})}
 

@@ -80,6 +80,14 @@ from engine.replica import ItemsStep, MarkerStep
 
 log = logging.getLogger("upr.cluster")
 
+#: how often a copy whose seqno keeps moving publishes it to etcd at most (``PublishPacer``).
+#: WHY this seldom: nothing that decides reads a moving figure (a promotion or a handover reads
+#: the copy once its seqno stopped, published within ``publish_settle_s``; a change of in sync
+#: goes out on the next tick; ``GET /cluster`` lags come from the acks on the active), and each
+#: transaction costs this node an HTTP round trip and every node's watch an event
+#: (docs/benchmarks.md, "Cluster": a replicating node's CPU per bulk, thread by thread)
+PUBLISH_MAX_AGE_S = 5.0
+
 #: operations per progress transaction (etcd refuses more than ``--max-txn-ops``, 128 by default)
 PUBLISH_OPS = 64
 
@@ -115,7 +123,7 @@ class ReplicationStreams:
     """The replica copies this node holds and the streams that feed them."""
 
     def __init__(self, engine: Engine, node: str, etcd: EtcdClient, layout: Layout, lease: Callable[[], int], *,
-                 publish_interval_s: float = 0.2, publish_max_age_s: float = 1.0,
+                 publish_interval_s: float = 0.2, publish_max_age_s: float = PUBLISH_MAX_AGE_S,
                  publish_settle_s: float = 0.6, open_timeout_s: float = 5.0, max_backoff_s: float = 2.0,
                  max_frame_bytes: int = 64 << 20, max_down_s: float = 10.0,
                  is_live: Callable[[str], bool] = lambda node: True, ack_poll_s: float | None = None,

@@ -5,7 +5,9 @@ partitions far more often than a loop can afford callbacks.  A mark adds the par
 under a lock and schedules *at most one* loop callback until that callback has run; the callback
 takes the whole set.  A busy thread therefore costs the loop one callback per loop iteration,
 whatever its rate.  ``call_soon_threadsafe`` appends to the ready queue at once, so a mark made
-before a thread returns is delivered before anything the loop reads after that return.
+before a thread returns is delivered before anything the loop reads after that return.  A mark
+made by a writer-thread job goes into that job's ``LoopInbox`` instead (``running_inbox``): it
+reaches the loop in the wake-up that carries the job's answer, ahead of it.
 """
 from __future__ import annotations
 
@@ -13,6 +15,8 @@ import asyncio
 import threading
 import time
 from collections.abc import Callable, Iterable
+
+from app.writer_thread import running_inbox
 
 __all__ = ["CoalescedPartitions"]
 
@@ -44,6 +48,10 @@ class CoalescedPartitions:
                 return
             self._scheduled = True
             self._first_mark = time.monotonic()
+        inbox = running_inbox(self._loop)
+        if inbox is not None:  # marked by a writer job: woken with the job's answer, before it
+            inbox.post(self._run)
+            return
         try:
             self._loop.call_soon_threadsafe(self._run)
         except RuntimeError:  # the loop is closed: the server is going away

@@ -20,6 +20,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import IO, Any
 
+from bench.suite.ports import free_port  # noqa: F401 - the peers and cluster benches import it from here
+
 _PR_SET_PDEATHSIG = 1
 
 
@@ -28,13 +30,6 @@ def _die_with_parent() -> None:
         ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
     except Exception:  # noqa: BLE001 - best effort; the group still stops it by PID
         pass
-
-
-def free_port() -> int:
-    """An ephemeral port on 127.0.0.1 that was free a moment ago (the kernel picks it)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 #: every process started in this run, as (pid, name): kept in results.json so a test can check that

@@ -22,6 +22,7 @@ from clients.backup.merge import merge
 from clients.backup.restore import restore
 from clients.backup.verify import verify
 from tests.support.keys import keys_in
+from tests.support.net import free_port
 
 from .live import bulk, cli, cli_popen, del_op, read_state, set_op
 
@@ -233,11 +234,7 @@ def test_verify_and_restore_name_the_corrupt_segment_and_offset(upr_server: Call
 
 
 def test_server_crash_during_a_backup_cuts_back_to_an_exact_boundary(upr_server: Callable, tmp_path: Path) -> None:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     parts = 2
     data = tmp_path / "src"
     args = ["--flush-interval-ms", "60000", "--port", str(port)]

@@ -8,7 +8,6 @@ from its first batch, and the server must equal the archive afterwards."""
 from __future__ import annotations
 
 import importlib
-import socket
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -17,6 +16,7 @@ import pytest
 
 from clients.backup.archive import Archive
 from clients.backup.create import create_backup
+from tests.support.net import free_port
 
 from .live import bulk, del_op, read_state, set_op
 
@@ -25,9 +25,7 @@ restore_module = importlib.import_module("clients.backup.restore")  # the packag
 
 def test_a_crash_restart_between_batches_rewrites_the_partition(upr_server: Callable, tmp_path: Path,
                                                                monkeypatch: pytest.MonkeyPatch) -> None:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     data = tmp_path / "data"
     args = ["--flush-interval-ms", "60000", "--port", str(port)]
     servers = [upr_server(partitions=2, data_dir=data, args=args)]

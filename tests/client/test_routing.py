@@ -16,6 +16,7 @@ from engine.protocol.client.routing import (
     Router,
     Unserved,
     revision_in,
+    served_by_in,
 )
 
 URLS = {"a": "http://a", "b": "http://b", "c": "http://c"}
@@ -65,6 +66,15 @@ def test_revision_in_not_my_partition_detail(detail, revision) -> None:
     assert revision_in(detail) == revision
 
 
+@pytest.mark.parametrize("detail, node", [
+    ("partition 3 is replica here (map revision 7; served by node n2 at http://127.0.0.1:5)", "n2"),
+    ("partition 3 is replica here (map revision 7; served by no node right now)", None),
+    ("not active", None), (None, None),
+])
+def test_served_by_in_not_my_partition_detail(detail, node) -> None:
+    assert served_by_in(detail) == node
+
+
 # ------------------------------------------------------------------ placement
 def test_first_map_opens_one_connection_per_active_node() -> None:
     r = Router()
@@ -85,20 +95,37 @@ def test_wanted_partition_out_of_the_maps_range_is_a_usage_error() -> None:
         Router([9]).map_loaded(view(1, ["a"]), 0)
 
 
-def test_unserved_partitions_are_reported_once_and_polled_with_growing_delay() -> None:
-    r = Router(initial_delay=0.1, max_delay=0.4)
+def test_unserved_partitions_are_reported_once_and_polled_every_poll_delay() -> None:
+    r = Router(initial_delay=0.1, max_delay=0.4, poll_delay=0.2)
     actions = r.map_loaded(view(1, ["a", None, "b"], urls={"a": "http://a", "b": None}), 0)
     assert actions == [Open(1, "a", "http://a", (0,)),
                        Unserved((1, 2), "map revision 1: 1: no active node, 2: node b is down"),
                        Reload(0.1)]
     delays = []
-    for t in (0.1, 0.31, 0.72, 1.13):  # each read when the last one asked for it
+    for t in (0.1, 0.3, 0.5, 0.7):  # each read when the last one asked for it
         actions = r.map_loaded(view(1, ["a", None, "b"], urls={"a": "http://a", "b": None}), t)
         assert not any(type(a) is Unserved for a in actions)  # reported when they become unserved
         delays += [a.delay for a in actions if type(a) is Reload]
-    assert delays == pytest.approx([0.2, 0.4, 0.4, 0.4])
-    actions = r.map_loaded(view(2, ["a", "c", "c"]), 1.5)  # served again
+    # a failover may name an active any moment: no doubling past poll_delay
+    assert delays == pytest.approx([0.2, 0.2, 0.2, 0.2])
+    actions = r.map_loaded(view(2, ["a", "c", "c"]), 0.9)  # served again
     assert actions == [Open(2, "c", "http://c", (1, 2))] and r.unserved == set() and r.reload_at is None
+
+
+def test_a_long_outage_is_polled_with_the_growing_delay() -> None:
+    """Past ``unserved_poll_s`` of a spell without an active the map is read less often."""
+    r = Router(initial_delay=0.1, max_delay=1.0, poll_delay=0.2, unserved_poll_s=1.0)
+    no_active = view(1, ["a", None])
+    r.map_loaded(no_active, 0)
+    t, delays = 0.1, []
+    while t < 5:
+        delays += [a.delay for a in r.map_loaded(no_active, t) if type(a) is Reload]
+        t = r.reload_at
+    assert delays[:5] == pytest.approx([0.2] * 5) and delays[-3:] == pytest.approx([1.0] * 3)
+    # served again, then unserved again: a new spell polls every poll_delay from its start
+    r.map_loaded(view(2, ["a", "b"]), t)
+    assert [a.delay for a in r.map_loaded(view(3, ["a", None]), t + 1) if type(a) is Reload] == [pytest.approx(0.1)]
+    assert [a.delay for a in r.map_loaded(view(3, ["a", None]), t + 1.1) if type(a) is Reload] == [pytest.approx(0.2)]
 
 
 # ------------------------------------------------------------------ moves
@@ -132,6 +159,92 @@ def test_a_partition_goes_back_to_the_same_node_only_after_a_growing_delay() -> 
     r.partition_moved(conn, 0, now=1.2)
     assert r.map_loaded(view(3, ["a", "b"]), 1.2) == [Reload(pytest.approx(0.2))]  # doubled
     assert r.map_loaded(view(4, ["c", "b"]), 1.25) == [Open(conn + 1, "c", "http://c", (0,))]  # elsewhere: now
+
+
+REFUSALS = [
+    # desc, the map held, the revision the refusal names, refused (not_my_partition; a node name:
+    # the server it names), hold
+    ("named active, same revision: not yet", view(3, ["a", "b"]), 3, True, "not yet"),
+    ("named active, older revision named: not yet", view(3, ["a", "b"]), 2, True, "not yet"),
+    ("named active, no revision named: not yet", view(3, ["a", "b"]), None, True, "not yet"),
+    ("the node knows a newer map: back off, read it", view(3, ["a", "b"]), 4, True, "back off"),
+    ("state_changed: the node gave it up, back off", view(3, ["a", "b"]), None, False, "back off"),
+    ("the node names another server (a handover): back off", view(3, ["a", "b"]), 3, "b", "back off"),
+    ("the node names itself as the server: not yet", view(3, ["a", "b"]), 3, "a", "not yet"),
+]
+
+
+@pytest.mark.parametrize("desc,held,named,refused,hold", REFUSALS, ids=[c[0] for c in REFUSALS])
+def test_a_refusal_by_the_named_active_is_retried_soon(desc, held, named, refused, hold) -> None:
+    """The first hold is the same either way; a "not yet" never grows past ``refusal_delay``."""
+    r = Router()
+    r.map_loaded(held, 0)
+    now, holds = 1.0, []
+    for _ in range(4):
+        conn = next(iter(c for c, v in r.connections.items() if 0 in v.partitions))
+        served_by = refused if isinstance(refused, str) else None  # the server the refusal names
+        actions = r.partition_moved(conn, 0, now, named, refused=bool(refused), served_by=served_by)
+        [reload] = [a for a in actions if type(a) is Reload]
+        holds.append(round(r.holds[0].until - now, 3))
+        # a "not yet" keeps the map held: read it again (and retry) when the hold ends
+        assert reload.delay == pytest.approx(holds[-1] if hold == "not yet" else 0.0)
+        now = r.holds[0].until
+        r.map_loaded(held, now)  # the node's newer map (if it named one) is not out yet
+    assert holds == ([0.05, 0.1, 0.1, 0.1] if hold == "not yet" else [0.05, 0.1, 0.2, 0.4])
+
+
+def test_a_node_that_keeps_refusing_is_backed_off_per_revision() -> None:
+    """``refusals_per_revision`` quick retries under one map, then the doubling delay; a newer
+    map that still names the node starts the count over."""
+    r = Router(initial_delay=0.1, max_delay=0.4, refusal_delay=0.05, refusals_per_revision=3)
+    r.map_loaded(view(3, ["a", "b"]), 0)
+    conn, now, holds = 1, 0.0, []
+    for _ in range(6):
+        r.partition_moved(conn, 0, now, 3, refused=True)
+        holds.append(round(r.holds[0].until - now, 3))
+        now = r.holds[0].until
+        conn = next(a.conn for a in r.map_loaded(view(3, ["a", "b"]), now) if type(a) is Open)
+    assert holds == [0.05, 0.05, 0.05, 0.1, 0.2, 0.4]
+    r.partition_moved(conn, 0, now, 4, refused=True)  # the node read revision 4 meanwhile
+    conn = next(a.conn for a in r.map_loaded(view(4, ["a", "b"]), now + 0.5) if type(a) is Open)
+    r.partition_moved(conn, 0, now + 0.5, 4, refused=True)
+    assert r.holds[0].until == pytest.approx(now + 0.55)
+
+
+def _follow_a_promotion(applied_at: float, r: Router) -> tuple[float, int]:
+    """Map revision 2 names b active for partition 0 from time 0, but b applies its promotion at
+    ``applied_at``: before that it refuses (``not_my_partition`` naming revision 2).  Returns
+    (when the partition streamed from b, refusals)."""
+    actions = r.map_loaded(view(2, ["b"]), 0.0)
+    refusals = 0
+    now = 0.0
+    while now < 60:
+        opened = [a for a in actions if type(a) is Open]
+        if opened and now >= applied_at:
+            return now, refusals
+        if opened:
+            refusals += 1
+            actions = r.partition_moved(opened[0].conn, 0, now, 2, refused=True)
+            continue
+        assert r.reload_at is not None, "nothing pending: the partition would wait forever"
+        now = max(now, r.reload_at)
+        actions = r.map_loaded(view(2, ["b"]), now)
+    raise AssertionError("the partition never streamed from its new active")
+
+
+@pytest.mark.parametrize("applied_at", [0.0, 0.03, 0.12, 0.25, 0.4, 0.7, 1.2])
+def test_a_promotion_applied_late_is_followed_within_a_retry(applied_at) -> None:
+    """A node applies its promotions one after the other (the last a few hundred ms after the
+    map): its refusals meanwhile are "not yet", retried every ``refusal_delay``, not backed off."""
+    opened_at, refusals = _follow_a_promotion(applied_at, Router())
+    assert applied_at <= opened_at <= applied_at + 0.1 + 1e-9  # the default refusal_delay
+    assert refusals <= 2 + applied_at / 0.1 + 1e-9  # not more often than that
+
+
+def test_a_node_refusing_for_long_is_dialled_with_the_growing_delay() -> None:
+    opened_at, refusals = _follow_a_promotion(30.0, Router())
+    # 20 quick retries (2 s), then one dial per max_delay at most
+    assert refusals <= 20 + 5 + (30 - 2) / 2.0
 
 
 def test_not_my_partition_naming_a_newer_revision_reads_the_map_until_it_arrives() -> None:
@@ -227,7 +340,7 @@ NODES = ["a", "b", "c"]
 _event = st.one_of(
     st.tuples(st.just("map"), st.integers(0, 6), st.lists(st.sampled_from(NODES + [None]), min_size=6, max_size=6),
               st.sets(st.sampled_from(NODES))),
-    st.tuples(st.just("moved"), st.integers(1, 12), st.integers(0, 5), st.none() | st.integers(0, 8)),
+    st.tuples(st.just("moved"), st.integers(1, 12), st.integers(0, 5), st.none() | st.integers(0, 8), st.booleans()),
     st.tuples(st.just("lost"), st.integers(1, 12)),
     st.tuples(st.just("seen"), st.integers(0, 8)),
     st.tuples(st.just("failed"),),
@@ -235,19 +348,24 @@ _event = st.one_of(
 
 
 @settings(max_examples=300, deadline=None)
-@given(st.lists(_event, max_size=40))
-def test_every_partition_is_on_at_most_one_connection_of_its_active_node(events) -> None:
+@given(st.lists(st.tuples(_event, st.sampled_from([0.0, 0.01, 0.04, 0.07, 0.3])), max_size=40))
+def test_every_partition_is_on_at_most_one_connection_of_its_active_node(timed_events) -> None:
     r = Router()
     live: dict[int, tuple[str, set[int]]] = {}  # the adapter's view, built from actions only
+    left: dict[int, tuple[str, float]] = {}  # partition: the node it last left, when
     now = 0.0
-    for ev in events:
-        now += 0.07
+    for ev, step in timed_events:
+        now += step
+        if ev[0] == "moved" and ev[1] in live and ev[2] in live[ev[1]][1]:
+            left[ev[2]] = (live[ev[1]][0], now)
+        elif ev[0] == "lost" and ev[1] in live:
+            left.update({p: (live[ev[1]][0], now) for p in live[ev[1]][1]})
         if ev[0] == "map":
             _, rev, actives, down = ev
             urls = {n: (None if n in down else f"http://{n}") for n in NODES}
             actions = r.map_loaded(MapView(rev, dict(enumerate(actives)), urls), now)
         elif ev[0] == "moved":
-            actions = r.partition_moved(ev[1], ev[2], now, ev[3])
+            actions = r.partition_moved(ev[1], ev[2], now, ev[3], refused=ev[4])
         elif ev[0] == "lost":
             actions = r.connection_lost(ev[1], now)
         elif ev[0] == "seen":
@@ -258,6 +376,9 @@ def test_every_partition_is_on_at_most_one_connection_of_its_active_node(events)
             if type(a) is Open:
                 assert a.conn not in live and a.partitions
                 assert all(r.map.url_of(p) == (a.node, a.url) for p in a.partitions)
+                for p in a.partitions:  # never straight back to the node it just left: no busy loop
+                    if p in left and left[p][0] == a.node:
+                        assert now >= left[p][1] + min(r.initial_delay, r.refusal_delay) - 1e-9
                 live[a.conn] = (a.node, set(a.partitions))
             elif type(a) is Close:
                 assert a.conn in live
@@ -277,3 +398,69 @@ def test_every_partition_is_on_at_most_one_connection_of_its_active_node(events)
         # whatever waits, a reload is pending (nothing is forgotten)
         if r.map is not None and r.waiting():
             assert r.reload_at is not None
+
+
+# ------------------------------------------------------------------ a node killed: map reads vs dials
+def _follow_a_kill(failover_at: float, r: Router) -> tuple[float, int]:
+    """Node a dies at 0 (every dial to it is refused at once); the map names it until
+    ``failover_at``, then names b.  The consumer reads the map whenever the router asks.
+    Returns (when the partition opened on b, dials to a after the kill)."""
+    r.map_loaded(view(1, ["a"]), -1.0)
+    actions = r.connection_lost(1, now=0.0)
+    dials = 0
+    now = 0.0
+    while now < 60:
+        reloads = [a.delay for a in actions if type(a) is Reload]
+        for a in actions:
+            if type(a) is Open and a.node == "b":
+                return now, dials
+            if type(a) is Open:
+                dials += 1
+                actions = r.connection_lost(a.conn, now)  # refused
+                break
+        else:
+            assert reloads or r.reload_at is not None, "nothing pending: the partition would wait forever"
+            now = r.reload_at if r.reload_at is not None else now + reloads[0]
+            actions = r.map_loaded(view(2, ["b"]) if now >= failover_at else view(1, ["a"]), now)
+    raise AssertionError("the partition never reopened on its new active")
+
+
+@pytest.mark.parametrize("failover_at", [0.3, 1.0, 2.05, 2.3, 2.7, 3.3, 5.0, 9.0])
+def test_a_killed_nodes_partitions_open_on_the_new_active_within_a_poll_of_the_failover(failover_at) -> None:
+    """The dial to the dead node backs off up to ``max_delay``; the map read does not wait for it
+    (a 2 s lease fails the node over 2–3 s after the kill, the hold has grown past 1 s by then)."""
+    opened_at, dials = _follow_a_kill(failover_at, Router())
+    assert failover_at <= opened_at <= failover_at + 0.2 + 1e-9  # the default poll_delay
+    # the dials still back off: 0.05, 0.1, 0.2, ... up to max_delay apart, not one per map read
+    assert dials <= 2 + sum(1 for k in range(12) if sum(min(2.0, 0.05 * 2 ** i) for i in range(k)) < failover_at)
+
+
+@pytest.mark.parametrize("failover_at", [2.05, 2.3, 2.6, 3.1, 4.5])
+def test_a_dead_node_listed_down_before_the_failover_delays_its_partitions_by_a_poll_at_most(failover_at) -> None:
+    """Between the dead node's lease expiring (2 s) and its partitions' promotion the map names it
+    ``down``: its partitions are unserved, and the map is read every ``poll_delay`` meanwhile."""
+    r = Router()
+    r.map_loaded(view(1, ["a"]), -1.0)
+    actions = r.connection_lost(1, now=0.0)
+    down = {"a": None, "b": "http://b"}
+    now = 0.0
+    while now < 60:
+        if any(type(a) is Open and a.node == "b" for a in actions):
+            break
+        for a in actions:
+            if type(a) is Open:
+                actions = r.connection_lost(a.conn, now)  # refused: a is dead
+                break
+        else:
+            now = r.reload_at
+            current = (view(3, ["b"]) if now >= failover_at else view(2, ["a"], urls=down) if now >= 2.0
+                       else view(1, ["a"]))
+            actions = r.map_loaded(current, now)
+    assert failover_at <= now <= failover_at + 0.2 + 1e-9
+
+
+@pytest.mark.parametrize("kwargs", [{"poll_delay": 0}, {"refusal_delay": 0}, {"refusals_per_revision": -1},
+                                    {"unserved_poll_s": -1}])
+def test_delays_must_be_positive(kwargs) -> None:
+    with pytest.raises(UsageError):
+        Router(**kwargs)

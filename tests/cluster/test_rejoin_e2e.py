@@ -96,7 +96,8 @@ def test_a_killed_node_restarted_within_the_grace_rolls_back_every_copy_it_held(
             # a clean exit (the histories below are read from the data dirs); the last node stops
             # while it fails the others' partitions over, which on a loaded machine has taken
             # longer than the default 20 s
-            assert cluster.nodes[name].stop(timeout=60) in (0, -15)
+            node = cluster.nodes[name]
+            assert node.stop(timeout=60) in (0, -15), (name, node.log_path.read_text()[-8000:])
         scans = {name: history(cluster.nodes[name].data_dir, PARTITIONS)[0] for name in ("n1", "n2", "n3")}
         assert sum(map(len, scans[final["map"]["partitions"][0]["active"]].values())) > 0
         for entry in final["map"]["partitions"]:

@@ -80,3 +80,38 @@ def test_a_replica_only_listener_keeps_the_interval_for_replica_partitions_alone
     remove()
     remove()  # twice: counted once
     assert flusher.eager_replica_listeners == 0
+
+
+def test_an_eager_listener_registering_ends_a_gather_under_way(make_engine, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A gather waits once, without looking every interval: a ``persisted`` stream arriving
+    meanwhile still gets the interval's cadence, not the rest of the gather."""
+    monkeypatch.setattr(flusher_module, "GATHER_S", 3600.0)
+    engine = make_engine(flush_interval_ms=1.0)
+    first = engine.write(WriteOp(Op.MUTATION, "a", b"one", None))
+    _until(lambda: engine._flusher._gathering)
+    assert engine.stats(first.partition).persisted_seqno < first.seqno
+    remove = engine.add_persist_listener(lambda p: None)
+    _until(lambda: engine.stats(first.partition).persisted_seqno == first.seqno)
+    remove()
+
+
+def test_a_replica_change_after_a_quiet_spell_is_persisted_at_once_and_a_steady_stream_is_paced(
+        make_engine, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A replica's acker asks for a round once ``REPLICA_ROUND_S`` has passed since the last one
+    began: the first change after a quiet spell gets the interval's cadence, the next ones wait
+    (set out of reach here) unless a waiter kicks."""
+    monkeypatch.setattr(flusher_module, "GATHER_S", 3600.0)
+    monkeypatch.setattr(flusher_module, "REPLICA_ROUND_S", 3600.0)
+    engine = make_engine(flush_interval_ms=1.0)
+    remove = engine.add_persist_listener(lambda p: None, replicas_only=True)
+    replica = 1
+    engine.set_state(replica, PartitionState.REPLICA)
+    engine.adopt_failover_log(replica, (FailoverEntry(77, 0),))
+    engine._flusher._round_began = time.monotonic() - 7200.0  # a quiet spell: no round for long
+    engine.apply_replica_run([MarkerStep(replica, 1, 1), ItemsStep(replica, [Item(b"r", 1, 5, 1, False, b"v")], True)])
+    _until(lambda: engine.stats(replica).persisted_seqno == 1)
+    engine.apply_replica_run([MarkerStep(replica, 2, 2), ItemsStep(replica, [Item(b"s", 2, 6, 1, False, b"v")], True)])
+    time.sleep(0.3)  # ~300 intervals: a round began just now, so the copy's change waits
+    assert engine.stats(replica).persisted_seqno == 1
+    engine.persist_future({replica: 2}).result(timeout=30)  # a waiter still kicks a round
+    remove()

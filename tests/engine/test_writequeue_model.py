@@ -24,7 +24,7 @@ from engine.core.types import Item, Op, PartitionState, WriteResult
 from engine.flusher import Flusher, lmdb_turn
 from engine.partition import Partition
 from engine.storage.store import Store
-from engine.writequeue import ITEM_OVERHEAD, WriteQueue
+from engine.writequeue import ITEM_OVERHEAD, QueueBytes, WriteQueue
 
 KEYS = st.sampled_from(["a", "b", "c", "d", "e", "f"])
 
@@ -37,6 +37,8 @@ class QueueMachine(RuleBasedStateMachine):
         self.part = Partition(id=0, state=PartitionState.ACTIVE, failover_log=(), purge_seqno=0, live_items=0,
                               persisted_live=0, queue=WriteQueue(0))
         self.queue = self.part.queue
+        self.total = QueueBytes()  # what an engine's backpressure check reads
+        self.queue.count_in(self.total)
         self.lock = threading.RLock()
         self.turn = lmdb_turn()
         self.writer = BatchWriter([self.part], self.store, self.turn, max_key_bytes=250, max_value_bytes=1 << 20)
@@ -121,6 +123,7 @@ class QueueMachine(RuleBasedStateMachine):
         latest = self._latest(root.persisted + 1, root.high)
         assert self.queue.index == {i.key: i for i in latest}
         assert self.queue.bytes == sum(len(i.key) + len(i.value) + ITEM_OVERHEAD for i in latest)
+        assert self.total.bytes == self.queue.bytes
         assert root.persisted == self.queue.persisted and root.base <= root.persisted + 1
 
     @invariant()

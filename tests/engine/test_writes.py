@@ -16,7 +16,7 @@ from engine.core.errors import (
     TooLarge,
     UprError,
 )
-from engine.core.types import Op, PartitionState, WriteOp, WriteResult
+from engine.core.types import FailoverEntry, Item, Op, PartitionState, WriteOp, WriteResult
 
 SLOW_FLUSH = {"flush_interval_ms": 60_000.0}
 
@@ -174,6 +174,38 @@ def test_backpressure_when_queue_over_limit_then_recovers(make_engine) -> None:
     assert engine.engine_stats()["queue_bytes"] == 0
     assert isinstance(engine.write(put("after")), WriteResult)
     assert engine.engine_stats()["backpressure_total"] == 1
+
+
+def test_the_byte_total_the_limit_reads_is_the_sum_of_the_queues(make_engine) -> None:
+    """The backpressure check reads one running total: it must follow every way a queue's
+    bytes change (writes, rewrites, deletes, a refused item, a replica's applies, a flush, a
+    replica's reset)."""
+    engine = make_engine(partitions=4, **SLOW_FLUSH)
+
+    def agree() -> int:
+        total = engine.engine_stats()["queue_bytes"]
+        assert total == sum(s.queue_bytes for s in engine.all_stats())
+        return int(total)
+
+    keys = [k for k in (f"k{i}" for i in range(200)) if engine.partition_of(k) != 3][:40]
+    engine.write_batch([put(k, b"x" * i) for i, k in enumerate(keys)])
+    first = agree()
+    assert first > 0
+    results = engine.write_batch([put(k, b"y") for k in keys[::3]] + [delete(keys[1]), delete("never-written")])
+    assert isinstance(results[-1], KeyNotFound)
+    assert 0 < agree() < first
+    engine.set_state(3, PartitionState.REPLICA)
+    engine.adopt_failover_log(3, (FailoverEntry(77, 0),))
+    engine.replica_marker(3, 1, 2)
+    engine.apply_replicated(3, [Item(b"r1", 1, 5, 1, False, b"abc"), Item(b"r2", 2, 6, 1, False, b"de")], last=True)
+    with_replica = agree()
+    assert with_replica > 0
+    engine.reset_partition(3)
+    assert agree() < with_replica
+    engine.write_batch([put(keys[0], b"z" * 500)])
+    agree()
+    engine.flush_now()
+    assert agree() == 0
 
 
 def test_map_grows_when_full(make_engine) -> None:

@@ -67,10 +67,11 @@ async def _answers(data_dir: Path, full_stack: bool) -> tuple[list[Any], int]:
                 payload = r.text
             out.append((query, body[:40], r.status_code, r.headers.get("content-type"),
                         r.headers.get("www-authenticate"), payload))
-        metrics = (await running.client.get("/metrics")).text
+        metrics = (await running.client.get("/metrics", headers=W)).text
         counted = [line for line in metrics.splitlines()
                    if line.startswith("upr_http_requests_total{") and "/docs/_bulk" in line]
         out.append(sorted(counted))
+        out.append(sorted(line for line in metrics.splitlines() if line.startswith("upr_bulk_items_total{")))
         return out, _direct_layer(running.app).answered
 
 
@@ -81,4 +82,7 @@ async def test_the_direct_path_answers_as_the_full_stack(tmp_path: Path) -> None
     assert answered == len(REQUESTS) and bypassed == 0
     for got, expected in zip(direct, full):
         assert got == expected
-    assert {entry[2] for entry in direct[:-1]} >= {200, 401, 403, 413, 422}
+    assert {entry[2] for entry in direct[:-2]} >= {200, 401, 403, 413, 422}
+    outcomes = {line.split('"')[1]: float(line.rsplit(" ", 1)[1]) for line in direct[-1]}
+    assert outcomes["ok"] >= 11 and outcomes["failed"] >= 2  # each app counts its own items
+    assert direct[-2], "the requests counted by route and status"

@@ -62,3 +62,31 @@ async def test_the_runner_settles_writes_on_the_writer_thread() -> None:
         assert await runner.write(lambda: "next") == "next"
     finally:
         runner.shutdown()
+
+
+async def test_a_change_marked_by_a_job_rides_the_jobs_wake_up_ahead_of_its_answer() -> None:
+    """The streams' wake of a write and the write's answer reach the loop in one wake-up, the
+    change first; a mark from any other thread still wakes the loop itself."""
+    from app.stream.coalesce import CoalescedPartitions
+
+    loop = asyncio.get_running_loop()
+    seen: list[object] = []
+    marks = CoalescedPartitions(loop, lambda dirty: seen.append(dirty))
+    runner = EngineRunner(engine=None)  # type: ignore[arg-type]
+    try:
+        inbox = runner._inbox_of(loop)
+        wakes = inbox.wakes
+        answer = await runner.write(lambda: marks.mark_many((3, 5)) or "written")
+        seen.append(answer)
+        assert seen == [frozenset({3, 5}), "written"]
+        assert inbox.wakes - wakes == 1
+        other = threading.Thread(target=marks.mark_many, args=((7,),))
+        other.start()
+        other.join()
+        for _ in range(3000):
+            if len(seen) == 3:
+                break
+            await asyncio.sleep(0.01)
+        assert seen[2] == frozenset({7}) and inbox.wakes - wakes == 1
+    finally:
+        runner.shutdown()

@@ -19,17 +19,12 @@ from spark_connector.index.job import IndexJob, _same_seqnos
 from spark_connector.index.lookup import lookup
 from spark_connector.index.manifest import load
 from spark_connector.index.storage import open_location
+from tests.support.net import free_port
 from tests.spark.helpers import CITIES, brute_force, bulk, random_ops
 
 pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parents[2]
 KEYS = [f"doc-{i:05d}" for i in range(300)]
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture
@@ -38,7 +33,7 @@ def s3_endpoint(tmp_path):
     server = Path(sys.executable).with_name("moto_server")
     if not server.exists():
         pytest.skip("moto[server] is not installed (the dev extra has it)")
-    port = _free_port()
+    port = free_port()
     proc = subprocess.Popen([str(server), "-H", "127.0.0.1", "-p", str(port)], stdout=subprocess.DEVNULL,
                             stderr=open(tmp_path / "moto.log", "w"))
     try:

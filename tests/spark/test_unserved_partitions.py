@@ -131,3 +131,28 @@ def test_no_partition_served_at_all_is_retried_then_one_clear_error(nodes) -> No
     opts = parse_options({"server": n1, "fetchOffset.numRetries": "1", "fetchOffset.retryIntervalMs": "10"})
     with pytest.raises(SourceUnavailable, match=r"gave up after 2 attempts"):
         fetch_routed(opts, partial=True)
+
+
+def test_a_partition_the_plan_held_is_reported_unserved_even_once_the_map_moved_it(nodes) -> None:
+    """Trigger.AvailableNow ends on the plan: a partition it held must be reported as unserved by
+    that plan even if its new active is up by the time the progress is reported, or an index run
+    would take itself for up to date and stop short of it."""
+    from spark_connector.source import UprStreamReader
+
+    n1, _, routes = nodes
+    reader = UprStreamReader({"server": n1, "fetchOffset.numRetries": "0"})
+    reader.prepareForTriggerAvailableNow()
+    start = reader.initialOffset()
+    end = reader.latestOffset(start, None)
+    assert {p: o["s"] for p, o in end["p"].items()} == {"0": 40, "1": 0, "2": 70, "3": 0}
+    # the failover completes between the plan and the report: n1 is active for everything now
+    routes["/cluster"]["map"]["partitions"] = [{"partition": p, "active": "n1"} for p in range(4)]
+    routes["/partitions"] = {"partitions": [*routes["/partitions"]["partitions"],
+                                            {"partition": 1, "high_seqno": 9, "purge_seqno": 0, "state": "active",
+                                             "failover_log": [{"uuid": 5, "seqno": 0}]},
+                                            {"partition": 3, "high_seqno": 0, "purge_seqno": 0, "state": "active",
+                                             "failover_log": [{"uuid": 6, "seqno": 0}]}]}
+    assert sorted(reader.reportLatestOffset()["unavailablePartitions"]) == ["1", "3"]
+    # the next plan serves them, and then nothing is reported
+    reader.latestOffset(end, None)
+    assert "unavailablePartitions" not in reader.reportLatestOffset()

@@ -1,12 +1,6 @@
-"""A free TCP port, for servers a test must restart on the same address."""
+"""A free TCP port, for servers a test must start (or restart) on an address it chose itself."""
 from __future__ import annotations
 
-import socket
+from bench.suite.ports import free_port
 
-
-def free_port() -> int:
-    """A port nothing listens on right now (the kernel picks it; a race with other processes is
-    possible but harmless on 127.0.0.1 in a test run)."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+__all__ = ["free_port"]

@@ -28,10 +28,27 @@ Theory of operation
   still name the dead node, and a node may refuse a partition its map no longer gives it before
   every node read the new map.  Placing it anywhere else happens at once.  The delay starts at
   ``initial_delay`` and doubles per consecutive return to the same node, up to ``max_delay``.
+  Only the dial backs off: while a partition is held back the map is read every ``poll_delay``,
+  because a failover names the new active as soon as the dead node's lease expires, and waiting
+  for the hold to end would add up to ``max_delay`` to every moved partition's pause.
+* **"Not yet" is not "wrong node".**  A node that refuses a partition (``not_my_partition``)
+  which the map held (at the revision the node names, or a newer one) gives to that very node is
+  late, not wrong: it has the map but has not applied its own promotion yet (a node applies its
+  promotions one after the other, the last a few hundred milliseconds after the map).  A refusal
+  naming another node as the server is a handover under way and backs off like a move.  Such a refusal
+  holds the partition back with the same doubling delay but only up to ``refusal_delay``, not
+  ``max_delay``, at most ``refusals_per_revision`` times per map revision; past that the node is
+  treated as one that keeps refusing and the full doubling delay applies, so a node is never
+  dialled in a loop.
 * **Map reloads** are asked for (``Reload(delay)``) whenever a partition waits: at once after a
-  move or a lost connection, then with the same growing delay while partitions stay unserved or
-  held back, or while map reads fail.  ``reload_at`` is the one pending reload time; a reload
-  is never asked for twice.
+  move or a lost connection (after a "not yet" refusal: when its hold ends, the map held already
+  sends the partition back there), then with the same growing delay while map reads fail, and
+  every ``poll_delay`` (at the latest when its hold ends) while a partition is held back.  While a
+  partition has no live active (*unserved*) the map is read every ``poll_delay`` too, for the
+  first ``unserved_poll_s`` of the spell (a failover names the new active one lease after the
+  death, and a doubling delay would add up to its last step to it), then with the growing delay
+  (an outage of hours is not polled several times a second).  ``reload_at`` is the one pending
+  reload time; a reload is never asked for twice.
 * **Unserved partitions** are reported when they become unserved (``Unserved``), retried with
   every reload, and never fatal: a consumer outlives a cluster without a copy of a partition.
 
@@ -48,7 +65,7 @@ from typing import Any, Union
 from .errors import UsageError
 
 __all__ = ["MapView", "Open", "Close", "Reload", "Unserved", "RouteAction", "Router", "revision_in",
-           "MapFormatError"]
+           "served_by_in", "MapFormatError"]
 
 
 class MapFormatError(UsageError):
@@ -145,6 +162,16 @@ def revision_in(detail: str | None) -> int | None:
     return int(found.group(1)) if found else None
 
 
+_SERVED_BY = re.compile(r"served by node (\S+) at ")
+
+
+def served_by_in(detail: str | None) -> str | None:
+    """The node a ``not_my_partition`` detail names as serving the partition, per the refusing
+    node's map ("... served by node n2 at http://..."); None when it names none."""
+    found = _SERVED_BY.search(detail or "")
+    return found.group(1) if found else None
+
+
 @dataclass(slots=True)
 class _Connection:
     node: str
@@ -156,16 +183,32 @@ class _Connection:
 class _Hold:
     node: str
     until: float
+    #: consecutive returns to ``node`` that backed off (doubling delay); 0: none yet
     attempts: int
+    #: "not yet" refusals by ``node`` under map ``revision``
+    refusals: int = 0
+    revision: int = -1
 
 
 class Router:
     """See the module docstring."""
 
     def __init__(self, wanted: Iterable[int] | None = None, *, initial_delay: float = 0.05,
-                 max_delay: float = 2.0) -> None:
+                 max_delay: float = 2.0, poll_delay: float = 0.2, refusal_delay: float = 0.1,
+                 refusals_per_revision: int = 20, unserved_poll_s: float = 30.0) -> None:
         if not 0 < initial_delay <= max_delay:
             raise UsageError(f"need 0 < initial_delay <= max_delay, got {initial_delay} and {max_delay}")
+        if not poll_delay > 0:
+            raise UsageError(f"need poll_delay > 0, got {poll_delay}")
+        if not refusal_delay > 0:
+            raise UsageError(f"need refusal_delay > 0, got {refusal_delay}")
+        if refusals_per_revision < 0 or unserved_poll_s < 0:
+            raise UsageError(f"need refusals_per_revision >= 0 and unserved_poll_s >= 0, got "
+                             f"{refusals_per_revision} and {unserved_poll_s}")
+        self.poll_delay = poll_delay
+        self.refusal_delay = refusal_delay
+        self.refusals_per_revision = refusals_per_revision
+        self.unserved_poll_s = unserved_poll_s
         self.wanted: tuple[int, ...] | None = tuple(sorted(set(wanted))) if wanted is not None else None
         self.initial_delay = initial_delay
         self.max_delay = max_delay
@@ -183,6 +226,8 @@ class Router:
         self.reload_at: float | None = None
         self._reload_failures = 0
         self._unserved_polls = 0
+        #: when the current spell of unserved partitions began (None: every partition is served)
+        self._unserved_since: float | None = None
         self._next_conn = 1
 
     # ------------------------------------------------------------------ queries
@@ -232,22 +277,28 @@ class Router:
                 actions.append(self._close(conn_id))
         return actions + self._place(now)
 
-    def partition_moved(self, conn: int, partition: int, now: float,
-                        revision: int | None = None) -> list[RouteAction]:
+    def partition_moved(self, conn: int, partition: int, now: float, revision: int | None = None, *,
+                        refused: bool = False, served_by: str | None = None) -> list[RouteAction]:
         """``partition``'s stream on ``conn`` ended because its node is not (or no longer) its
-        active: ``state_changed``, or ``not_my_partition`` naming ``revision``."""
+        active: ``state_changed``, or (``refused``) ``not_my_partition`` naming ``revision`` and
+        the node that serves the partition in the refusing node's eyes (``served_by``)."""
         c = self.connections.get(conn)
         if c is None or partition not in c.partitions:
             return []  # the connection was closed meanwhile: the partition is already waiting
         c.partitions.discard(partition)
         del self.assigned[partition]
-        self._hold(partition, c.node, now)
+        not_yet = refused and served_by in (None, c.node) and self._not_yet(partition, c.node, revision)
+        if not_yet:
+            self._refused(partition, c.node, now)
+        else:
+            self._hold(partition, c.node, now)
         actions: list[RouteAction] = []
         if not c.partitions:
             actions.append(self._close(conn))
         if revision is not None:
             self.seen_revision = max(self.seen_revision, revision)
-        return actions + self._reload(now, 0.0)
+        # the map held already sends it back to that node: read it (and retry) when the hold ends
+        return actions + self._reload(now, self.holds[partition].until - now if not_yet else 0.0)
 
     def connection_lost(self, conn: int, now: float) -> list[RouteAction]:
         """Connection ``conn`` broke (or would not open): its partitions wait for the map."""
@@ -311,7 +362,30 @@ class Router:
         # since then starts over
         recent = old is not None and old.node == node and now <= old.until + 10 * self.max_delay
         attempts = old.attempts + 1 if recent and old is not None else 1
-        self.holds[partition] = _Hold(node, now + self._delay(attempts), attempts)
+        hold = _Hold(node, now + self._delay(attempts), attempts)
+        if old is not None and old.node == node:  # the refusals counted under this map still count
+            hold.refusals, hold.revision = old.refusals, old.revision
+        self.holds[partition] = hold
+
+    def _not_yet(self, partition: int, node: str, revision: int | None) -> bool:
+        """A refusal by the node that the held map, as new as the node's or newer, names active."""
+        return (self.map is not None and self.map.actives.get(partition) == node
+                and (revision is None or revision <= self.revision))
+
+    def _refused(self, partition: int, node: str, now: float) -> None:
+        """Hold a "not yet" refusal back briefly, or like any return once the node refused it
+        ``refusals_per_revision`` times under this map."""
+        old = self.holds.get(partition)
+        same = old is not None and old.node == node and old.revision == self.revision
+        refusals = old.refusals + 1 if same and old is not None else 1
+        if refusals > self.refusals_per_revision:
+            self._hold(partition, node, now)
+            self.holds[partition].refusals, self.holds[partition].revision = refusals, self.revision
+            return
+        # the dead node's doubling delay, but never past refusal_delay: the first retry comes as
+        # soon as after any other move, the later ones at a steady, bounded pace
+        delay = min(self._delay(refusals), self.refusal_delay)
+        self.holds[partition] = _Hold(node, now + delay, 0, refusals, self.revision)
 
     def _close(self, conn_id: int) -> Close:
         conn = self.connections.pop(conn_id)
@@ -351,7 +425,7 @@ class Router:
             self.unserved.discard(p)
             hold = self.holds.get(p)
             if hold is not None and hold.node == node and hold.until > now:
-                times.append(hold.until)
+                times.append(min(hold.until, now + self.poll_delay))  # the map may move it sooner
                 continue
             if hold is not None and hold.node != node:
                 del self.holds[p]
@@ -371,10 +445,16 @@ class Router:
                                         else f"node {view.actives[p]} is down") for p in newly_unserved)
             actions.append(Unserved(tuple(newly_unserved), f"map revision {view.revision}: {why}"))
         if self.unserved:
-            self._unserved_polls += 1  # poll with a growing delay while no node serves them
-            times.append(now + self._delay(self._unserved_polls))
+            if self._unserved_since is None:
+                self._unserved_since = now
+            self._unserved_polls += 1
+            delay = self._delay(self._unserved_polls)
+            if now - self._unserved_since < self.unserved_poll_s:
+                delay = min(delay, self.poll_delay)  # a failover may name a new active any moment
+            times.append(now + delay)
         else:
             self._unserved_polls = 0
+            self._unserved_since = None
         if self.seen_revision > self.revision:
             self._reload_failures += 1  # a node answered an older map than one heard of
             times.append(now + self._delay(self._reload_failures))
