@@ -52,7 +52,8 @@ class CoalescedPartitions:
             if self._scheduled:
                 # a callback parked in a writer job's inbox runs when that job ends, which may be
                 # long after a mark from another thread (a promotion, a replica's apply): such a
-                # mark schedules a loop callback of its own (``_run`` skips an empty set)
+                # mark schedules a loop callback of its own (the later of the two delivers an
+                # empty set)
                 if not (self._parked and inbox is None):
                     return
                 self._parked = False
@@ -80,8 +81,6 @@ class CoalescedPartitions:
 
     def _run(self) -> None:
         with self._lock:
-            if not self._dirty:  # a second callback of one burst (see ``mark_many``)
-                return
             dirty, self._dirty = frozenset(self._dirty), set()
             self._scheduled = self._parked = False
             self.delay = time.monotonic() - self._first_mark

@@ -95,7 +95,7 @@ async def test_a_change_marked_by_a_job_rides_the_jobs_wake_up_ahead_of_its_answ
 async def test_a_mark_from_another_thread_is_not_held_behind_a_running_job() -> None:
     """While a writer job's mark waits in its inbox (the job still runs), a mark from another
     thread (a promotion, a replica's apply) wakes the loop itself; the parked callback then finds
-    nothing left and delivers nothing."""
+    nothing left."""
     from app.stream.coalesce import CoalescedPartitions
 
     loop = asyncio.get_running_loop()
@@ -121,7 +121,7 @@ async def test_a_mark_from_another_thread_is_not_held_behind_a_running_job() -> 
         assert seen == [frozenset({1, 2})] and not job.done()
         release.set()
         assert await job == "written"
-        assert seen == [frozenset({1, 2})]
+        assert [dirty for dirty in seen if dirty] == [frozenset({1, 2})]   # the parked one found it taken
     finally:
         release.set()
         runner.shutdown()
