@@ -90,7 +90,8 @@ class EventFeed:
         try:
             changed = self._changed
             if self.log.last_id == since:
-                await asyncio.wait_for(changed.wait(), timeout)
+                async with asyncio.timeout(timeout):
+                    await changed.wait()
         except TimeoutError:
             pass
         finally:

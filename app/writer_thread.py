@@ -88,7 +88,10 @@ class LoopInbox:
         calls = self._calls
         while calls:
             fn, args = calls.popleft()
-            fn(*args)
+            try:
+                fn(*args)
+            except Exception:  # a bug in one callback must not strand the answers queued after it
+                log.exception("loop inbox callback failed")
 
 
 class WriterThread:

@@ -75,7 +75,8 @@ class StreamConnection:
 
     async def first(self, timeout: float) -> tuple[Any, int]:
         """The answer to ``hello`` (never bundled)."""
-        frame = await asyncio.wait_for(self.ws.recv(), timeout)
+        async with asyncio.timeout(timeout):
+            frame = await self.ws.recv()
         return (decode_frame(frame) if isinstance(frame, str) else frame), frame_bytes(frame)
 
     async def receive(self) -> tuple[Any, int]:

@@ -347,7 +347,8 @@ class Consumer(ReceiveLoop):
         cookie = self.request_barrier()
         fut = self._barriers[cookie]
         if self._iterating and not self._barrier_drives:
-            return await asyncio.wait_for(asyncio.shield(fut), timeout)
+            async with asyncio.timeout(timeout):
+                return await asyncio.shield(fut)
         if self.handler is None:
             raise UsageError("barrier() with nobody consuming: iterate the consumer in another task, "
                              "or pass handler= so that barrier() can drive the stream")
@@ -366,7 +367,8 @@ class Consumer(ReceiveLoop):
                     return event  # the handler returned: processed
             raise ConnectionFailed("the stream ended before the barrier came back")
 
-        return await asyncio.wait_for(pump(), timeout)
+        async with asyncio.timeout(timeout):
+            return await pump()
 
     async def commit(self) -> None:
         """Save the processed position of every partition now (including the event being handled)."""

@@ -400,7 +400,8 @@ class HandoverParticipant:
         event = self._pause_over.setdefault(partition, asyncio.Event())
         self._parked += 1
         try:
-            await asyncio.wait_for(event.wait(), timeout_s)
+            async with asyncio.timeout(timeout_s):
+                await event.wait()
             return True
         except asyncio.TimeoutError:
             return False
@@ -450,7 +451,8 @@ class HandoverParticipant:
             event = self._active_now.setdefault(partition, asyncio.Event())
             self._parked += 1
             try:
-                await asyncio.wait_for(event.wait(), timeout_s)
+                async with asyncio.timeout(timeout_s):
+                    await event.wait()
             except asyncio.TimeoutError:
                 pass
             finally:
@@ -552,7 +554,8 @@ class HandoverParticipant:
             if done():
                 return True
             try:
-                await asyncio.wait_for(event.wait(), left)
+                async with asyncio.timeout(left):
+                    await event.wait()
             except asyncio.TimeoutError:
                 return done()
         return True

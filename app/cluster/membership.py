@@ -113,7 +113,8 @@ class Membership:
             self.clock.attempt(sent)
             try:
                 # a paused etcd holds the request open: give up after a TTL and count it as away
-                left = await asyncio.wait_for(self.etcd.keepalive(self.lease), self.ttl)
+                async with asyncio.timeout(self.ttl):
+                    left = await self.etcd.keepalive(self.lease)
             except (EtcdError, asyncio.TimeoutError) as exc:
                 self.clock.unreachable()
                 if self._away_since is None:

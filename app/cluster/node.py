@@ -195,9 +195,7 @@ class ClusterNode:
         tasks = [*self._tasks]
         if self._orchestrator_task is not None:
             tasks.append(self._orchestrator_task)
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
+        await self._cancel_until_done(tasks)
         await self.handover.aclose()
         if self.handover.switch_trace is not None:
             await self.handover.switch_trace.aclose()
@@ -208,6 +206,22 @@ class ClusterNode:
             except EtcdError as exc:
                 log.warning("node %s: could not revoke its lease at shutdown: %s", self.name, exc)
         await self.etcd.aclose()
+
+    async def _cancel_until_done(self, tasks: list[asyncio.Task[Any]]) -> None:
+        """Cancel ``tasks`` and wait for them, cancelling again those still running after a
+        second: a task that caught one cancel (a library that swallows it) must not hold the
+        node's shutdown for ever."""
+        pending = {task for task in tasks if not task.done()}
+        while pending:
+            for task in pending:
+                task.cancel()
+            _, pending = await asyncio.wait(pending, timeout=1.0)
+            if pending:
+                log.warning("node %s: still running after a cancel, cancelled again: %s", self.name,
+                            ", ".join(sorted(task.get_name() for task in pending)))
+        for task in tasks:  # retrieved, as ``gather`` would: a task's own error ends with it here
+            if not task.cancelled():
+                task.exception()
 
     async def _join(self) -> None:
         self.membership = Membership(self.etcd, self.layout, self.name, self.config.url, ttl=self.config.lease_ttl_s,

@@ -110,7 +110,8 @@ class Orchestrator:
                 except EtcdError as exc:
                     outage.failed(exc)
                 try:
-                    await asyncio.wait_for(changed.wait(), self.tick_s)
+                    async with asyncio.timeout(self.tick_s):
+                        await changed.wait()
                 except asyncio.TimeoutError:
                     pass
         finally:

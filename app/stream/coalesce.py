@@ -30,6 +30,8 @@ class CoalescedPartitions:
         self._lock = threading.Lock()
         self._dirty: set[int] = set()
         self._scheduled = False
+        #: the scheduled callback waits in a writer job's inbox (``running_inbox``), not on the loop
+        self._parked = False
         self._closed = False
         self._first_mark = 0.0
         #: how long the last delivered burst waited: from its first mark to the callback running
@@ -42,13 +44,23 @@ class CoalescedPartitions:
     def mark_many(self, partitions: Iterable[int]) -> None:
         """``mark`` for each of ``partitions`` at once: one lock, at most one callback, and the
         loop never takes half of them (the callback is scheduled after all are added)."""
+        inbox = running_inbox(self._loop)
         with self._lock:
             self._dirty.update(partitions)
-            if self._scheduled or self._closed:
+            if self._closed:
                 return
-            self._scheduled = True
-            self._first_mark = time.monotonic()
-        inbox = running_inbox(self._loop)
+            if self._scheduled:
+                # a callback parked in a writer job's inbox runs when that job ends, which may be
+                # long after a mark from another thread (a promotion, a replica's apply): such a
+                # mark schedules a loop callback of its own (the later of the two delivers an
+                # empty set)
+                if not (self._parked and inbox is None):
+                    return
+                self._parked = False
+            else:
+                self._scheduled = True
+                self._parked = inbox is not None
+                self._first_mark = time.monotonic()
         if inbox is not None:  # marked by a writer job: woken with the job's answer, before it
             inbox.post(self._run)
             return
@@ -70,6 +82,6 @@ class CoalescedPartitions:
     def _run(self) -> None:
         with self._lock:
             dirty, self._dirty = frozenset(self._dirty), set()
-            self._scheduled = False
+            self._scheduled = self._parked = False
             self.delay = time.monotonic() - self._first_mark
         self._deliver(dirty)

@@ -256,7 +256,8 @@ class StreamConnection(PassSender):
             if reader.done() and not sender.done() and not self._peer_closed:
                 # the reader stopped on a protocol error: let the sender flush the error and close
                 try:
-                    await asyncio.wait_for(asyncio.shield(sender), self.limits.close_timeout_s)
+                    async with asyncio.timeout(self.limits.close_timeout_s):
+                        await asyncio.shield(sender)
                 except (asyncio.TimeoutError, Exception):  # noqa: BLE001 - reported below
                     pass
             for task in (sender, reader):
@@ -296,7 +297,8 @@ class StreamConnection(PassSender):
             return
         self._carry_out(self.session.shutdown())
         try:
-            await asyncio.wait_for(self._done.wait(), timeout=self.limits.close_timeout_s)
+            async with asyncio.timeout(self.limits.close_timeout_s):
+                await self._done.wait()
         except asyncio.TimeoutError:
             await self._close_socket(int(CloseCode.GOING_AWAY), "server shutting down")
 
@@ -312,7 +314,8 @@ class StreamConnection(PassSender):
     async def _release_all(self) -> None:
         if self._job is not None and not self._job.done():
             try:
-                await asyncio.wait_for(asyncio.shield(self._job), timeout=30)
+                async with asyncio.timeout(30):
+                    await asyncio.shield(self._job)
             except BaseException:  # noqa: BLE001 - the job's own errors do not matter any more
                 pass
         cursors = list(self.cursors.values())
@@ -325,7 +328,8 @@ class StreamConnection(PassSender):
 
     async def _close_socket(self, code: int, reason: str) -> None:
         try:
-            await asyncio.wait_for(self.ws.close(code, reason), timeout=2.0)
+            async with asyncio.timeout(2.0):
+                await self.ws.close(code, reason)
         except Exception:  # noqa: BLE001 - already closed or peer gone
             pass
 

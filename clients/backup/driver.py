@@ -116,7 +116,8 @@ class Driver:
         events = consumer.batches()
         while remaining:
             try:
-                ev = await asyncio.wait_for(events.__anext__(), self.idle_timeout)
+                async with asyncio.timeout(self.idle_timeout):
+                    ev = await events.__anext__()
             except asyncio.TimeoutError:
                 raise StreamFailed(self._stuck(remaining, f"no progress for {self.idle_timeout:.0f}s"),
                                    partition=min(remaining)) from None

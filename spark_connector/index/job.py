@@ -186,6 +186,10 @@ class IndexJob:
         self._stopped = False
         self.on_batch = on_batch
 
+    #: the run loop's clock and pause (a test drives them)
+    _clock = staticmethod(time.monotonic)
+    _sleep = staticmethod(time.sleep)
+
     # ------------------------------------------------------------------ public
     def run(self, follow: bool = False, interval_s: float = 5.0, timeout_s: float | None = None,
             stop: Callable[[], bool] | None = None, unavailable_wait_s: float = UNAVAILABLE_WAIT_S) -> RunReport:
@@ -197,15 +201,22 @@ class IndexJob:
 
         A one-shot run whose query ended with partitions that had no live active node (a cluster
         mid-failover) runs again, from where it stopped, until every partition was served or
-        ``unavailable_wait_s`` passed: it returns up to date, or with ``report.unavailable`` naming
-        what is still unserved (a follow run takes them up at a later trigger instead)."""
-        started = time.monotonic()
+        ``unavailable_wait_s`` passed since a run first ended so: it returns up to date, or with
+        ``report.unavailable`` naming what is still unserved (a follow run takes them up at a later
+        trigger instead).  WHY from then and not from the start: the first run may itself take
+        longer than the wait (a loaded machine, a large index), and would then never be followed
+        by the run that reads the moved partitions."""
+        started = self._clock()
+        unserved_since: float | None = None
         total = RunReport()
         while True:
             report = self._run_once(follow, interval_s, timeout_s, stop)
             total.merge(report)
-            waited = time.monotonic() - started
-            if follow or self._stopped or not report.unavailable or waited >= unavailable_wait_s:
+            now = self._clock()
+            if report.unavailable and unserved_since is None:
+                unserved_since = now
+            if (follow or self._stopped or not report.unavailable
+                    or (unserved_since is not None and now - unserved_since >= unavailable_wait_s)):
                 break
             if timeout_s is not None:
                 timeout_s -= report.seconds
@@ -213,8 +224,8 @@ class IndexJob:
                     break
             log.warning("index run: %d partition(s) had no live active node (%s); running again",
                         len(report.unavailable), ", ".join(map(str, sorted(report.unavailable))))
-            time.sleep(UNAVAILABLE_RETRY_S)
-        total.seconds = time.monotonic() - started
+            self._sleep(UNAVAILABLE_RETRY_S)
+        total.seconds = self._clock() - started
         self.report = total
         return total
 

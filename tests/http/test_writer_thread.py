@@ -90,3 +90,50 @@ async def test_a_change_marked_by_a_job_rides_the_jobs_wake_up_ahead_of_its_answ
         assert seen[2] == frozenset({7}) and inbox.wakes - wakes == 1
     finally:
         runner.shutdown()
+
+
+async def test_a_mark_from_another_thread_is_not_held_behind_a_running_job() -> None:
+    """While a writer job's mark waits in its inbox (the job still runs), a mark from another
+    thread (a promotion, a replica's apply) wakes the loop itself; the parked callback then finds
+    nothing left."""
+    from app.stream.coalesce import CoalescedPartitions
+
+    loop = asyncio.get_running_loop()
+    seen: list[frozenset[int]] = []
+    marks = CoalescedPartitions(loop, seen.append)
+    runner = EngineRunner(engine=None)  # type: ignore[arg-type]
+    release, marked = threading.Event(), threading.Event()
+
+    def long_job() -> str:
+        marks.mark_many((1,))
+        marked.set()
+        release.wait(30)
+        return "written"
+
+    try:
+        job = asyncio.ensure_future(runner.write(long_job))
+        await asyncio.to_thread(marked.wait, 30)
+        await asyncio.to_thread(marks.mark_many, (2,))   # another thread, while the job runs
+        for _ in range(3000):
+            if seen:
+                break
+            await asyncio.sleep(0.01)
+        assert seen == [frozenset({1, 2})] and not job.done()
+        release.set()
+        assert await job == "written"
+        assert [dirty for dirty in seen if dirty] == [frozenset({1, 2})]   # the parked one found it taken
+    finally:
+        release.set()
+        runner.shutdown()
+
+
+async def test_a_failing_inbox_callback_does_not_strand_the_ones_after_it() -> None:
+    inbox = LoopInbox(asyncio.get_running_loop())
+    ran: list[str] = []
+    inbox.post(lambda: 1 / 0)
+    inbox.post_and_wake(ran.append, "after")
+    for _ in range(300):
+        if ran:
+            break
+        await asyncio.sleep(0.01)
+    assert ran == ["after"]

@@ -156,3 +156,49 @@ def test_a_partition_the_plan_held_is_reported_unserved_even_once_the_map_moved_
     # the next plan serves them, and then nothing is reported
     reader.latestOffset(end, None)
     assert "unavailablePartitions" not in reader.reportLatestOffset()
+
+
+@pytest.mark.parametrize("first_run_s,runs_seen", [
+    (0.5, 3),    # quick runs: again after each, until the partitions are served
+    (45.0, 3),   # a first run longer than the whole wait is still followed by the others
+])
+def test_an_index_run_runs_again_while_partitions_are_unserved(tmp_path, first_run_s: float, runs_seen: int) -> None:
+    """``IndexJob.run`` counts its wait for unserved partitions from the first run that ended
+    with some, not from its own start."""
+    from spark_connector.index.functions import FieldIndex
+    from spark_connector.index.job import IndexJob, RunReport
+
+    now = [0.0]
+    scripted = [({1: "n1 is down"}, first_run_s), ({1: "n1 is down"}, 2.0), ({}, 2.0), ({}, 2.0)]
+    runs: list[int] = []
+
+    class Scripted(IndexJob):
+        _clock = staticmethod(lambda: now[0])
+        _sleep = staticmethod(lambda s: now.__setitem__(0, now[0] + s))
+
+        def _run_once(self, *args, **kwargs) -> RunReport:  # type: ignore[no-untyped-def]
+            unavailable, seconds = scripted[len(runs)]
+            runs.append(1)
+            now[0] += seconds
+            return RunReport(batches=1, unavailable=dict(unavailable), seconds=seconds)
+
+    report = Scripted(None, tmp_path / "index", "http://127.0.0.1:9", FieldIndex("city")).run(unavailable_wait_s=30)
+    assert len(runs) == runs_seen and report.unavailable == {} and report.batches == runs_seen
+
+
+def test_an_index_run_gives_up_waiting_and_names_what_is_unserved(tmp_path) -> None:
+    from spark_connector.index.functions import FieldIndex
+    from spark_connector.index.job import IndexJob, RunReport
+
+    now = [0.0]
+
+    class NeverServed(IndexJob):
+        _clock = staticmethod(lambda: now[0])
+        _sleep = staticmethod(lambda s: now.__setitem__(0, now[0] + s))
+
+        def _run_once(self, *args, **kwargs) -> RunReport:  # type: ignore[no-untyped-def]
+            now[0] += 4.0
+            return RunReport(batches=1, unavailable={3: "partition 3 has no active node"}, seconds=4.0)
+
+    report = NeverServed(None, tmp_path / "index", "http://127.0.0.1:9", FieldIndex("city")).run(unavailable_wait_s=10)
+    assert report.unavailable == {3: "partition 3 has no active node"} and report.batches == 3
