@@ -212,11 +212,12 @@ class IndexJob:
         while True:
             report = self._run_once(follow, interval_s, timeout_s, stop)
             total.merge(report)
+            if follow or self._stopped or not report.unavailable:
+                break
             now = self._clock()
-            if report.unavailable and unserved_since is None:
+            if unserved_since is None:
                 unserved_since = now
-            if (follow or self._stopped or not report.unavailable
-                    or (unserved_since is not None and now - unserved_since >= unavailable_wait_s)):
+            if now - unserved_since >= unavailable_wait_s:
                 break
             if timeout_s is not None:
                 timeout_s -= report.seconds
